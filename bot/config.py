@@ -1,0 +1,311 @@
+"""Residences and policies: YAML on disk → validated models.
+
+A typo in a policy must never silently turn a guard off, so every model forbids unknown keys and
+every error names the file, the key path and, where the YAML has one, the line.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import models
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(Exception):
+    """One problem in one file, phrased as the single line a person reads."""
+
+    def __init__(self, file: str | Path, key: str, message: str, line: int | None = None) -> None:
+        self.file, self.key, self.message, self.line = str(file), key, message, line
+        where = f"{self.file}:{line}" if line else self.file
+        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Continuation(Strict):
+    """Who may continue a cut output, and the hard bounds when anyone does."""
+    standing: Literal["none", "on-request", "bounded"] = "none"
+    max_segments: int | None = Field(None, ge=1, le=8)
+    max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
+    min_progress_chars: int | None = Field(None, ge=1, le=100_000)
+    similarity_abort: float | None = Field(None, ge=0.0, le=1.0)
+    min_overlap_chars: int = Field(8, ge=1, le=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ints_as_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("similarity_abort"), int) \
+                and not isinstance(data.get("similarity_abort"), bool):
+            data = {**data, "similarity_abort": float(data["similarity_abort"])}
+        return data
+
+    @model_validator(mode="after")
+    def _bounds_required(self) -> "Continuation":
+        if self.standing != "none":
+            for key in ("max_segments", "max_output_tokens", "min_progress_chars", "similarity_abort"):
+                if getattr(self, key) is None:
+                    raise _KeyError(key, f"required when standing is {self.standing!r}")
+        return self
+
+
+class Retries(Strict):
+    max_attempts: int = Field(3, ge=1, le=10)
+    backoff_seconds: float = Field(1.0, ge=0.0, le=600.0)
+    max_backoff_seconds: float = Field(30.0, ge=0.0, le=3600.0)
+    timeout_seconds: float = Field(600.0, gt=0.0, le=3600.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ints_as_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: float(v) if k.endswith("seconds") and type(v) is int else v for k, v in data.items()}
+        return data
+
+
+class Notices(Strict):
+    """Room lines beyond the receipts, which are never optional."""
+    retry_abandoned: bool = False
+
+
+class StumpAccess(Strict):
+    moderators_read_text: bool = True
+    resident_reads_own: bool = False
+
+
+class Floor(Strict):
+    """Turn-taking among several residents and people in one room."""
+    reply_to: Literal["mentions", "mentions-and-replies", "all"] = "mentions-and-replies"
+    cooldown_seconds: float = Field(2.0, ge=0.0, le=3600.0)
+    max_resident_run: int = Field(3, ge=1, le=100)
+    history_limit: int = Field(50, ge=1, le=500)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ints_as_floats(cls, data: Any) -> Any:
+        if isinstance(data, dict) and type(data.get("cooldown_seconds")) is int:
+            data = {**data, "cooldown_seconds": float(data["cooldown_seconds"])}
+        return data
+
+
+class Policy(Strict):
+    name: str = "default"
+    description: str = ""
+    continuation: Continuation = Continuation()
+    retries: Retries = Retries()
+    notices: Notices = Notices()
+    stumps: StumpAccess = StumpAccess()
+    floor: Floor = Floor()
+
+
+class DiscordSettings(Strict):
+    token_env: str = Field(min_length=1)
+    channels: list[str] = Field(default_factory=list)
+
+
+class Residence(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1, le=1_000_000)
+    system: str = ""
+    policy: Policy = Policy()
+    discord: DiscordSettings | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    stop_sequences: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _within_model_ceiling(self) -> "Residence":
+        ceiling = models.caps(self.model).max_output_tokens
+        if models.known(self.model) and self.max_tokens > ceiling:
+            raise _KeyError("max_tokens", f"{self.max_tokens} is above {self.model}'s output ceiling of {ceiling}")
+        return self
+
+
+class _KeyError(ValueError):
+    """Raised inside a validator to point at a specific key rather than the whole mapping."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.message = key, message
+
+
+# ---------------------------------------------------------------- loading with line numbers
+
+def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    """The parsed document and its node tree (for line numbers), or a ConfigError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(path, "", f"cannot be read: {e}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(path, "", f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
+    return data, node
+
+
+def line_of(node: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
+    """The 1-based line of the deepest node along loc that the YAML has."""
+    best = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == part:
+                    best, node = k.start_mark.line + 1, v
+                    break
+            else:
+                return best
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            best = node.start_mark.line + 1
+        else:
+            return best
+    return best
+
+
+def dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def first_error(e: ValidationError, path: Path | str, node: yaml.Node | None,
+                prefix: tuple[str | int, ...] = ()) -> ConfigError:
+    """Turn pydantic's first complaint into one line naming file, key and line."""
+    err = e.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float",
+                                                                                         "bool", "dict", "list"))))
+    msg = err["msg"]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _KeyError):
+        loc, msg = loc + (ctx_err.key,), ctx_err.message
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list)):
+        msg = f"{msg} (got {err['input']!r})"
+    full = prefix + loc
+    return ConfigError(path, dotted(full), msg, line_of(node, full))
+
+
+def mapping(data: Any, path: Path | str, node: yaml.Node | None, what: str, prefix: tuple = ()) -> dict:
+    if data is None and not prefix:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(path, dotted(prefix), f"a {what} must be a mapping of keys, not {type(data).__name__}",
+                          line_of(node, prefix))
+    return data
+
+
+def build_policy(data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = (),
+                 default_name: str = "inline") -> Policy:
+    data = dict(mapping(data, path, node, "policy", prefix))
+    data.setdefault("name", default_name)
+    try:
+        return Policy.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, path, node, prefix) from None
+
+
+def load_policy(name_or_path: str, base: Path) -> Policy:
+    path = _named(name_or_path, base / "policies")
+    data, node = read_yaml(path)
+    return build_policy(data, path, node, default_name=path.stem)
+
+
+def build_residence(data: Any, path: Path | str, node: yaml.Node | None, base: Path, prefix: tuple = ()) -> Residence:
+    """A residence mapping whose `policy` is a policy name (policies/NAME.yaml) or an inline mapping."""
+    data = dict(mapping(data, path, node, "residence", prefix))
+    pol = data.get("policy", "default")
+    if isinstance(pol, str):
+        pol_path = _named(pol, base / "policies")
+        if not pol_path.exists() and pol == "default":
+            data["policy"] = Policy()
+        else:
+            try:
+                data["policy"] = load_policy(pol, base)
+            except ConfigError as e:
+                if e.message == "file not found":
+                    raise ConfigError(path, dotted(prefix + ("policy",)), f"no policy named {pol!r} ({pol_path})",
+                                      line_of(node, prefix + ("policy",))) from None
+                raise
+    elif isinstance(pol, dict):
+        data["policy"] = build_policy(pol, path, node, prefix + ("policy",))
+    else:
+        raise ConfigError(path, dotted(prefix + ("policy",)), "must be a policy name or a mapping",
+                          line_of(node, prefix + ("policy",)))
+    try:
+        return Residence.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, path, node, prefix) from None
+
+
+def load_residence(name_or_path: str, base: Path) -> Residence:
+    path = _named(name_or_path, base / "residences")
+    data, node = read_yaml(path)
+    res = build_residence(data, path, node, base)
+    return res
+
+
+def load_all_residences(base: Path) -> list[Residence]:
+    folder = base / "residences"
+    return [load_residence(str(p), base) for p in sorted(folder.glob("*.yaml"))]
+
+
+def check_paths(paths: list[Path], base: Path) -> list[str]:
+    """Validate files (residences, policies or replay scenarios, told apart by folder and content)."""
+    from .replay.scenario import load_scenario  # replay builds on config, not the other way round
+
+    problems: list[str] = []
+    for p in paths:
+        try:
+            kind = _kind_of(p)
+            if kind == "policy":
+                load_policy(str(p), base)
+            elif kind == "scenario":
+                load_scenario(p)
+            else:
+                load_residence(str(p), base)
+        except ConfigError as e:
+            problems.append(str(e))
+    return problems
+
+
+def _kind_of(p: Path) -> str:
+    if p.parent.name == "policies":
+        return "policy"
+    if p.parent.name == "residences":
+        return "residence"
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except Exception:  # the real load reports it properly
+        return "residence"
+    if isinstance(data, dict) and "turns" in data:
+        return "scenario"
+    if isinstance(data, dict) and "model" not in data and ("continuation" in data or "retries" in data):
+        return "policy"
+    return "residence"
+
+
+def _named(name_or_path: str, folder: Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return p if p.is_absolute() or p.exists() else (folder.parent / p)
+    return folder / f"{name_or_path}.yaml"
+

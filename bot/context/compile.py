@@ -1,0 +1,123 @@
+"""Room history + ledger → the next request a resident's model sees.
+
+The ledger, not a message's look, says what a message was: a resident's own cut output appears once,
+in its exact canonical form, as its own words, followed by a model-visible boundary note; its
+receipts are never presented as its words; text set aside for a retry is described, not quoted.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .. import models, truth
+from ..config import Residence
+from ..generation.records import Generation, Post
+
+log = logging.getLogger(__name__)
+
+QUIET_NOTE = "[No new messages since the reply above.]"
+START_NOTE = "[Earlier messages in this room are not shown.]"
+CONTINUE_NOTE = ("[The previous assistant message was cut off by the output ceiling. Continue it from exactly "
+                 "where it stops, mid-word if it stops mid-word, without repeating any of it.]")
+
+
+@dataclass(frozen=True)
+class RoomMessage:
+    id: str
+    author: str
+    is_self: bool
+    content: str
+
+
+def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, Generation],
+           own_stumps_visible: bool) -> list[tuple[str, str]]:
+    turns: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for m in history:
+        if not m.is_self:
+            turns.append(("user", f"{m.author}: {m.content}"))
+            continue
+        post = posts.get(m.id)
+        if post is not None and post.kind in ("receipt", "notice"):
+            continue  # a room line about an output, never the resident's words
+        g = gens.get(post.generation_id) if post and post.generation_id else None
+        if post is None or g is None:  # a message of its own the ledger never recorded: take it as it reads
+            turns.append(("assistant", m.content))
+            continue
+        if g.id in seen:
+            continue
+        seen.add(g.id)
+        turns += _own_generation(g, own_stumps_visible)
+    return turns
+
+
+def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    e = g.ending()
+    set_aside = [s for s in g.stumps if s.scope == "attempt" and s.chars]
+    if g.status != "refused" and g.text:
+        out.append(("assistant", g.text))
+    if set_aside:
+        if own_stumps_visible:
+            for s in set_aside:
+                out.append(("user", f"[Text set aside ({s.cause}, {s.chars:,} characters), shown by policy:]\n{s.text}"))
+        else:
+            out.append(("user", truth.context_abandoned_note(len(set_aside), sum(s.chars for s in set_aside))))
+    if g.status == "refused":
+        out.append(("user", truth.context_refusal_note()))
+    elif not truth.is_completed_turn(g.status):
+        note = truth.context_boundary_note(e)
+        if note:
+            out.append(("user", note))
+    return out
+
+
+def _merge(turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    for role, text in turns:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"] += "\n\n" + text
+        else:
+            messages.append({"role": role, "content": text})
+    return messages
+
+
+def base_request(res: Residence) -> dict[str, Any]:
+    req: dict[str, Any] = {"model": res.model, "max_tokens": res.max_tokens}
+    if res.system:
+        req["system"] = res.system
+    if res.temperature is not None:
+        req["temperature"] = res.temperature
+    if res.stop_sequences:
+        req["stop_sequences"] = list(res.stop_sequences)
+    return req
+
+
+def compile_request(res: Residence, history: list[RoomMessage], posts: dict[str, Post],
+                    gens: dict[str, Generation]) -> dict[str, Any]:
+    """A request for a new reply: the room as the resident should understand it, ending on a user turn."""
+    turns = _turns(history[-res.policy.floor.history_limit:], posts, gens, res.policy.stumps.resident_reads_own)
+    if not turns or turns[0][0] != "user":
+        turns.insert(0, ("user", START_NOTE))
+    if turns[-1][0] != "user":
+        turns.append(("user", QUIET_NOTE))
+    return {**base_request(res), "messages": _merge(turns)}
+
+
+def continuation_request(base: dict[str, Any], assembled: str, remaining_tokens: int) -> tuple[dict[str, Any], str]:
+    """The request that continues `assembled`, and the trailing whitespace taken off a prefill.
+
+    The partial appears exactly once: as the prefill where the model accepts one, else as the
+    assistant turn before a user turn asking to go on.
+    """
+    msgs = [dict(m) for m in base["messages"]]
+    caps = models.caps(base["model"])
+    req = {**base, "max_tokens": max(1, min(base["max_tokens"], remaining_tokens))}
+    prefill = assembled.rstrip()
+    if caps.accepts_prefill and prefill:
+        stripped = assembled[len(prefill):]
+        req["messages"] = msgs + [{"role": "assistant", "content": prefill}]
+        return req, stripped
+    req["messages"] = msgs + [{"role": "assistant", "content": assembled}, {"role": "user", "content": CONTINUE_NOTE}]
+    return req, ""

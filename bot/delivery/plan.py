@@ -1,0 +1,130 @@
+"""From a settled generation to the posts a room should receive, in order.
+
+Delivery plans; rooms send. Text is split into Discord-sized chunks that are exact substrings of
+the canonical text (whitespace at the joins aside), a code fence a split cuts is closed and
+reopened, and the boundary line comes last, in the wording `bot.truth` owns.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from .. import truth
+
+log = logging.getLogger(__name__)
+
+LIMIT = 2000
+RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
+_SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
+
+
+@dataclass(frozen=True)
+class Planned:
+    kind: truth.PostKind
+    content: str
+
+
+def split_text(text: str, limit: int = LIMIT) -> list[str]:
+    """Chunks of at most `limit` characters, cut at the best boundary available in each window.
+
+    Preference: paragraph, line, sentence, word, then a hard cut. Linear in len(text): each window is
+    searched once and fence state is carried forward line by line.
+    """
+    chunks: list[str] = []
+    pos, n = 0, len(text)
+    fence: str | None = None  # the opening line of a code block still open at `pos`
+    while pos < n:
+        while pos < n and text[pos].isspace() and fence is None:
+            pos += 1
+        if pos >= n:
+            break
+        reopen = fence + "\n" if fence else ""
+        budget = limit - len(reopen)
+        end_fence_room = 4  # "\n```" if the chunk ends inside a block
+        if n - pos <= budget:
+            cut = n
+        else:
+            window = text[pos:pos + budget - end_fence_room]
+            cut = pos + _best_cut(window)
+        piece = text[pos:cut]
+        fence_after = _fence_state(piece, fence)
+        body = piece.rstrip() if fence_after is None else piece.rstrip("\n")
+        if fence is not None and not body.strip():
+            body = ""
+        content = reopen + body
+        if fence_after is not None and cut < n:
+            marker = _FENCE.match(fence_after)
+            close = marker.group(1)[:3] if marker else "```"
+            content = content + ("\n" if not content.endswith("\n") else "") + close
+        if content.strip():
+            chunks.append(content)
+        fence = fence_after
+        pos = cut
+    return chunks
+
+
+def _best_cut(window: str) -> int:
+    floor = len(window) // 3  # a boundary too early wastes a message; fall through to a finer one
+    i = window.rfind("\n\n")
+    if i > floor:
+        return i + 2
+    i = window.rfind("\n")
+    if i > floor:
+        return i + 1
+    last = None
+    for m in _SENTENCE_END.finditer(window, floor):
+        last = m.end()
+    if last:
+        return last
+    i = window.rfind(" ")
+    if i > floor:
+        return i + 1
+    cut = len(window)
+    if cut > 1 and "\ud800" <= window[cut - 1] <= "\udbff":  # never split a surrogate pair
+        cut -= 1
+    return cut
+
+
+def _fence_state(piece: str, fence: str | None) -> str | None:
+    """The fence still open after `piece`, given the one open before it."""
+    if "```" not in piece and "~~~" not in piece:
+        return fence
+    for line in piece.split("\n"):
+        m = _FENCE.match(line)
+        if not m:
+            continue
+        if fence is None:
+            fence = line.strip()
+        elif m.group(1)[0] == fence.lstrip()[0] and not m.group(2).strip():
+            fence = None
+    return fence
+
+
+def plan(e: truth.Ending, text: str) -> list[Planned]:
+    """Posts for a settled generation: its text by kind, then at most one boundary line."""
+    out: list[Planned] = []
+    kind = truth.text_kind(e.status)
+    if kind is not None and text:
+        out += [Planned(kind, c) for c in split_text(text)]
+    line = truth.notice(e) if (kind is None or not text.strip()) else truth.receipt(e)
+    if line:
+        out.append(Planned("notice" if (kind is None or not text.strip()) else "receipt", RECEIPT_PREFIX + line))
+    return out
+
+
+def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
+    """Posts for one segment added on request: only the new text, then how the output now stands."""
+    out: list[Planned] = []
+    kind = truth.text_kind(e.status)
+    if kind is not None and added:
+        out += [Planned(kind, c) for c in split_text(added)]
+    line = truth.receipt(e)
+    if line:
+        out.append(Planned("receipt", RECEIPT_PREFIX + line))
+    return out
+
+
+def notice(line: str) -> Planned:
+    return Planned("notice", RECEIPT_PREFIX + line)

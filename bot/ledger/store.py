@@ -1,0 +1,296 @@
+"""The SQLite ledger (aiosqlite, WAL): writes as the pipeline goes, reads for context and moderators.
+
+Writes are serialised behind one lock and each logical change is one transaction, so a crash leaves
+either the old or the new state of a record, and streaming text reaches disk in bounded chunks.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import aiosqlite
+
+from ..generation.records import Attempt, Generation, Post, Segment, Stump
+from . import migrations
+
+log = logging.getLogger(__name__)
+
+
+class LedgerError(Exception):
+    pass
+
+
+def enc(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def dec(blob: bytes | str | None) -> str:
+    if blob is None:
+        return ""
+    if isinstance(blob, str):
+        return blob
+    return bytes(blob).decode("utf-8", "surrogatepass")
+
+
+class Ledger:
+    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+        self.db = db
+        self.path = path
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: str | Path) -> "Ledger":
+        path = str(path)
+        if path != ":memory:":
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if not p.exists():
+                # Created readable by its owner only: stumps may hold text a room never saw.
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except Exception as e:
+            raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
+        db.row_factory = aiosqlite.Row
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await migrations.apply(db)
+        except Exception as e:
+            await db.close()
+            raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        return cls(db, path)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
+        async with self._lock:
+            await self.db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    await self.db.execute(sql, params)
+                await self.db.execute("COMMIT")
+            except BaseException:
+                await self.db.execute("ROLLBACK")
+                raise
+
+    # ------------------------------------------------------------------ writes
+
+    async def create_generation(self, g: Generation) -> None:
+        await self._tx([("INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+                         " output_tokens, standing, continuation_ended, trigger, request, created_at)"
+                         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                         (g.id, g.residence, g.channel, g.model, g.status, g.stop_reason, enc(g.text), g.chars,
+                          g.output_tokens, g.standing, g.continuation_ended, g.trigger,
+                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at))])
+
+    async def start_attempt(self, a: Attempt) -> None:
+        await self._tx([("INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at)"
+                         " VALUES (?,?,?,?,?,?)", (a.id, a.generation_id, a.segment, a.index, a.outcome,
+                                                   a.started_at))])
+
+    async def add_chunk(self, attempt_id: str, seq: int, text: str) -> None:
+        """Streaming text, flushed in pieces so a crash loses at most the unflushed tail."""
+        async with self._lock:
+            await self.db.execute("INSERT INTO attempt_chunks (attempt_id, seq, text) VALUES (?,?,?)",
+                                  (attempt_id, seq, enc(text)))
+
+    async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
+        stmts = [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=? WHERE id=?",
+                  (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
+                   a.request_id, a.replaced_by, a.ended_at, a.id)),
+                 ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
+        stmts += [self._stump_insert(s) for s in stumps]
+        await self._tx(stmts)
+        _stored(stumps)
+
+    async def set_replaced(self, attempt_id: str, replaced_by: str) -> None:
+        await self._tx([("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
+                        ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'",
+                         (replaced_by, attempt_id))])
+
+    async def add_stumps(self, stumps: list[Stump]) -> None:
+        if stumps:
+            await self._tx([self._stump_insert(s) for s in stumps])
+            _stored(stumps)
+
+    @staticmethod
+    def _stump_insert(s: Stump) -> tuple[str, tuple[Any, ...]]:
+        return ("INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
+                " output_tokens, published, replaced_by, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, enc(s.text), s.chars,
+                 s.output_tokens, int(s.published), s.replaced_by, s.created_at))
+
+    async def finish_generation(self, g: Generation, new_stumps: list[Stump],
+                                replaced_output: tuple[str, str] | None = None) -> None:
+        """Settle a generation: its status, canonical text, segments and the stumps it leaves."""
+        stmts: list[tuple[str, tuple[Any, ...]]] = [
+            ("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
+             " continuation_ended=?, finished_at=? WHERE id=?",
+             (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
+              g.finished_at, g.id)),
+            ("DELETE FROM segments WHERE generation_id=?", (g.id,))]
+        stmts += [("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                   (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
+                  for s in g.segments]
+        if replaced_output is not None:
+            stump_id, by = replaced_output
+            stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
+        stmts += [self._stump_insert(s) for s in new_stumps]
+        await self._tx(stmts)
+        _stored(new_stumps)
+
+    async def add_posts(self, posts: list[Post]) -> None:
+        await self._tx([("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
+                         (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel)) for p in posts])
+
+    async def mark_delivered(self, post: Post, message_id: str) -> None:
+        post.message_id, post.delivered_at = message_id, time.time()
+        stmts = [("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id))]
+        if post.kind in ("partial", "speech"):
+            stmts.append(("UPDATE stumps SET published=1 WHERE generation_id=? AND scope='output'"
+                          " AND replaced_by IS NULL", (post.generation_id,)))
+        await self._tx(stmts)
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_generation(self, gid: str) -> Generation | None:
+        rows = await self.db.execute_fetchall("SELECT * FROM generations WHERE id=?", (gid,))
+        if not rows:
+            return None
+        g = await self._generation(rows[0])
+        return g
+
+    async def _generation(self, r: aiosqlite.Row) -> Generation:
+        cols = _cols(r)
+        g = Generation(id=cols["id"], residence=cols["residence"], channel=cols["channel"], model=cols["model"],
+                       status=cols["status"], stop_reason=cols["stop_reason"], text=dec(cols["text"]),
+                       output_tokens=cols["output_tokens"], standing=cols["standing"],
+                       continuation_ended=cols["continuation_ended"], trigger=cols["trigger"],
+                       request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
+                       created_at=cols["created_at"], finished_at=cols["finished_at"])
+        g.attempts = await self._attempts(g.id)
+        g.segments = [Segment(index=s["idx"], attempt_id=s["attempt_id"], stop_reason=s["stop_reason"], chars=s["chars"],
+                              output_tokens=s["output_tokens"], overlap_removed=s["overlap_removed"])
+                      for s in map(_cols, await self.db.execute_fetchall(
+                          "SELECT * FROM segments WHERE generation_id=? ORDER BY idx", (g.id,)))]
+        g.stumps = [_stump(s) for s in await self.db.execute_fetchall(
+            "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid", (g.id,))]
+        g.posts = [_post(p) for p in await self.db.execute_fetchall(
+            "SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))]
+        return g
+
+    async def _attempts(self, gid: str) -> list[Attempt]:
+        out = []
+        for r in await self.db.execute_fetchall("SELECT * FROM attempts WHERE generation_id=? ORDER BY segment, idx",
+                                                (gid,)):
+            a = _cols(r)
+            text = dec(a["text"])
+            if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
+                text = await self.streamed_text(a["id"])
+            out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
+                               outcome=a["outcome"], stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
+                               error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
+                               replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"]))
+        return out
+
+    async def streamed_text(self, attempt_id: str) -> str:
+        rows = await self.db.execute_fetchall("SELECT text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
+                                              (attempt_id,))
+        return "".join(dec(r[0]) for r in rows)
+
+    async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        sql = ("SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended,"
+               " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
+               " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g")
+        params: tuple[Any, ...] = ()
+        if residence:
+            sql += " WHERE residence=?"
+            params = (residence,)
+        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        return [_cols(r) for r in await self.db.execute_fetchall(sql, params + (limit,))]
+
+    async def list_stumps(self, residence: str | None = None, cause: str | None = None,
+                          limit: int = 50) -> list[Stump]:
+        sql, params = "SELECT * FROM stumps WHERE 1=1", []
+        if residence:
+            sql += " AND residence=?"
+            params.append(residence)
+        if cause:
+            sql += " AND cause=?"
+            params.append(cause)
+        sql += " ORDER BY created_at, rowid LIMIT ?"
+        params.append(limit)
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+
+    async def get_stump(self, sid: str) -> Stump | None:
+        rows = await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,))
+        return _stump(rows[0]) if rows else None
+
+    async def posts_by_message(self, message_ids: list[str]) -> dict[str, Post]:
+        """Which delivered messages were which kind of post: how context tells partials from speech."""
+        out: dict[str, Post] = {}
+        ids = [m for m in message_ids if m]
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            marks = ",".join("?" * len(part))
+            for r in await self.db.execute_fetchall(f"SELECT * FROM posts WHERE message_id IN ({marks})", tuple(part)):
+                p = _post(r)
+                out[p.message_id or ""] = p
+        return out
+
+    async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
+        """Generations with attempts and stumps, for the context compiler (no posts needed)."""
+        out = {}
+        for gid in dict.fromkeys(ids):
+            g = await self.get_generation(gid)
+            if g is not None:
+                out[gid] = g
+        return out
+
+    async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
+        sql, params = "SELECT id FROM generations WHERE residence=?", [residence]
+        if channel is not None:
+            sql += " AND channel=?"
+            params.append(channel)
+        rows = await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
+        return await self.get_generation(rows[0][0]) if rows else None
+
+    async def undelivered_posts(self) -> list[Post]:
+        return [_post(r) for r in await self.db.execute_fetchall(
+            "SELECT * FROM posts WHERE message_id IS NULL ORDER BY generation_id, seq")]
+
+    async def unsettled_generations(self) -> list[str]:
+        return [r[0] for r in await self.db.execute_fetchall(
+            "SELECT id FROM generations WHERE status='pending' ORDER BY created_at")]
+
+
+def _cols(r: Any) -> dict[str, Any]:
+    return dict(r) if not isinstance(r, dict) else r
+
+
+def _stored(stumps: Iterable[Stump]) -> None:
+    for s in stumps:
+        s.stored = True
+
+
+def _stump(r: Any) -> Stump:
+    s = _cols(r)
+    return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
+                 text=dec(s["text"]), output_tokens=s["output_tokens"], scope=s["scope"],
+                 published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
+                 residence=s["residence"], stored=True)
+
+
+def _post(r: Any) -> Post:
+    p = _cols(r)
+    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=p["kind"], content=dec(p["content"]),
+                channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"])

@@ -1,0 +1,67 @@
+"""Anthropic's streaming wire format, written out: for scripted replies and fault fixtures."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def head(model: str, input_tokens: int = 10, message_id: str = "msg_local") -> bytes:
+    return (event("message_start", {"type": "message_start", "message": {
+        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 1}}})
+        + event("content_block_start", {"type": "content_block_start", "index": 0,
+                                        "content_block": {"type": "text", "text": ""}}))
+
+
+def delta(text: str) -> bytes:
+    return event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                         "delta": {"type": "text_delta", "text": text}})
+
+
+def tail(stop_reason: str | None, output_tokens: int, stop_details: dict[str, Any] | None = None) -> bytes:
+    d: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": None}
+    if stop_details is not None:
+        d["stop_details"] = stop_details
+    return (event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            + event("message_delta", {"type": "message_delta", "delta": d, "usage": {"output_tokens": output_tokens}})
+            + event("message_stop", {"type": "message_stop"}))
+
+
+def error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
+    return event("error", {"type": "error", "error": {"type": kind, "message": message}})
+
+
+def pieces(text: str, size: int = 12) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)] or []
+
+
+def stream(text: str, stop_reason: str | None = "end_turn", output_tokens: int | None = None,
+           model: str = "claude-3-opus-20240229", size: int = 12, finish: bool = True) -> bytes:
+    """A whole recorded-style stream for `text`; `finish=False` leaves out the stop events."""
+    body = head(model) + b"".join(delta(p) for p in pieces(text, size))
+    if finish:
+        body += tail(stop_reason, output_tokens if output_tokens is not None else max(1, len(text) // 4))
+    return body
+
+
+def text_of(raw: bytes) -> str:
+    """The text a recorded stream carries: its text deltas joined, in order."""
+    out = []
+    for block in raw.decode("utf-8", "replace").split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                try:
+                    d = json.loads(line[6:])
+                except ValueError:
+                    continue
+                if isinstance(d, dict) and d.get("type") == "content_block_delta" \
+                        and d.get("delta", {}).get("type") == "text_delta":
+                    out.append(d["delta"]["text"])
+    return "".join(out)

@@ -1,0 +1,87 @@
+"""A resident's turn, end to end: room → context → generation → ledger → delivery plan → room.
+
+The Discord cog and `residents replay` both call this; the only thing that differs between them is
+the Room adapter that sends a post.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import truth
+from .config import Residence
+from .context import RoomMessage, compile_request
+from .delivery import Planned, plan, plan_continuation
+from .delivery.plan import notice as notice_post
+from .delivery.send import Room, deliver
+from .generation.records import Generation, Post, new_id
+from .generation.run import Generator, never
+from .ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Reply:
+    generation: Generation | None
+    posts: list[Post]
+    declined: str | None = None
+
+
+class Resident:
+    def __init__(self, residence: Residence, generator: Generator, ledger: Ledger) -> None:
+        self.residence = residence
+        self.generator = generator
+        self.ledger = ledger
+
+    @property
+    def name(self) -> str:
+        return self.residence.name
+
+    async def compile(self, history: list[RoomMessage]) -> dict:
+        posts = await self.ledger.posts_by_message([m.id for m in history if m.is_self])
+        gens = await self.ledger.generations_brief(p.generation_id for p in posts.values() if p.generation_id)
+        return compile_request(self.residence, history, posts, gens)
+
+    async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,
+                      superseded: Callable[[], bool] = never) -> Reply:
+        request = await self.compile(history)
+        g = await self.generator.generate(self.residence, channel, request, trigger, superseded)
+        planned = plan(g.ending(), g.text)
+        set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
+        if set_aside and self.residence.policy.notices.retry_abandoned:
+            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))
+        posts = await self._record(g, planned, channel)
+        await deliver(self.ledger, room, posts)
+        return Reply(g, posts)
+
+    async def continue_generation(self, room: Room, channel: str, generation_id: str | None,
+                                  superseded: Callable[[], bool] = never) -> Reply:
+        """A moderator asked for more of a cut output: one segment at most, under the standing."""
+        g = (await self.ledger.get_generation(generation_id) if generation_id
+             else await self.ledger.latest_generation(self.name, channel))
+        if g is None or g.residence != self.name:
+            reason = f"no generation {generation_id} of {self.name}" if generation_id else f"{self.name} has no generation here"
+            return await self._decline(room, channel, None, reason)
+        result = await self.generator.continue_on_request(g, self.residence, superseded)
+        if result.refused:
+            return await self._decline(room, channel, g, result.refused)
+        planned = plan_continuation(g.ending(), result.added)
+        posts = await self._record(g, planned, channel)
+        await deliver(self.ledger, room, posts)
+        return Reply(g, posts)
+
+    async def _decline(self, room: Room, channel: str, g: Generation | None, reason: str) -> Reply:
+        posts = await self._record(g, [notice_post(truth.declined_continue(reason))], channel)
+        await deliver(self.ledger, room, posts)
+        return Reply(g, posts, declined=reason)
+
+    async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
+        start = (max((p.seq for p in g.posts), default=0) + 1) if g is not None else 1
+        posts = [Post(id=new_id("p-"), generation_id=g.id if g else None, seq=start + i, kind=p.kind,
+                      content=p.content, channel=channel) for i, p in enumerate(planned)]
+        await self.ledger.add_posts(posts)
+        if g is not None:
+            g.posts += posts
+        return posts
