@@ -1,0 +1,5 @@
+"""`residents replay`: the offline contract of ../shared/specs/replay.md, on the real pipeline."""
+from .run import replay, transcript
+from .scenario import Scenario, load_scenario
+
+__all__ = ["Scenario", "load_scenario", "replay", "transcript"]

@@ -1,0 +1,126 @@
+"""`residents replay`: one residence through a scripted conversation, on the real pipeline.
+
+The real SDK talks to the local provider server; generation, ledger and delivery planning are the
+bot's own code. The one difference from production is the room: posts are collected, and the
+room's history is the scenario's turns.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..context import RoomMessage
+from ..generation.attempts import AttemptRunner
+from ..generation.records import Post
+from ..generation.run import Generator
+from ..ledger import Ledger
+from ..localservers.provider import ProviderServer
+from ..provider import make_client
+from ..resident import Resident
+from .scenario import Scenario
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "replay"
+
+
+class CollectingRoom:
+    """The room of a replay: posts are kept in order, and they join the history later turns see."""
+
+    def __init__(self, resident_name: str) -> None:
+        self.resident = resident_name
+        self.history: list[RoomMessage] = []
+        self.sent: list[Post] = []
+        self._n = 0
+
+    def _id(self) -> str:
+        self._n += 1
+        return f"m{self._n}"
+
+    def say(self, author: str, content: str) -> RoomMessage:
+        m = RoomMessage(self._id(), author, False, content)
+        self.history.append(m)
+        return m
+
+    async def send(self, post: Post) -> str:
+        mid = self._id()
+        self.history.append(RoomMessage(mid, self.resident, True, post.content))
+        self.sent.append(post)
+        return mid
+
+
+async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
+    tmp = None
+    if db_path is None:
+        fd, tmp = tempfile.mkstemp(prefix="residents-replay-", suffix=".db")
+        os.close(fd)
+        os.unlink(tmp)
+        db_path = tmp
+    server = ProviderServer()
+    await server.start()
+    ledger = await Ledger.open(db_path)
+    client = make_client(server.url, "replay-local", timeout=sc.residence.policy.retries.timeout_seconds)
+    try:
+        resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
+        room = CollectingRoom(sc.residence.name)
+        turns = []
+        for t in sc.turns:
+            server.reset(t.calls)
+            first = len(room.sent)
+            if t.say is not None:
+                m = room.say(t.say.author, t.say.content)
+                reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id)
+            else:
+                reply = await resident.continue_generation(room, CHANNEL, None)
+            g = reply.generation
+            if g is not None:
+                g = await ledger.get_generation(g.id)
+            turns.append({
+                "generation": g.as_json() if g is not None else None,
+                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id}
+                          for p in room.sent[first:]],
+                "requests": list(server.requests),
+                "provider_calls": len(server.requests),
+                **({"declined": reply.declined} if reply.declined else {}),
+            })
+        stumps = [{**s.meta(), "text": s.text} for s in await ledger.list_stumps(limit=1_000_000)]
+        return {"residence": sc.residence.name, "db": None if tmp else db_path, "turns": turns, "stumps": stumps}
+    finally:
+        await client.close()
+        await ledger.close()
+        await server.stop()
+        if tmp:
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    os.unlink(tmp + suffix)
+                except FileNotFoundError:
+                    pass
+
+
+def transcript(result: dict[str, Any], sc: Scenario) -> str:
+    """The readable form: the room as people would read it, and one line per generation."""
+    lines: list[str] = []
+    for t, turn in zip(sc.turns, result["turns"]):
+        if t.say is not None:
+            lines.append(f"[{t.say.author}] {t.say.content}")
+        else:
+            lines.append("[moderator] /continue")
+        for p in turn["posts"]:
+            lines.append(f"[{result['residence']} · {p['kind']}] {p['content']}")
+        g = turn["generation"]
+        if g is not None:
+            tok = f"{g['output_tokens']:,} tokens" if g["output_tokens"] is not None else "tokens unknown"
+            stop = g["stop_reason"] or "no stop reason"
+            lines.append(f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
+                         f"{len(g['attempts'])} attempt(s), {len(g['segments'])} segment(s), continuation "
+                         f"{g['continuation']['ended']}; provider calls {turn['provider_calls']}")
+        lines.append("")
+    if result["stumps"]:
+        lines.append("stumps:")
+        for s in result["stumps"]:
+            lines.append(f"  {s['id']} {s['cause']} {s['chars']:,} chars, "
+                         f"{'published' if s['published'] else 'not published'} (generation {s['generation_id']})")
+    return "\n".join(lines)

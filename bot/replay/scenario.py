@@ -1,0 +1,118 @@
+"""Replay scenario files (../shared/specs/replay.md): YAML → validated turns with their recorded calls.
+
+Everything is checked before anything runs, so a bad scenario exits 2 with nothing in the ledger.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from ..config import ConfigError, Residence, Strict, build_residence, dotted, first_error, line_of, mapping, read_yaml
+from ..localservers.provider import Call
+
+log = logging.getLogger(__name__)
+
+
+class Say(Strict):
+    author: str = Field(min_length=1)
+    content: str
+
+
+class CallSpec(Strict):
+    sse: str | None = Field(None, min_length=1)
+    end: Literal["clean", "drop"] = "clean"
+    status: int | None = Field(None, ge=100, le=599)
+    headers: dict[str, str] | None = None
+    body: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _header_values_as_text(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("headers"), dict):
+            h = data["headers"]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) or isinstance(v, str) for v in h.values()):
+                data = {**data, "headers": {str(k): str(v) for k, v in h.items()}}
+        return data
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "CallSpec":
+        if (self.sse is None) == (self.status is None):
+            raise ValueError("a call needs exactly one of `sse` (a recorded stream) or `status` (an HTTP error)")
+        return self
+
+
+class Turn(Strict):
+    say: Say | None = None
+    continue_: bool = Field(False, alias="continue")
+    calls: list[CallSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_action(self) -> "Turn":
+        if (self.say is None) == (not self.continue_):
+            raise ValueError("a turn needs exactly one of `say` or `continue: true`")
+        return self
+
+
+class ScenarioFile(Strict):
+    residence: Any
+    turns: list[Turn] = Field(min_length=1)
+
+
+@dataclass
+class LoadedTurn:
+    say: Say | None
+    continue_: bool
+    calls: list[Call]
+
+
+@dataclass
+class Scenario:
+    path: Path
+    residence: Residence
+    turns: list[LoadedTurn]
+
+
+def load_scenario(path: Path, base: Path | None = None) -> Scenario:
+    """Validate a scenario; named residences and policies are looked up under `base` (the working folder)."""
+    base = base or Path.cwd()
+    data, node = read_yaml(path)
+    data = mapping(data, path, node, "scenario")
+    try:
+        sf = ScenarioFile.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, path, node) from None
+    res_data = sf.residence
+    if isinstance(res_data, str):
+        from ..config import load_residence
+        try:
+            residence = load_residence(res_data, base)
+        except ConfigError as e:
+            if e.message == "file not found":
+                raise ConfigError(path, "residence", f"no residence named {res_data!r} ({e.file})",
+                                  line_of(node, ("residence",))) from None
+            raise
+    else:
+        residence = build_residence(res_data, path, node, base, prefix=("residence",))
+    turns = []
+    for ti, t in enumerate(sf.turns):
+        calls = []
+        for ci, c in enumerate(t.calls):
+            calls.append(_call(c, path, node, ("turns", ti, "calls", ci)))
+        turns.append(LoadedTurn(t.say, t.continue_, calls))
+    return Scenario(path, residence, turns)
+
+
+def _call(c: CallSpec, path: Path, node: Any, loc: tuple) -> Call:
+    if c.sse is not None:
+        sse_path = (path.parent / c.sse) if not Path(c.sse).is_absolute() else Path(c.sse)
+        try:
+            raw = sse_path.read_bytes()
+        except OSError as e:
+            reason = "file not found" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror})"
+            raise ConfigError(path, dotted(loc + ("sse",)), f"{reason}: {sse_path}", line_of(node, loc + ("sse",))) from None
+        return Call(sse=raw, end=c.end, headers=dict(c.headers or {}))
+    return Call(status=c.status, headers=dict(c.headers or {}), body=c.body, end=c.end)
