@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import truth
 
@@ -40,29 +40,34 @@ def split_text(text: str, limit: int = LIMIT) -> list[str]:
             pos += 1
         if pos >= n:
             break
-        reopen = fence + "\n" if fence else ""
+        reopen = _reopen(fence) if fence else ""
         budget = limit - len(reopen)
         end_fence_room = 4  # "\n```" if the chunk ends inside a block
         if n - pos <= budget:
             cut = n
         else:
             window = text[pos:pos + budget - end_fence_room]
-            cut = pos + _best_cut(window)
+            cut = pos + max(1, _best_cut(window))
         piece = text[pos:cut]
-        fence_after = _fence_state(piece, fence)
+        fence_after = _fence_state(piece, fence, pos == 0 or text[pos - 1] == "\n", cut >= n or text[cut] == "\n")
         body = piece.rstrip() if fence_after is None else piece.rstrip("\n")
         if fence is not None and not body.strip():
             body = ""
         content = reopen + body
         if fence_after is not None and cut < n:
-            marker = _FENCE.match(fence_after)
-            close = marker.group(1)[:3] if marker else "```"
-            content = content + ("\n" if not content.endswith("\n") else "") + close
+            content = content + ("\n" if not content.endswith("\n") else "") + "```"
         if content.strip():
             chunks.append(content)
         fence = fence_after
         pos = cut
     return chunks
+
+
+def _reopen(fence: str) -> str:
+    """A plain ``` fence with the block's language, so every chunk's fences read the same way."""
+    m = _FENCE.match(fence)
+    info = m.group(2).strip() if m else ""
+    return "```" + (info if len(info) <= 20 else "") + "\n"
 
 
 def _best_cut(window: str) -> int:
@@ -87,11 +92,16 @@ def _best_cut(window: str) -> int:
     return cut
 
 
-def _fence_state(piece: str, fence: str | None) -> str | None:
+def _fence_state(piece: str, fence: str | None, at_line_start: bool, at_line_end: bool) -> str | None:
     """The fence still open after `piece`, given the one open before it."""
     if "```" not in piece and "~~~" not in piece:
         return fence
-    for line in piece.split("\n"):
+    lines = piece.split("\n")
+    for i, line in enumerate(lines):
+        if i == 0 and not at_line_start:
+            continue  # the tail of a line cut in the previous chunk: not a line of its own
+        if i == len(lines) - 1 and not at_line_end and (line or len(lines) == 1):
+            continue  # a line the next chunk finishes: judged there... by its start, which is here
         m = _FENCE.match(line)
         if not m:
             continue
@@ -104,14 +114,13 @@ def _fence_state(piece: str, fence: str | None) -> str | None:
 
 def plan(e: truth.Ending, text: str) -> list[Planned]:
     """Posts for a settled generation: its text by kind, then at most one boundary line."""
-    out: list[Planned] = []
     kind = truth.text_kind(e.status)
-    if kind is not None and text:
-        out += [Planned(kind, c) for c in split_text(text)]
-    line = truth.notice(e) if (kind is None or not text.strip()) else truth.receipt(e)
-    if line:
-        out.append(Planned("notice" if (kind is None or not text.strip()) else "receipt", RECEIPT_PREFIX + line))
-    return out
+    if kind is not None and text.strip():
+        out = [Planned(kind, c) for c in split_text(text)]
+        line = truth.receipt(e)
+        return out + ([Planned("receipt", RECEIPT_PREFIX + line)] if line else [])
+    line = truth.notice(e if text.strip() else replace(e, chars=0))
+    return [Planned("notice", RECEIPT_PREFIX + line)] if line else []
 
 
 def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:

@@ -1,0 +1,120 @@
+"""Shared fixtures: the real pipeline on loopback (local provider server + real SDK + real SQLite).
+
+Any error logged by a background task, or left unretrieved on the loop, fails the test that caused it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from bot.config import Residence, build_residence
+from bot.context import RoomMessage
+from bot.generation.attempts import AttemptRunner
+from bot.generation.records import Post
+from bot.generation.run import Generator
+from bot.ledger import Ledger
+from bot.localservers.provider import Call, ProviderServer
+from bot.provider import make_client
+from bot.resident import Resident
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECIMENS = ROOT / "scenarios" / "specimens"
+
+
+def specimen(name: str) -> bytes:
+    return (SPECIMENS / name).read_bytes()
+
+
+def residence(**overrides) -> Residence:
+    data = {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096,
+            "system": "You are Cairn, a resident of this room.",
+            "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}}}
+    policy = overrides.pop("policy", None)
+    data.update(overrides)
+    if policy is not None:
+        data["policy"] = policy
+    return build_residence(data, "<test>", None, ROOT)
+
+
+class Room:
+    """A room that collects posts, as replay's does, and keeps the history later turns read."""
+
+    def __init__(self, name: str = "cairn") -> None:
+        self.name = name
+        self.history: list[RoomMessage] = []
+        self.sent: list[Post] = []
+
+    def say(self, author: str, content: str) -> RoomMessage:
+        m = RoomMessage(f"m{len(self.history) + 1}", author, False, content)
+        self.history.append(m)
+        return m
+
+    async def send(self, post: Post) -> str:
+        mid = f"m{len(self.history) + 1}"
+        self.history.append(RoomMessage(mid, self.name, True, post.content))
+        self.sent.append(post)
+        return mid
+
+
+class Pipeline:
+    def __init__(self, server: ProviderServer, ledger: Ledger, sleeps: list[float]) -> None:
+        self.server, self.ledger, self.sleeps = server, ledger, sleeps
+        self.client = make_client(server.url, "test-key", timeout=5)
+
+    def resident(self, res: Residence) -> Resident:
+        async def fake_sleep(s: float) -> None:
+            self.sleeps.append(s)
+        return Resident(res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)), self.ledger)
+
+    async def turn(self, res: Resident, room: Room, content: str, calls: list[Call], author: str = "alice"):
+        self.server.reset(calls)
+        m = room.say(author, content)
+        before = len(room.sent)
+        reply = await res.respond(room, "room", list(room.history), trigger=m.id)
+        return reply, room.sent[before:]
+
+
+@pytest.fixture
+async def pipeline(tmp_path):
+    server = ProviderServer()
+    await server.start()
+    ledger = await Ledger.open(tmp_path / "ledger.db")
+    p = Pipeline(server, ledger, [])
+    try:
+        yield p
+    finally:
+        await p.client.close()
+        await ledger.close()
+        await server.stop()
+
+
+class _ErrorCatcher(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+async def fail_on_background_errors():
+    """Errors that asyncio or discord.py only log (background tasks) must fail the test."""
+    catcher = _ErrorCatcher()
+    watched = [logging.getLogger(n) for n in ("asyncio", "discord", "aiohttp", "bot")]
+    for lg in watched:
+        lg.addHandler(catcher)
+    loop = asyncio.get_running_loop()
+    seen: list[dict] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+    yield
+    loop.set_exception_handler(previous)
+    for lg in watched:
+        lg.removeHandler(catcher)
+    problems = [f"{r.name}: {r.getMessage()}" for r in catcher.records] + [str(c.get("message")) + " " +
+                                                                          repr(c.get("exception")) for c in seen]
+    assert not problems, "errors in background tasks or logs:\n" + "\n".join(problems)

@@ -1,0 +1,123 @@
+"""The rules about truth: statuses, causes and the wording every room and resident reads."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bot import models, truth
+from bot.truth import Ending
+
+SECOND_PERSON = re.compile(r"\byou(r|rs|rself)?\b", re.I)
+
+
+@pytest.mark.parametrize("stop, outcome", [
+    ("end_turn", "completed"), ("stop_sequence", "completed"), ("max_tokens", "truncated"),
+    ("model_context_window_exceeded", "truncated"), ("refusal", "refused"), (None, "incomplete"),
+    ("tool_use", "incomplete"), ("pause_turn", "incomplete"), ("a_reason_from_the_future", "incomplete"),
+])
+def test_every_stop_reason_has_an_outcome_and_nothing_unknown_completes(stop, outcome):
+    assert truth.outcome_of_stop(stop) == outcome
+
+
+def test_tool_stops_complete_only_for_residences_with_tools():
+    assert truth.outcome_of_stop("tool_use", has_tools=True) == "completed"
+
+
+def test_abandoned_attempt_can_never_decide_a_status():
+    with pytest.raises(ValueError):
+        truth.status_of_outcome("abandoned")
+
+
+@pytest.mark.parametrize("status, stop, cause", [
+    ("completed", "end_turn", None), ("truncated", "max_tokens", "max_tokens"),
+    ("truncated", "model_context_window_exceeded", "model_context_window_exceeded"),
+    ("refused", "refusal", "refusal"), ("failed", None, "provider-error"), ("incomplete", None, "no-stop-reason"),
+    ("incomplete", "weird", "weird"),
+])
+def test_stump_causes(status, stop, cause):
+    assert truth.stump_cause(status, stop) == cause
+
+
+def test_only_completed_text_is_speech_and_refused_text_is_never_posted():
+    assert truth.text_kind("completed") == "speech"
+    assert truth.text_kind("truncated") == truth.text_kind("failed") == truth.text_kind("incomplete") == "partial"
+    assert truth.text_kind("refused") is None
+    assert truth.is_completed_turn("completed") and not truth.is_completed_turn("truncated")
+
+
+@pytest.mark.parametrize("tokens, figure", [(4096, "4,096"), (1024, "1,024"), (128000, "128,000"), (600, "600")])
+def test_ceiling_receipt_states_the_providers_figure_with_commas(tokens, figure):
+    line = truth.receipt(Ending("truncated", "max_tokens", tokens, 17000))
+    assert line == f"Output ceiling reached at {figure} tokens; the remainder was not generated."
+
+
+def test_ceiling_receipt_without_a_provider_figure_claims_no_number():
+    line = truth.receipt(Ending("truncated", "max_tokens", None, 10))
+    assert line == "Output ceiling reached; the remainder was not generated."
+    assert not re.search(r"\d", line)
+
+
+ENDINGS = [
+    Ending("truncated", "max_tokens", 4096, 100),
+    Ending("truncated", "model_context_window_exceeded", 9000, 100),
+    Ending("truncated", "max_tokens", 600, 100, segments=3, continuation_ended="segment-limit"),
+    Ending("truncated", "max_tokens", 600, 100, segments=2, continuation_ended="repetition"),
+    Ending("completed", "end_turn", 130, 100, segments=2, continuation_ended="completed"),
+    Ending("failed", None, None, 100, attempts=3, error="overloaded_error"),
+    Ending("failed", None, None, 0, attempts=3, error="overloaded_error"),
+    Ending("incomplete", None, None, 100),
+    Ending("incomplete", "pause_turn", None, 100),
+    Ending("refused", "refusal", 37, 140),
+]
+
+
+@pytest.mark.parametrize("e", ENDINGS)
+def test_every_boundary_line_is_compact_factual_and_impersonal(e):
+    for line in (truth.receipt(e), truth.notice(e)):
+        if line is None:
+            continue
+        assert len(line) <= truth.MAX_LINE
+        assert not SECOND_PERSON.search(line), line
+        for word in ("too long", "should", "please", "sorry", "fault"):
+            assert word not in line.lower()
+
+
+def test_end_turn_has_no_receipt_and_no_notice():
+    e = Ending("completed", "end_turn", 200, 900)
+    assert truth.receipt(e) is None and truth.notice(e) is None
+
+
+def test_refusal_gets_a_notice_not_a_receipt():
+    e = Ending("refused", "refusal", 37, 140)
+    assert truth.receipt(e) is None
+    assert "declined" in truth.notice(e)
+
+
+def test_a_failure_with_no_text_says_nothing_was_generated():
+    assert "no text was generated" in truth.notice(Ending("failed", None, None, 0, attempts=3, error="api_error"))
+
+
+def test_context_notes_state_the_cut_without_second_person():
+    note = truth.context_boundary_note(Ending("truncated", "max_tokens", 4096, 10))
+    assert "4,096" in note and "not generated" in note and "not an authored ending" in note
+    abandoned = truth.context_abandoned_note(2, 1561)
+    assert "1,561" in abandoned and "retry-abandoned" in abandoned
+    for line in (note, abandoned, truth.context_refusal_note()):
+        assert not SECOND_PERSON.search(line)
+
+
+@pytest.mark.parametrize("model, ceiling, prefill", [
+    ("claude-3-opus-20240229", 4096, True), ("claude-3-5-sonnet-20241022", 8192, True),
+    ("claude-3-7-sonnet-20250219", 64000, True), ("claude-opus-4-1-20250805", 32000, True),
+    ("claude-sonnet-4-20250514", 64000, True), ("claude-sonnet-4-5", 64000, True),
+    ("claude-opus-4-6", 128000, False), ("claude-sonnet-4-6", 128000, False), ("claude-opus-4-7", 128000, False),
+])
+def test_model_table(model, ceiling, prefill):
+    c = models.caps(model)
+    assert (c.max_output_tokens, c.accepts_prefill) == (ceiling, prefill)
+
+
+def test_unknown_model_is_assumed_to_reject_prefill():
+    assert not models.caps("some-new-model").accepts_prefill
+    assert not models.known("some-new-model")
