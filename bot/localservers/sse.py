@@ -9,7 +9,11 @@ log = logging.getLogger(__name__)
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    """Raw UTF-8 as the API sends it; \\u escapes only where a lone surrogate leaves no other way."""
+    try:
+        return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+    except UnicodeEncodeError:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 def head(model: str, input_tokens: int = 10, message_id: str = "msg_local") -> bytes:

@@ -1,0 +1,106 @@
+"""The context compiler: what a resident sees of its room, and how it sees its own cuts."""
+from __future__ import annotations
+
+from bot.context import RoomMessage, compile_request, continuation_request
+from bot.generation.records import Generation, Post, Segment, Stump
+
+from conftest import residence
+
+CUT = "The harbour at dusk holds three boats and a lighth"
+
+
+def cut_generation() -> tuple[Generation, list[Post]]:
+    g = Generation(id="g-1", residence="cairn", channel="room", model="claude-3-opus-20240229", status="truncated",
+                   stop_reason="max_tokens", text=CUT, output_tokens=4096)
+    g.segments = [Segment(1, "a-1", "max_tokens", len(CUT), 4096)]
+    posts = [Post("p-1", "g-1", 1, "partial", CUT, message_id="m2"),
+             Post("p-2", "g-1", 2, "receipt", "-# Output ceiling reached at 4,096 tokens; the remainder was not "
+                                              "generated.", message_id="m3")]
+    return g, posts
+
+
+def history_with_cut() -> list[RoomMessage]:
+    _, posts = cut_generation()
+    return [RoomMessage("m1", "alice", False, "Describe the harbour."),
+            RoomMessage("m2", "cairn", True, posts[0].content),
+            RoomMessage("m3", "cairn", True, posts[1].content),
+            RoomMessage("m4", "alice", False, "And then?")]
+
+
+def test_a_cut_appears_once_as_own_words_then_a_boundary_note():
+    g, posts = cut_generation()
+    req = compile_request(residence(), history_with_cut(), {p.message_id: p for p in posts}, {g.id: g})
+    msgs = req["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+    assert msgs[1]["content"] == CUT
+    blob = "\n".join(m["content"] for m in msgs)
+    assert blob.count(CUT) == 1
+    assert "cut off" in msgs[2]["content"] and "4,096" in msgs[2]["content"]
+    assert msgs[2]["content"].endswith("alice: And then?")
+    assert "Output ceiling reached" not in msgs[1]["content"]
+
+
+def test_the_ledger_not_the_message_says_what_the_text_was():
+    """A partial split over two messages is one turn, taken from the ledger's canonical text."""
+    g, _ = cut_generation()
+    posts = {"m2": Post("p-1", "g-1", 1, "partial", CUT[:20], message_id="m2"),
+             "m3": Post("p-3", "g-1", 2, "partial", CUT[20:], message_id="m3")}
+    hist = [RoomMessage("m1", "alice", False, "Hi"), RoomMessage("m2", "cairn", True, CUT[:20]),
+            RoomMessage("m3", "cairn", True, CUT[20:]), RoomMessage("m4", "bob", False, "Go on")]
+    msgs = compile_request(residence(), hist, posts, {g.id: g})["messages"]
+    assert msgs[1] == {"role": "assistant", "content": CUT}
+
+
+def test_completed_speech_has_no_note_and_request_ends_with_a_user_turn():
+    g = Generation(id="g-2", residence="cairn", channel="room", model="m", status="completed", stop_reason="end_turn",
+                   text="All done.")
+    posts = {"m2": Post("p", "g-2", 1, "speech", "All done.", message_id="m2")}
+    hist = [RoomMessage("m1", "alice", False, "Hi"), RoomMessage("m2", "cairn", True, "All done.")]
+    msgs = compile_request(residence(), hist, posts, {g.id: g})["messages"]
+    assert msgs[1] == {"role": "assistant", "content": "All done."}
+    assert msgs[-1]["role"] == "user" and "Boundary" not in msgs[-1]["content"]
+
+
+def test_abandoned_text_is_described_not_quoted_unless_policy_grants_it():
+    g = Generation(id="g-3", residence="cairn", channel="room", model="m", status="completed", stop_reason="end_turn",
+                   text="Final words.")
+    g.stumps = [Stump("s-1", "g-3", "a-1", "retry-abandoned", "FRAGMENT TEXT " * 20, None, scope="attempt")]
+    posts = {"m2": Post("p", "g-3", 1, "speech", "Final words.", message_id="m2")}
+    hist = [RoomMessage("m1", "alice", False, "Hi"), RoomMessage("m2", "cairn", True, "Final words."),
+            RoomMessage("m3", "alice", False, "Hm?")]
+    msgs = compile_request(residence(), hist, posts, {g.id: g})["messages"]
+    blob = "\n".join(m["content"] for m in msgs)
+    assert "FRAGMENT" not in blob and "280 characters" in blob and "retry-abandoned" in blob
+    granted = residence(policy={"stumps": {"resident_reads_own": True}})
+    blob = "\n".join(m["content"] for m in compile_request(granted, hist, posts, {g.id: g})["messages"])
+    assert "FRAGMENT TEXT" in blob
+
+
+def test_other_speakers_are_named_user_turns_and_consecutive_turns_merge():
+    hist = [RoomMessage("m1", "alice", False, "one"), RoomMessage("m2", "sill", False, "two"),
+            RoomMessage("m3", "bob", False, "three")]
+    msgs = compile_request(residence(), hist, {}, {})["messages"]
+    assert msgs == [{"role": "user", "content": "alice: one\n\nsill: two\n\nbob: three"}]
+
+
+def test_history_starting_with_own_words_gets_a_user_turn_first():
+    hist = [RoomMessage("m1", "cairn", True, "unrecorded"), RoomMessage("m2", "alice", False, "hi")]
+    msgs = compile_request(residence(), hist, {}, {})["messages"]
+    assert msgs[0]["role"] == "user" and msgs[1] == {"role": "assistant", "content": "unrecorded"}
+
+
+def test_continuation_by_prefill_carries_the_partial_once_without_trailing_whitespace():
+    base = {"model": "claude-3-opus-20240229", "max_tokens": 600, "messages": [{"role": "user", "content": "go"}]}
+    req, stripped = continuation_request(base, "partial text \n", 10_000)
+    assert req["messages"][-1] == {"role": "assistant", "content": "partial text"}
+    assert stripped == " \n"
+    assert base["messages"] == [{"role": "user", "content": "go"}]  # the stored request is not mutated
+
+
+def test_continuation_for_models_without_prefill_ends_with_a_user_turn():
+    base = {"model": "claude-opus-4-6", "max_tokens": 600, "messages": [{"role": "user", "content": "go"}]}
+    req, stripped = continuation_request(base, "partial text", 250)
+    assert [m["role"] for m in req["messages"]] == ["user", "assistant", "user"]
+    assert req["messages"][1]["content"] == "partial text"
+    assert "partial text" not in req["messages"][2]["content"]
+    assert req["max_tokens"] == 250 and stripped == ""

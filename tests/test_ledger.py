@@ -1,0 +1,97 @@
+"""The ledger: migrations, byte-exact text, and the flush bound while a stream runs."""
+from __future__ import annotations
+
+import os
+import stat
+
+import aiosqlite
+import pytest
+
+from bot.generation.attempts import FLUSH_CHARS, LedgerSink
+from bot.generation.records import Attempt, Generation, Stump
+from bot.ledger import Ledger, LedgerError
+from bot.ledger.migrations import MIGRATIONS
+from bot.localservers import sse
+from bot.localservers.provider import Call
+
+from conftest import Room, residence
+
+TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a mid-wo"
+
+
+async def test_migrations_are_recorded_once_and_wal_is_on(tmp_path):
+    path = tmp_path / "l.db"
+    ledger = await Ledger.open(path)
+    await ledger.close()
+    ledger = await Ledger.open(path)  # second start applies nothing new
+    rows = await ledger.db.execute_fetchall("SELECT name FROM _migrations ORDER BY name")
+    assert [r[0] for r in rows] == [m[0] for m in MIGRATIONS]
+    mode = await ledger.db.execute_fetchall("PRAGMA journal_mode")
+    assert mode[0][0] == "wal"
+    await ledger.close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+async def test_a_file_that_is_not_a_ledger_is_a_clear_error(tmp_path):
+    bad = tmp_path / "x.db"
+    bad.write_text("not sqlite at all" * 100)
+    with pytest.raises(LedgerError, match="x.db"):
+        await Ledger.open(bad)
+
+
+async def test_text_round_trips_byte_exact_through_the_real_pipeline(pipeline, tmp_path):
+    text = TRICKY + "\ud83d"  # a lone surrogate a provider's JSON escapes can carry
+    raw = sse.stream(text, "max_tokens", 4096, size=5)
+    res = pipeline.resident(residence())
+    reply, posts = await pipeline.turn(res, Room(), "go", [Call(sse=raw)])
+    g = reply.generation
+    assert g.text == text and g.status == "truncated"
+    fresh = await Ledger.open(tmp_path / "ledger.db")
+    try:
+        stored = await fresh.get_generation(g.id)
+        assert stored.text == text
+        assert stored.attempts[0].text == text and stored.attempts[0].chars == len(text)
+        assert [s.text for s in stored.stumps] == [text]
+        raw_bytes = (await fresh.db.execute_fetchall("SELECT text FROM generations WHERE id=?", (g.id,)))[0][0]
+        assert bytes(raw_bytes) == text.encode("utf-8", "surrogatepass")
+    finally:
+        await fresh.close()
+
+
+async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
+    ledger = await Ledger.open(tmp_path / "l.db")
+    try:
+        g = Generation(id="g-x", residence="r", channel="c", model="m")
+        await ledger.create_generation(g)
+        a = Attempt(id="a-x", generation_id="g-x", segment=1, index=1)
+        await ledger.start_attempt(a)
+        sink = LedgerSink(ledger, a.id)
+        sent = ""
+        for i in range(3000):
+            piece = f"{i}é👍 "
+            sink.add(piece)
+            sent += piece
+            if sink.due:
+                await sink.flush()
+            if i % 97 == 0:
+                async with aiosqlite.connect(tmp_path / "l.db") as other:  # what a crash would leave
+                    rows = await other.execute_fetchall(
+                        "SELECT text FROM attempt_chunks WHERE attempt_id='a-x' ORDER BY seq")
+                on_disk = "".join(bytes(r[0]).decode("utf-8", "surrogatepass") for r in rows)
+                assert sent.startswith(on_disk)
+                assert len(sent) - len(on_disk) < FLUSH_CHARS + len(piece)
+        assert (await ledger.streamed_text("a-x")) == sent[:len(await ledger.streamed_text("a-x"))]
+    finally:
+        await ledger.close()
+
+
+async def test_stump_queries_are_parameterised(tmp_path):
+    ledger = await Ledger.open(tmp_path / "l.db")
+    try:
+        g = Generation(id="g-'; DROP TABLE stumps; --", residence="o'brien", channel="c", model="m")
+        await ledger.create_generation(g)
+        await ledger.add_stumps([Stump("s-1", g.id, None, "max_tokens", "x'y", 3, residence="o'brien")])
+        assert [s.text for s in await ledger.list_stumps("o'brien", "max_tokens")] == ["x'y"]
+        assert await ledger.get_generation(g.id) is not None
+    finally:
+        await ledger.close()
