@@ -25,11 +25,17 @@ class MessageFault:
     times: int = 1
     retry_after: float = 0.05
     is_global: bool = False
+    after_create: bool = False  # create the message, then fail: only the nonce prevents a duplicate
     seen: int = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"status": self.status, "nth": self.nth, "times": self.times,
-                "retry_after": self.retry_after, "global": self.is_global, "seen": self.seen}
+        return {"status": self.status, "nth": self.nth, "times": self.times, "retry_after": self.retry_after,
+                "global": self.is_global, "after_create": self.after_create, "seen": self.seen}
+
+    def response(self) -> web.Response:
+        if self.status == 429:
+            return rate_limited(self.retry_after, self.is_global)
+        return json_response({"message": "500: Internal Server Error", "code": 0}, status=self.status)
 
 
 class FaultPlan:
@@ -38,20 +44,23 @@ class FaultPlan:
         self.hits = 0  # how many responses were faked
 
     def add(self, status: int, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
-            is_global: bool = False) -> MessageFault:
+            is_global: bool = False, after_create: bool = False) -> MessageFault:
         if status not in (429, 500, 502, 503, 504):
             raise ApiError(400, 50035, "fault status must be 429 or 5xx")
         if nth < 1 or times < 1:
             raise ApiError(400, 50035, "nth and times must be at least 1")
-        fault = MessageFault(status=status, nth=nth, times=times, retry_after=retry_after, is_global=is_global)
+        if after_create and status == 429:
+            raise ApiError(400, 50035, "after_create only makes sense with a 5xx status")
+        fault = MessageFault(status=status, nth=nth, times=times, retry_after=retry_after, is_global=is_global,
+                             after_create=after_create)
         self.pending.append(fault)
         return fault
 
     def clear(self) -> None:
         self.pending.clear()
 
-    def check(self) -> web.Response | None:
-        """Called once per bot message POST: a faked error response, or None to proceed."""
+    def check(self) -> MessageFault | None:
+        """Called once per bot message POST: the fault to apply now, if any."""
         fired: MessageFault | None = None
         for fault in self.pending:
             if fault.seen < fault.nth - 1:
@@ -65,10 +74,9 @@ class FaultPlan:
         if fired.times <= 0:
             self.pending.remove(fired)
         self.hits += 1
-        log.info("fault injection: answering a message POST with %s", fired.status)
-        if fired.status == 429:
-            return rate_limited(fired.retry_after, fired.is_global)
-        return json_response({"message": "500: Internal Server Error", "code": 0}, status=fired.status)
+        log.info("fault injection: answering a message POST with %s%s", fired.status,
+                 " after creating it" if fired.after_create else "")
+        return fired
 
 
 def rate_limited(retry_after: float, is_global: bool = False) -> web.Response:

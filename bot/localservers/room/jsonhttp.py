@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from .state import ApiError
 
@@ -58,7 +58,7 @@ async def read_body(request: web.Request) -> tuple[Any, list[Upload]]:
             part = await reader.next()
             if part is None:
                 break
-            if not isinstance(part, web.BodyPartReader):  # nested multipart: not something Discord accepts
+            if not isinstance(part, BodyPartReader):  # nested multipart: not something Discord accepts
                 raise ApiError(400, 50035, "Invalid Form Body")
             if part.name == "payload_json":
                 payload = json.loads(await part.text())

@@ -364,6 +364,8 @@ class RoomState:
         name = name.strip()
         if not name or len(name) > 32:
             raise ApiError(400, 50035, "author must be 1-32 characters")
+        if name.lower() in ("everyone", "here"):
+            raise ApiError(400, 50035, f"{name!r} is reserved by Discord's @{name.lower()} mention")
         user = self.people_by_name.get(name)
         if user is None:
             clash = self.user_by_name(name)
@@ -637,7 +639,8 @@ class RoomState:
         if not isinstance(components, list):
             raise form_error(["components"], "BASE_TYPE_ARRAY", "Must be an array.")
         files = [self._store_attachment(channel, name, data, ctype) for name, data, ctype in attachments]
-        if not allow_empty and not content.strip() and not embeds and not files and not components \
+        shown = [e for e in embeds if {k for k, v in e.items() if v} - {"type", "flags", "color", "timestamp", "url"}]
+        if not allow_empty and not content.strip() and not shown and not files and not components \
                 and not body.get("sticker_ids") and not body.get("poll"):
             raise ApiError(400, 50006, "Cannot send an empty message")
         flags = int(body.get("flags") or 0)
@@ -1070,14 +1073,16 @@ class RoomState:
         self.emit(RoomEvent("interaction_response", interaction=inter, response=entry, message=message))
         return entry
 
-    def interaction_callback(self, inter: Interaction, body: dict[str, Any]) -> dict[str, Any]:
+    def interaction_callback(self, inter: Interaction, body: dict[str, Any],
+                             attachments: Sequence[tuple[str, bytes, str | None]] = ()) -> dict[str, Any]:
         """Apply an interaction callback; returns the `?with_response=1` body."""
         ctype = int(body.get("type", 0))
         data = body.get("data") or {}
         channel = self.channels[inter.channel_id]
         message: Message | None = None
         if ctype == 4:
-            message = self.create_message(channel, inter.bot, data, mtype=MSG_CHAT_INPUT_COMMAND,
+            message = self.create_message(channel, inter.bot, data, attachments=attachments,
+                                          mtype=MSG_CHAT_INPUT_COMMAND,
                                           webhook_id=inter.bot.application_id, interaction=inter,
                                           allow_ephemeral=True)
         elif ctype == 5:

@@ -1,0 +1,1 @@
+"""Glue between the residents and discord.py."""

@@ -1,0 +1,11 @@
+"""A local Discord-compatible room server that the real discord.py client can log in to.
+
+Discord's side: REST under /api/v10 (rest.py) and the gateway at /gateway and /gateway/
+(gateway.py). People's side, not Discord's, under /_room/ (roomapi.py): state, messages,
+commands, faults, events. Any bot token is accepted; see `bot_name_for_token` for its name.
+"""
+
+from .server import RoomServer, serve
+from .state import bot_name_for_token
+
+__all__ = ["RoomServer", "bot_name_for_token", "serve"]

@@ -1,0 +1,332 @@
+"""The Discord gateway: HELLO/IDENTIFY/READY, heartbeats, RESUME and event dispatch.
+
+Each IDENTIFY opens a session with its own sequence numbers and an event history, so a
+bot whose socket drops can RESUME and receive exactly the events it missed, as on Discord.
+Frames are JSON text; discord.py asks for zlib-stream but only inflates binary frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from .state import ApiError, RoomEvent, RoomState, User
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_MS = 41250
+HISTORY_LIMIT = 5000  # events kept per session for RESUME
+
+INTENT_GUILD_MEMBERS = 1 << 1
+INTENT_GUILD_MESSAGES = 1 << 9
+INTENT_GUILD_MESSAGE_TYPING = 1 << 11
+# GATEWAY_PRESENCE | GATEWAY_GUILD_MEMBERS | GATEWAY_MESSAGE_CONTENT: privileged intents are "approved".
+APPLICATION_FLAGS = (1 << 12) | (1 << 14) | (1 << 18)
+
+OP_DISPATCH, OP_HEARTBEAT, OP_IDENTIFY, OP_PRESENCE, OP_VOICE = 0, 1, 2, 3, 4
+OP_RESUME, OP_RECONNECT, OP_REQUEST_MEMBERS, OP_INVALID_SESSION, OP_HELLO, OP_HEARTBEAT_ACK = 6, 7, 8, 9, 10, 11
+
+
+class Connection:
+    """One websocket; a single writer task keeps frames in order."""
+
+    def __init__(self, ws: web.WebSocketResponse) -> None:
+        self.ws = ws
+        self.session: Session | None = None
+        self.closed_by_server = False
+        self._queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write_loop(), name="room-gateway-writer")
+
+    def send(self, frame: str) -> None:
+        self._queue.put_nowait(frame)
+
+    def send_json(self, data: dict[str, Any]) -> None:
+        self.send(json.dumps(data))
+
+    async def _write_loop(self) -> None:
+        while True:
+            frame = await self._queue.get()
+            if frame is None:
+                return
+            try:
+                await self.ws.send_str(frame)
+            except Exception as exc:  # the peer went away: RESUME will replay from history
+                log.debug("gateway write failed: %r", exc)
+                return
+
+    async def close(self, code: int, *, flush: bool = False) -> None:
+        """Close with `code`; `flush` first delivers queued frames (e.g. INVALID_SESSION)."""
+        self.closed_by_server = True
+        if flush:
+            self._queue.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+        self._writer.cancel()
+        try:
+            await self.ws.close(code=code)
+        except Exception as exc:
+            log.debug("gateway close failed: %r", exc)
+
+    def stop_writer(self) -> None:
+        self._writer.cancel()
+
+
+class Session:
+    """An identified gateway session: sequence numbers plus history for RESUME."""
+
+    def __init__(self, session_id: str, bot: User, intents: int, shard: list[int] | None) -> None:
+        self.id = session_id
+        self.bot = bot
+        self.intents = intents
+        self.shard = shard
+        self.seq = 0
+        self.history: deque[tuple[int, str]] = deque(maxlen=HISTORY_LIMIT)
+        self.conn: Connection | None = None
+        self.valid = True  # False once the client closed it cleanly (1000/1001): no more RESUME
+
+    def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        self.seq += 1
+        frame = json.dumps({"op": OP_DISPATCH, "t": event, "s": self.seq, "d": data})
+        self.history.append((self.seq, frame))
+        if self.conn is not None:
+            self.conn.send(frame)
+
+    def wants(self, intent: int) -> bool:
+        return bool(self.intents & intent)
+
+
+class Gateway:
+    """Accepts gateway websockets and turns room events into dispatches."""
+
+    def __init__(self, state: RoomState, gateway_url: Callable[[], str]) -> None:
+        self.state = state
+        self.gateway_url = gateway_url
+        self.sessions: dict[str, Session] = {}
+        self.connections: set[Connection] = set()
+        self.identifies = 0
+        self.resumes = 0
+        self._open = asyncio.Event()
+        self._open.set()
+        self._tasks: set[asyncio.Task[None]] = set()  # strong refs: the loop only keeps weak ones
+        state.subscribe(self._on_room_event)
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    async def drop(self, *, code: int = 4000, hold: bool = False) -> int:
+        """Close every bot's socket with a resumable code; `hold` delays their HELLO until release()."""
+        if hold:
+            self._open.clear()
+        conns = list(self.connections)
+        for conn in conns:
+            if conn.session is not None:
+                conn.session.conn = None  # from now on events only go to history
+        await asyncio.gather(*(conn.close(code) for conn in conns))
+        log.info("dropped %d gateway connection(s) with close code %s", len(conns), code)
+        return len(conns)
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def close_all(self) -> None:
+        self._open.set()
+        for session in self.sessions.values():
+            session.conn = None
+        await asyncio.gather(*(conn.close(1001) for conn in list(self.connections)))
+
+    def live_sessions(self, bot: User | None = None) -> list[Session]:
+        return [s for s in self.sessions.values() if s.valid and (bot is None or s.bot.id == bot.id)]
+
+    def connected(self, bot: User) -> bool:
+        return any(s.conn is not None for s in self.live_sessions(bot))
+
+    # ----- websocket handling ---------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=4 * 1024 * 1024)
+        await ws.prepare(request)
+        conn = Connection(ws)
+        self.connections.add(conn)
+        try:
+            if not self._open.is_set():
+                log.debug("gateway held: delaying HELLO")
+                await self._open.wait()
+            conn.send_json({"op": OP_HELLO, "d": {"heartbeat_interval": HEARTBEAT_INTERVAL_MS,
+                                                   "_trace": ["residents-room"]}})
+            async for msg in ws:
+                if msg.type == WSMsgType.TEXT:
+                    await self._on_frame(conn, msg.data)
+                elif msg.type == WSMsgType.BINARY:
+                    await conn.close(4002, flush=True)  # ETF / compressed payloads aren't spoken here
+                elif msg.type == WSMsgType.ERROR:
+                    log.debug("gateway socket error: %r", ws.exception())
+        finally:
+            self.connections.discard(conn)
+            conn.stop_writer()
+            session = conn.session
+            if session is not None and session.conn is conn:
+                session.conn = None
+                if not conn.closed_by_server and ws.close_code in (1000, 1001):
+                    # A clean client close ends the session on Discord: nothing to resume, stop buffering.
+                    session.valid = False
+                    self.sessions.pop(session.id, None)
+                    log.info("bot %s closed gateway session %s", session.bot.name, session.id)
+        return ws
+
+    async def _on_frame(self, conn: Connection, raw: str) -> None:
+        try:
+            payload = json.loads(raw)
+            op = payload["op"]
+            data = payload.get("d")
+        except (ValueError, KeyError, TypeError):
+            await conn.close(4002, flush=True)
+            return
+        if op == OP_HEARTBEAT:
+            conn.send_json({"op": OP_HEARTBEAT_ACK, "d": None})
+        elif op == OP_IDENTIFY:
+            await self._identify(conn, data or {})
+        elif op == OP_RESUME:
+            await self._resume(conn, data or {})
+        elif conn.session is None:
+            await conn.close(4003, flush=True)  # not authenticated
+        elif op == OP_REQUEST_MEMBERS:
+            self._request_members(conn.session, data or {})
+        elif op in (OP_PRESENCE, OP_VOICE):
+            pass
+        else:
+            log.warning("unknown gateway op %r from %s", op, conn.session.bot.name)
+            await conn.close(4001, flush=True)
+
+    async def _identify(self, conn: Connection, data: dict[str, Any]) -> None:
+        if conn.session is not None:
+            await conn.close(4005, flush=True)  # already authenticated
+            return
+        try:
+            bot = self.state.bot_for_token(str(data.get("token") or ""))
+        except ApiError:
+            await conn.close(4004, flush=True)  # authentication failed
+            return
+        intents = data.get("intents")
+        if not isinstance(intents, int) or intents < 0:
+            await conn.close(4013, flush=True)  # invalid intents
+            return
+        bot.intents = intents
+        shard = data.get("shard")
+        session = Session(secrets.token_hex(16), bot, intents, shard if isinstance(shard, list) else None)
+        self.sessions[session.id] = session
+        session.conn = conn
+        conn.session = session
+        self.identifies += 1
+        ready: dict[str, Any] = {
+            "v": 10,
+            "user": {**bot.payload(), "verified": True, "mfa_enabled": False, "email": None, "flags": 0,
+                     "locale": "en-US"},
+            "guilds": [{"id": str(self.state.guild_id), "unavailable": True}],
+            "session_id": session.id,
+            "session_type": "normal",
+            "resume_gateway_url": self.gateway_url(),
+            "application": {"id": str(bot.application_id), "flags": APPLICATION_FLAGS},
+            "private_channels": [], "relationships": [], "presences": [], "guild_join_requests": [],
+            "geo_ordered_rtc_regions": [], "user_settings": {}, "_trace": ["residents-room"],
+        }
+        if session.shard is not None:
+            ready["shard"] = session.shard
+        session.dispatch("READY", ready)
+        session.dispatch("GUILD_CREATE", self.state.guild_payload())
+        log.info("bot %s identified (session %s, intents %s)", bot.name, session.id, intents)
+
+    async def _resume(self, conn: Connection, data: dict[str, Any]) -> None:
+        session = self.sessions.get(str(data.get("session_id")))
+        seq = data.get("seq")
+        token = str(data.get("token") or "")
+        ok = session is not None and session.valid and session.bot.token == token and isinstance(seq, int)
+        if ok and session is not None and session.history and seq < session.history[0][0] - 1:
+            ok = False  # too far behind: the events it missed are gone
+        if not ok or session is None:
+            log.info("RESUME refused for session %s: INVALID_SESSION", data.get("session_id"))
+            conn.send_json({"op": OP_INVALID_SESSION, "d": False})
+            return
+        old = session.conn
+        if old is not None and old is not conn:
+            old.session = None
+            task = asyncio.create_task(old.close(4000))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        session.conn = conn
+        conn.session = session
+        replayed = 0
+        for s, frame in list(session.history):
+            if s > seq:
+                conn.send(frame)
+                replayed += 1
+        session.dispatch("RESUMED", {"_trace": ["residents-room"]})
+        self.resumes += 1
+        log.info("bot %s resumed session %s at seq %s (%d event(s) replayed)",
+                 session.bot.name, session.id, seq, replayed)
+
+    def _request_members(self, session: Session, data: dict[str, Any]) -> None:
+        members = self.state.members()
+        wanted = data.get("user_ids")
+        not_found: list[str] = []
+        if wanted:
+            ids = {int(u) for u in (wanted if isinstance(wanted, list) else [wanted])}
+            not_found = [str(u) for u in ids if u not in self.state.users]
+            members = [m for m in members if m.id in ids]
+        else:
+            query = str(data.get("query") or "").lower()
+            members = [m for m in members if m.name.lower().startswith(query)]
+        limit = int(data.get("limit") or 0)
+        if limit:
+            members = members[:limit]
+        chunk: dict[str, Any] = {
+            "guild_id": str(self.state.guild_id),
+            "members": [self.state.member_payload(m) for m in members],
+            "chunk_index": 0, "chunk_count": 1, "not_found": not_found,
+        }
+        if data.get("nonce") is not None:
+            chunk["nonce"] = data["nonce"]
+        if data.get("presences"):
+            chunk["presences"] = []
+        session.dispatch("GUILD_MEMBERS_CHUNK", chunk)
+
+    # ----- room events -> dispatches --------------------------------------------------------
+
+    def _on_room_event(self, event: RoomEvent) -> None:
+        state = self.state
+        guild_id = str(state.guild_id)
+        sessions = self.live_sessions()
+        if event.kind in ("message_create", "message_update") and event.message is not None:
+            name = "MESSAGE_CREATE" if event.kind == "message_create" else "MESSAGE_UPDATE"
+            for session in sessions:
+                if session.wants(INTENT_GUILD_MESSAGES):
+                    session.dispatch(name, state.visible_payload(event.message, session.bot))
+        elif event.kind == "message_delete" and event.message is not None:
+            data = {"id": str(event.message.id), "channel_id": str(event.message.channel_id), "guild_id": guild_id}
+            for session in sessions:
+                if session.wants(INTENT_GUILD_MESSAGES):
+                    session.dispatch("MESSAGE_DELETE", data)
+        elif event.kind == "typing" and event.user is not None:
+            data = {"channel_id": str(event.channel_id), "guild_id": guild_id, "user_id": str(event.user.id),
+                    "timestamp": int(time.time()), "member": state.member_payload(event.user)}
+            for session in sessions:
+                if session.wants(INTENT_GUILD_MESSAGE_TYPING) and session.bot.id != event.user.id:
+                    session.dispatch("TYPING_START", data)
+        elif event.kind in ("member_add", "member_update") and event.user is not None:
+            name = "GUILD_MEMBER_ADD" if event.kind == "member_add" else "GUILD_MEMBER_UPDATE"
+            data = {**state.member_payload(event.user), "guild_id": guild_id}
+            for session in sessions:
+                if session.wants(INTENT_GUILD_MEMBERS) and session.bot.id != event.user.id:
+                    session.dispatch(name, data)
+        elif event.kind == "interaction_create" and event.interaction is not None:
+            payload = state.interaction_payload(event.interaction)
+            for session in self.live_sessions(event.interaction.bot):
+                session.dispatch("INTERACTION_CREATE", payload)

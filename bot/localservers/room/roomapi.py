@@ -1,0 +1,150 @@
+"""The /_room/ JSON API: how people (and tests) post, invoke commands and watch the room.
+
+Not part of Discord. Everything here goes through the same RoomState calls the Discord
+REST routes use, so a person's message is dispatched to bots exactly like a real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import WSMsgType, web
+
+from .jsonhttp import json_response, read_body, require_dict
+from .state import ApiError
+
+if TYPE_CHECKING:
+    from .server import RoomServer
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE_S = 15.0
+
+
+class RoomApi:
+    def __init__(self, server: RoomServer) -> None:
+        self.server = server
+
+    def add_routes(self, app: web.Application) -> None:
+        r = app.router
+        r.add_get("/_room/state", self.get_state)
+        r.add_get("/_room/channels/{channel}/messages", self.list_messages)
+        r.add_post("/_room/channels/{channel}/messages", self.post_message)
+        r.add_post("/_room/commands", self.invoke_command)
+        r.add_get("/_room/faults", self.get_faults)
+        r.add_post("/_room/faults", self.post_faults)
+        r.add_delete("/_room/faults", self.clear_faults)
+        r.add_get("/_room/events", self.events)
+        r.add_get("/attachments/{channel_id}/{attachment_id}/{filename}", self.attachment)
+
+    async def get_state(self, request: web.Request) -> web.Response:
+        return json_response(self.server.snapshot())
+
+    async def list_messages(self, request: web.Request) -> web.Response:
+        return json_response(self.server.messages(request.match_info["channel"]))
+
+    async def post_message(self, request: web.Request) -> web.Response:
+        body = require_dict((await read_body(request))[0])
+        author = body.get("author")
+        if not isinstance(author, str):
+            raise ApiError(400, 50035, "\"author\" (a person's name) is required")
+        view = self.server.post(
+            request.match_info["channel"], author, str(body.get("content") or ""),
+            reply_to=body.get("reply_to"), mentions=list(body.get("mentions") or []),
+            moderator=body.get("moderator"), allowed_mentions=body.get("allowed_mentions"),
+        )
+        return json_response(view, status=201)
+
+    async def invoke_command(self, request: web.Request) -> web.Response:
+        body = require_dict((await read_body(request))[0])
+        for key in ("channel_id", "member", "name"):
+            if not body.get(key):
+                raise ApiError(400, 50035, f"\"{key}\" is required")
+        result = await self.server.invoke_command(
+            str(body["channel_id"]), str(body["member"]), str(body["name"]), bot=body.get("bot"),
+            options=body.get("options"), moderator=body.get("moderator"),
+            timeout=float(body.get("timeout", 10.0)), settle=float(body.get("settle", 0.25)),
+        )
+        return json_response(result)
+
+    async def get_faults(self, request: web.Request) -> web.Response:
+        return json_response(self.server.faults_view())
+
+    async def post_faults(self, request: web.Request) -> web.Response:
+        body = require_dict((await read_body(request))[0])
+        post = body.get("message_post")
+        if post is not None:
+            post = require_dict(post)
+            self.server.fail_message_posts(
+                int(post.get("status", 500)), nth=int(post.get("nth", 1)), times=int(post.get("times", 1)),
+                retry_after=float(post.get("retry_after", 0.05)), is_global=bool(post.get("global", False)),
+                after_create=bool(post.get("after_create", False)))
+        if body.get("drop_gateway"):
+            await self.server.drop_gateway(hold=bool(body.get("hold", False)))
+        if body.get("release_gateway"):
+            self.server.release_gateway()
+        return json_response(self.server.faults_view())
+
+    async def clear_faults(self, request: web.Request) -> web.Response:
+        self.server.faults.clear()
+        self.server.release_gateway()
+        return json_response(self.server.faults_view())
+
+    async def attachment(self, request: web.Request) -> web.Response:
+        try:
+            att = self.server.state.attachments[int(request.match_info["attachment_id"])]
+        except (KeyError, ValueError):
+            raise ApiError(404, 0, "404: Not Found") from None
+        return web.Response(body=att.data, content_type=att.content_type or "application/octet-stream")
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """Every new/edited/deleted message (and typing, interaction answers): SSE, or a websocket."""
+        queue = self.server.subscribe_events()
+        try:
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                return await self._events_ws(request, queue)
+            return await self._events_sse(request, queue)
+        finally:
+            self.server.unsubscribe_events(queue)
+
+    async def _events_sse(self, request: web.Request, queue: asyncio.Queue[dict[str, Any] | None]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            await resp.write(b": connected\n\n")
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+                    continue
+                if item is None:
+                    break
+                await resp.write(f"event: {item['type']}\ndata: {json.dumps(item)}\n\n".encode())
+        except (ConnectionResetError, RuntimeError) as exc:
+            log.debug("event stream closed: %r", exc)
+        return resp
+
+    async def _events_ws(self, request: web.Request, queue: asyncio.Queue[dict[str, Any] | None]) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+
+        async def pump() -> None:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    await ws.close()
+                    return
+                await ws.send_str(json.dumps(item))
+
+        task = asyncio.create_task(pump())
+        try:
+            async for msg in ws:
+                if msg.type == WSMsgType.ERROR:
+                    break
+        finally:
+            task.cancel()
+        return ws

@@ -1,0 +1,274 @@
+"""RoomServer: a local Discord-compatible server (REST + gateway) over real sockets.
+
+The real discord.py client logs in to it after `point_at_local(url)`, so a person without a
+bot token can try the residents offline, and tests exercise the same code paths as on Discord.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from .faults import FaultPlan
+from .gateway import Gateway
+from .jsonhttp import error_middleware
+from .rest import DiscordRest
+from .roomapi import RoomApi
+from .state import ApiError, Interaction, RoomEvent, RoomState
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class RoomServer:
+    """One guild with text channels; any bot token logs in, people post through /_room/."""
+
+    def __init__(self, channels: Sequence[str] = ("general",), guild_name: str = "residents", *,
+                 interaction_deadline: float = 3.0) -> None:
+        self.state = RoomState(list(channels), guild_name, interaction_deadline=interaction_deadline)
+        self.faults = FaultPlan()
+        self.gateway = Gateway(self.state, self.gateway_url)
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._changed = asyncio.Event()
+        self._event_queues: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self.state.subscribe(self._on_room_event)
+
+    # ----- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Listen on host:port (0 = any free port); returns the base URL `http://host:port`."""
+        app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024 * 1024)
+        DiscordRest(self.state, self.faults, self.gateway_url).add_routes(app)
+        RoomApi(self).add_routes(app)
+        app.router.add_get("/gateway", self.gateway.handle)
+        app.router.add_get("/gateway/", self.gateway.handle)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runner = runner
+        bound = runner.addresses[0]
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{shown}:{bound[1]}"
+        self.state.base_url = self.url
+        log.info("local Discord room %r listening on %s (channels: %s)", self.state.guild_name, self.url,
+                 ", ".join(c.name for c in self.state.channels.values()))
+        return self.url
+
+    async def stop(self) -> None:
+        """Close gateways and event streams, then the listener."""
+        for queue in list(self._event_queues):
+            queue.put_nowait(None)
+        await self.gateway.close_all()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        log.info("local Discord room stopped")
+
+    async def __aenter__(self) -> RoomServer:
+        if not self.url:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def gateway_url(self) -> str:
+        return self.url.replace("http://", "ws://", 1) + "/gateway/"
+
+    # ----- read the room ------------------------------------------------------------------------
+
+    @property
+    def guild_id(self) -> str:
+        return str(self.state.guild_id)
+
+    def channel_id(self, name: str = "general") -> str:
+        return str(self.state.channel_by_ref(name).id)
+
+    def snapshot(self) -> dict[str, Any]:
+        """GET /_room/state."""
+        state = self.state
+        return {
+            "url": self.url,
+            "gateway_url": self.gateway_url(),
+            "guild": {"id": str(state.guild_id), "name": state.guild_name},
+            "channels": [{"id": str(c.id), "name": c.name} for c in state.channels.values()],
+            "bots": [{"id": str(b.id), "name": b.name, "application_id": str(b.application_id),
+                      "connected": self.gateway.connected(b),
+                      "commands": sorted({c.name for c in state.commands.values()
+                                          if c.application_id == b.application_id})}
+                     for b in state.bots()],
+            "people": [{"id": str(p.id), "name": p.name, "moderator": p.moderator}
+                       for p in state.people_by_name.values()],
+            "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
+        }
+
+    def messages(self, channel: str = "general") -> list[dict[str, Any]]:
+        """Every live message in the channel, oldest first, as /_room/ renders it."""
+        ch = self.state.channel_by_ref(channel)
+        return [self.state.room_view(m) for m in ch.messages if not m.deleted]
+
+    @property
+    def resumes(self) -> int:
+        return self.gateway.resumes
+
+    # ----- act in the room ----------------------------------------------------------------------
+
+    def post(self, channel: str, author: str, content: str, *, reply_to: int | str | None = None,
+             mentions: Iterable[str] = (), moderator: bool | None = None,
+             allowed_mentions: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Post as the person `author`; dispatched to bots before this returns."""
+        ch = self.state.channel_by_ref(channel)
+        msg = self.state.post_as_person(ch, author, content, reply_to=reply_to, mentions=mentions,
+                                        moderator=moderator, allowed_mentions=allowed_mentions)
+        return self.state.room_view(msg)
+
+    async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = None,
+                             options: list[dict[str, Any]] | None = None, moderator: bool | None = None,
+                             timeout: float = 10.0, settle: float = 0.25) -> dict[str, Any]:
+        """Run /name as `member`; wait for the callback and follow-ups (quiet for `settle` s)."""
+        ch = self.state.channel_by_ref(channel)
+        command = self.state.find_command(name, bot)
+        owner = self.state.users[command.application_id]
+        if not self.gateway.live_sessions(owner):
+            raise ApiError(409, 0, f"bot {owner.name!r} has no gateway session")
+        inter = self.state.create_interaction(ch, member, command, options, moderator=moderator)
+        timed_out = await self._await_responses(inter, timeout, settle)
+        return {
+            "interaction_id": str(inter.id), "command": command.name, "bot": owner.name,
+            "member": inter.user.name, "moderator": inter.user.moderator,
+            "responses": list(inter.responses), "timed_out": timed_out,
+        }
+
+    async def _await_responses(self, inter: Interaction, timeout: float, settle: float) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last_count, last_change = 0, loop.time()
+        while True:
+            now = loop.time()
+            if len(inter.responses) != last_count:
+                last_count, last_change = len(inter.responses), now
+            complete = any(r["kind"] != "callback" or r["type"] in (4, 9) for r in inter.responses)
+            if complete and now - last_change >= settle:
+                return False
+            if now >= deadline:
+                return not complete
+            wait = deadline - now
+            if complete:
+                wait = min(wait, settle - (now - last_change))
+            await self._wait_changed(max(wait, 0.0))
+
+    async def wait_for_message(self, predicate: Callable[[dict[str, Any]], bool], *, channel: str | None = None,
+                               timeout: float = 5.0) -> dict[str, Any]:
+        """The first message (room view) matching `predicate`, waiting up to `timeout` s for it."""
+        def check() -> dict[str, Any] | None:
+            names = [channel] if channel else [c.name for c in self.state.channels.values()]
+            for name in names:
+                for view in self.messages(name):
+                    if predicate(view):
+                        return view
+            return None
+
+        return await self.wait_until(check, timeout=timeout)
+
+    async def wait_until(self, check: Callable[[], T | None], *, timeout: float = 5.0) -> T:
+        """Re-run `check` on every room change until it returns non-None; TimeoutError after `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            result = check()
+            if result is not None:
+                return result
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise asyncio.TimeoutError(f"room condition not met within {timeout}s")
+            await self._wait_changed(remaining)
+
+    async def _wait_changed(self, timeout: float) -> None:
+        event = self._changed
+        try:
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    # ----- faults -------------------------------------------------------------------------------
+
+    def fail_message_posts(self, status: int = 500, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
+                           is_global: bool = False, after_create: bool = False) -> None:
+        """Answer the `nth` next bot message POST with `status` (429 carries retry_after), `times` times.
+
+        `after_create` (5xx only) stores the message first, like a response lost on the way back.
+        """
+        self.faults.add(status, nth=nth, times=times, retry_after=retry_after, is_global=is_global,
+                        after_create=after_create)
+
+    async def drop_gateway(self, *, hold: bool = False) -> int:
+        """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
+        return await self.gateway.drop(hold=hold)
+
+    def release_gateway(self) -> None:
+        self.gateway.release()
+
+    def faults_view(self) -> dict[str, Any]:
+        return {"message_post": [f.describe() for f in self.faults.pending], "hits": self.faults.hits}
+
+    # ----- change notification and the event stream ---------------------------------------------
+
+    def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]:
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=10000)
+        self._event_queues.add(queue)
+        return queue
+
+    def unsubscribe_events(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+        self._event_queues.discard(queue)
+
+    def _on_room_event(self, event: RoomEvent) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+        if not self._event_queues:
+            return
+        item = self._event_item(event)
+        if item is None:
+            return
+        for queue in list(self._event_queues):
+            try:
+                queue.put_nowait(item)
+            except asyncio.QueueFull:
+                log.warning("event stream subscriber is not reading: dropping it")
+                self._event_queues.discard(queue)
+
+    def _event_item(self, event: RoomEvent) -> dict[str, Any] | None:
+        state = self.state
+        if event.kind in ("message_create", "message_update", "message_delete") and event.message is not None:
+            return {"type": event.kind, "message": state.room_view(event.message)}
+        if event.kind == "typing" and event.user is not None:
+            return {"type": "typing", "channel_id": str(event.channel_id), "user": event.user.name,
+                    "time": time.time()}
+        if event.kind == "interaction_response" and event.interaction is not None:
+            return {"type": "interaction_response", "interaction_id": str(event.interaction.id),
+                    "command": event.interaction.command.name, "member": event.interaction.user.name,
+                    "channel_id": str(event.interaction.channel_id), "response": event.response}
+        if event.kind in ("member_add", "member_update") and event.user is not None:
+            return {"type": event.kind, "user": {"id": str(event.user.id), "name": event.user.name,
+                                                 "bot": event.user.bot, "moderator": event.user.moderator}}
+        return None
+
+
+async def serve(host: str = "127.0.0.1", port: int = 8765, channels: Sequence[str] = ("general",),
+                guild_name: str = "residents") -> None:
+    """Run a room until cancelled (the `residents room` command wraps this)."""
+    server = RoomServer(channels, guild_name)
+    url = await server.start(host, port)
+    log.info("point bots at %s (REST %s/api/v10, gateway %s); people post via %s/_room/",
+             url, url, server.gateway_url(), url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
