@@ -1,0 +1,1 @@
+"""One cog per feature: the resident's conversation, and the moderators' slash commands."""

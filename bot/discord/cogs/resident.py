@@ -1,0 +1,99 @@
+"""The resident's side of the room: when to speak, and one turn through the shared pipeline.
+
+Floor control keeps several residents from talking over each other or looping: one generation at
+a time per channel (a message arriving meanwhile queues at most one more turn and marks any
+continuation superseded), a cooldown, and a limit on resident turns before a person speaks again.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+
+import discord
+from discord.ext import commands
+
+from ..app import ResidentBot
+from ..room import DiscordRoom, as_room_message
+
+log = logging.getLogger(__name__)
+
+
+def resident_run(history: list[discord.Message]) -> int:
+    """Resident turns (runs of one bot author) since the last message from a person; newest last."""
+    turns, last_author = 0, None
+    for m in reversed(history):
+        if not m.author.bot:
+            break
+        if m.author.id != last_author:
+            turns += 1
+            last_author = m.author.id
+    return turns
+
+
+class ResidentCog(commands.Cog):
+    def __init__(self, bot: ResidentBot) -> None:
+        self.bot = bot
+        self.locks: dict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.queued: dict[int, bool] = defaultdict(bool)
+        self.moved_on: dict[int, bool] = defaultdict(bool)
+        self.last_reply: dict[int, float] = {}
+
+    def addressed(self, message: discord.Message) -> bool:
+        me = self.bot.user
+        assert me is not None
+        mode = self.bot.residence.policy.floor.reply_to
+        if mode == "all" or any(u.id == me.id for u in message.mentions):
+            return True
+        if mode == "mentions-and-replies" and message.reference is not None:
+            ref = message.reference.resolved
+            return isinstance(ref, discord.Message) and ref.author.id == me.id
+        return False
+
+    @commands.Cog.listener()
+    async def on_message(self, message: discord.Message) -> None:
+        me = self.bot.user
+        if me is None or message.author.id == me.id or message.guild is None:
+            return
+        if not self.bot.listens_in(message.channel) or not self.addressed(message):
+            return
+        ch = message.channel.id
+        lock = self.locks[ch]
+        if lock.locked():
+            self.moved_on[ch] = True  # a running bounded continuation stops: the room moved on
+            if self.queued[ch]:
+                return  # one queued turn will read this message too
+            self.queued[ch] = True
+        async with lock:
+            self.queued[ch] = False
+            self.moved_on[ch] = False
+            await self._take_turn(message)
+
+    async def _take_turn(self, message: discord.Message) -> None:
+        floor = self.bot.residence.policy.floor
+        ch = message.channel.id
+        wait = floor.cooldown_seconds - (time.monotonic() - self.last_reply.get(ch, -1e9))
+        if wait > 0:
+            await asyncio.sleep(wait)
+        me = self.bot.user
+        assert me is not None
+        history = [m async for m in message.channel.history(limit=floor.history_limit)]
+        history.reverse()
+        if resident_run(history) >= floor.max_resident_run:
+            log.info("%s stays quiet in %s: %d resident turns since a person spoke", self.bot.residence.name,
+                     ch, resident_run(history))
+            return
+        room = [as_room_message(m, me.id) for m in history]
+        async with message.channel.typing():
+            reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
+                                                    trigger=str(message.id), superseded=lambda: self.moved_on[ch])
+        self.last_reply[ch] = time.monotonic()
+        g = reply.generation
+        if g is not None:
+            log.info("%s replied in %s: generation %s %s, %d post(s)", self.bot.residence.name, ch, g.id, g.status,
+                     len(reply.posts))
+
+
+async def setup(bot: ResidentBot) -> None:
+    await bot.add_cog(ResidentCog(bot))

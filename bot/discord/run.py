@@ -1,0 +1,123 @@
+"""`residents run`: every residence with Discord settings, each as its own bot, in one process.
+
+Start-up problems (a missing token, an unknown channel, a bad configuration, a provider with no
+key) stop everything with one line before or as the bots connect; SIGINT/SIGTERM close cleanly.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import discord
+
+from ..config import ConfigError, Residence, load_all_residences
+from ..generation.attempts import AttemptRunner
+from ..generation.run import Generator
+from ..ledger import Ledger
+from ..provider import make_client
+from ..resident import Resident
+from .app import ResidentBot
+from .localapi import point_at_local
+
+log = logging.getLogger(__name__)
+
+
+class StartupError(Exception):
+    """One line that says what stopped start-up and where."""
+
+
+@dataclass
+class Deployment:
+    residences: list[Residence]
+    tokens: dict[str, str]
+
+
+def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = None) -> Deployment:
+    """Residences with Discord settings and their tokens; against a local room any token will do."""
+    env = dict(os.environ if env is None else env)
+    residences = [r for r in load_all_residences(base) if r.discord is not None]
+    if not residences:
+        raise StartupError(f"{base / 'residences'}: no residence has `discord` settings (token_env, channels)")
+    tokens = {}
+    for r in residences:
+        assert r.discord is not None
+        token = env.get(r.discord.token_env, "").strip()
+        if not token:
+            if not local_api:
+                raise ConfigError(base / "residences" / f"{r.name}.yaml", "discord.token_env",
+                                  f"environment variable {r.discord.token_env} is not set")
+            token = f"local-{r.name}"
+        tokens[r.name] = token
+    return Deployment(residences, tokens)
+
+
+def provider_settings(env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    env = dict(os.environ if env is None else env)
+    base_url = env.get("ANTHROPIC_BASE_URL") or None
+    key = env.get("ANTHROPIC_API_KEY", "")
+    if not key and base_url is None:
+        raise StartupError("ANTHROPIC_API_KEY is not set (or set ANTHROPIC_BASE_URL to an Anthropic-compatible server)")
+    return base_url, key or "local"
+
+
+async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
+                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None) -> None:
+    ledger = await Ledger.open(db)
+    client = make_client(base_url, api_key)
+    registry: dict[str, Resident] = {}
+    bots: list[ResidentBot] = []
+    try:
+        generator = Generator(AttemptRunner(client, ledger))
+        for r in dep.residences:
+            registry[r.name] = Resident(r, generator, ledger)
+        for r in dep.residences:
+            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread, or not supported here
+                pass
+        tasks = [asyncio.create_task(b.start(dep.tokens[b.residence.name]), name=f"bot:{b.residence.name}")
+                 for b in bots]
+        stopper = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait(tasks + [stopper], return_when=asyncio.FIRST_COMPLETED)
+        problem = None
+        for t in done:
+            if t is stopper:
+                continue
+            b = bots[tasks.index(t)]
+            exc = t.exception()
+            if isinstance(exc, discord.LoginFailure):
+                problem = (f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
+                           f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected")
+            elif exc is not None:
+                problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
+            else:
+                problem = b.startup_problem or f"{b.residence.name}: the bot stopped"
+        for b in bots:
+            await b.close()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stopper.cancel()
+        if problem and not stop.is_set():
+            raise StartupError(problem)
+    finally:
+        await client.close()
+        await ledger.close()
+
+
+def main(base: Path, db: str, discord_api: str | None) -> int:
+    dep = plan_deployment(base, local_api=discord_api is not None)
+    base_url, key = provider_settings()
+    if discord_api:
+        point_at_local(discord_api)
+    discord.utils.setup_logging(level=logging.INFO, root=False)
+    asyncio.run(run_bots(dep, db, base_url, key))
+    return 0
