@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 
 COGS = ("bot.discord.cogs.resident", "bot.discord.cogs.moderation")
 
+# Residents never join voice; the warnings about voice libraries would only alarm operators.
+discord.VoiceClient.warn_nacl = False
+discord.VoiceClient.warn_dave = False
+
 
 def intents() -> discord.Intents:
     i = discord.Intents.default()
@@ -35,6 +39,9 @@ class ResidentBot(commands.Bot):
     @property
     def residence(self):
         return self.resident.residence
+
+    async def on_message(self, message: discord.Message) -> None:
+        """Residents have no prefix commands: a mention is conversation, handled by the resident cog."""
 
     async def setup_hook(self) -> None:
         for ext in COGS:

@@ -1,0 +1,183 @@
+"""`residents demo`: the local room, a scripted provider and the residents, wired together.
+
+The same code that runs in Discord: real discord.py bots over real sockets to the local room
+server, the real anthropic SDK to the local provider, a real SQLite ledger under data/.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import Residence, load_all_residences
+from ..discord.localapi import point_at_local
+from ..discord.run import Deployment, run_bots
+from ..ledger import Ledger
+from ..localservers.provider import ProviderServer
+from ..localservers.room.server import RoomServer
+from .script import demo_responder
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+
+SCENES = [
+    ("alice", "@cairn Tell us about the harbour, everything you know.", "cairn"),
+    ("bob", "@sill What did Cairn leave out?", "sill"),
+    ("alice", "@cairn And the lighthouse?", "cairn"),
+]
+
+
+@dataclass
+class Demo:
+    room: RoomServer
+    provider: ProviderServer | None
+    ledger: Ledger
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+    residences: list[Residence]
+
+
+def residences(provider: str, model: str | None) -> list[Residence]:
+    found = load_all_residences(HERE)
+    if provider == "anthropic":
+        from ..config import Residence as R
+        from .. import models
+        m = model or "claude-sonnet-4-5"
+        ceiling = models.caps(m).max_output_tokens
+        # On the real API the ceiling is shown with a small max_tokens, so a cut still happens quickly.
+        found = [R.model_validate({**r.model_dump(), "model": m,
+                                   "max_tokens": min(r.max_tokens, ceiling, 400 if r.name == "cairn" else 1024)})
+                 for r in found]
+    return found
+
+
+async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: str = "scripted",
+                model: str | None = None) -> Demo:
+    res = residences(provider, model)
+    channels = list(dict.fromkeys(c for r in res if r.discord for c in r.discord.channels)) or ["general"]
+    room = RoomServer(channels, "residents demo")
+    await room.start(host, port)
+    point_at_local(room.url)
+    prov: ProviderServer | None = None
+    if provider == "scripted":
+        prov = ProviderServer(responder=demo_responder({r.name: r.model for r in res}))
+        await prov.start(host, 0)
+        base_url, key = prov.url, "demo"
+    else:
+        base_url, key = os.environ.get("ANTHROPIC_BASE_URL") or None, os.environ["ANTHROPIC_API_KEY"]
+    ledger = await Ledger.open(db)  # a reader beside the bots' own connection (WAL allows both)
+    if hasattr(room, "set_annotator"):
+        room.set_annotator(_annotator(ledger))
+    stop = asyncio.Event()
+    dep = Deployment(res, {r.name: f"local-{r.name}" for r in res})
+    task = asyncio.create_task(run_bots(dep, db, base_url, key, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
+    demo = Demo(room, prov, ledger, task, stop, res)
+    await _until_connected(demo, len(res))
+    return demo
+
+
+def _annotator(ledger: Ledger):
+    async def annotate(ids: list[str]) -> dict[str, dict[str, Any]]:
+        posts = await ledger.posts_by_message(ids)
+        return {mid: {"kind": p.kind, "generation_id": p.generation_id} for mid, p in posts.items()}
+    return annotate
+
+
+async def _until_connected(demo: Demo, n: int, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while sum(1 for b in demo.room.snapshot()["bots"] if b.get("connected") and b.get("commands")) < n:
+        if demo.task.done():
+            demo.task.result()
+            raise RuntimeError("the residents stopped before they connected")
+        if loop.time() > deadline:
+            raise RuntimeError("the residents did not connect to the local room in time")
+        await asyncio.sleep(0.05)
+
+
+async def shutdown(demo: Demo) -> None:
+    demo.stop.set()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(demo.task, 10)
+    await demo.ledger.close()
+    if demo.provider:
+        await demo.provider.stop()
+    await demo.room.stop()
+
+
+async def _settled(demo: Demo, trigger: str, resident: str, timeout: float = 30.0) -> str:
+    """Wait until the reply to `trigger` is settled and every post of it delivered; its generation id."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        rows = await demo.ledger.db.execute_fetchall(
+            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident))
+        if rows:
+            g = await demo.ledger.get_generation(rows[0][0])
+            if g and g.posts and all(p.message_id for p in g.posts):
+                return g.id
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{resident} did not answer message {trigger} in {timeout:.0f}s")
+
+
+async def play(demo: Demo, out) -> None:
+    """The scripted scenes, then a moderator's look at the stumps; prints the transcript with kinds."""
+    gens = []
+    for author, content, resident in SCENES:
+        m = demo.room.post("general", author, content)
+        gens.append(await _settled(demo, str(m["id"]), resident))
+    annotate = _annotator(demo.ledger)
+    msgs = demo.room.messages("general")
+    kinds = await annotate([str(m["id"]) for m in msgs])
+    print("== the room", file=out)
+    for m in msgs:
+        kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
+        body = m["content"] if len(m["content"]) <= 300 else m["content"][:280] + f" … [{len(m['content']):,} chars]"
+        print(f"[{m['author']} · {kind}] {body}", file=out)
+    print("\n== a moderator looks", file=out)
+    stumps = await demo.ledger.list_stumps(limit=20)
+    for label, bot, options in [
+        ("/stumps list resident:sill", "sill", [{"name": "list", "type": 1, "options": [
+            {"name": "resident", "type": 3, "value": "sill"}]}]),
+        *([(f"/stumps show id:{stumps[-1].id}", stumps[-1].residence, [{"name": "show", "type": 1, "options": [
+            {"name": "id", "type": 3, "value": stumps[-1].id}]}])] if stumps else []),
+        (f"/generation show ref:{gens[0]}", "cairn", [{"name": "show", "type": 1, "options": [
+            {"name": "ref", "type": 3, "value": gens[0]}]}]),
+    ]:
+        name = label.split()[0].lstrip("/")
+        res = await demo.room.invoke_command("general", "moderator", name, bot=bot, options=options, moderator=True)
+        print(f"> {label}", file=out)
+        for r in res["responses"]:
+            content = r["content"] or ""
+            print("  " + ("\n  ".join(content.splitlines()[:14])) + (" …" if content.count("\n") > 14 else ""),
+                  file=out)
+
+
+async def main_async(db: str, host: str, port: int, headless: bool, provider: str, model: str | None) -> int:
+    import sys
+    demo = await start(db, host, port, provider, model)
+    try:
+        if headless:
+            await play(demo, sys.stdout)
+            return 0
+        print(f"residents demo: open {demo.room.url}/ in a browser (Ctrl-C to stop). "
+              f"Ledger: {db}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiter, demo.task], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if demo.task.done() and not stop.is_set():
+            demo.task.result()
+        return 0
+    finally:
+        await shutdown(demo)
