@@ -200,3 +200,30 @@ async def test_continue_without_standing_makes_no_call_and_says_why(pipeline):
     reply = await res.continue_generation(room, "room", first.generation.id)
     assert pipeline.server.requests == [] and reply.declined
     assert [p.kind for p in room.sent[-1:]] == ["notice"] and "standing" in room.sent[-1].content
+
+
+async def test_provider_calls_stay_within_the_policy_bound_with_retries_in_continuation(pipeline):
+    """Every continuation call obeys the retry policy; the total is at most (1 + max_segments) × max_attempts."""
+    policy = {"continuation": {**BOUNDED["continuation"], "max_segments": 2},
+              "retries": {"max_attempts": 2, "backoff_seconds": 0}}
+    res = pipeline.resident(residence(max_tokens=600, policy=policy))
+    frag = specimen("overloaded-after-257.sse")
+    words = [" ".join(f"v{i}y{j}" for j in range(150)) for i in range(4)]
+    calls = [Call(sse=sse.stream(words[0], "max_tokens", 600))]
+    for w in words[1:3]:
+        calls += [Call(sse=frag), Call(sse=sse.stream(w, "max_tokens", 600))]
+    reply, posts = await pipeline.turn(res, Room(), "x", calls + [Call(sse=frag)] * 10)
+    g = reply.generation
+    assert len(pipeline.server.requests) == 5 <= (1 + 2) * 2
+    assert g.continuation_ended == "segment-limit" and len(g.segments) == 3
+    assert g.text == words[0] + words[1] + words[2]
+    assert [s.cause for s in g.stumps if s.scope == "attempt"] == ["retry-abandoned", "retry-abandoned"]
+    assert [p.kind for p in posts][-1] == "receipt" and "segment limit" in posts[-1].content
+
+    failing = pipeline.resident(residence(max_tokens=600, policy=policy))
+    reply, posts = await pipeline.turn(failing, Room(), "y", [Call(sse=sse.stream(words[0], "max_tokens", 600))]
+                                       + [Call(sse=frag)] * 10)
+    g = reply.generation
+    assert len(pipeline.server.requests) == 3  # the first segment, then one continuation segment's two attempts
+    assert (g.status, g.continuation_ended, g.text) == ("truncated", "error", words[0])
+    assert sorted(s.cause for s in g.stumps) == ["max_tokens", "provider-error", "retry-abandoned"]

@@ -1,0 +1,45 @@
+"""`residents demo --headless`: the newcomer's first run, end to end in a real subprocess."""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_path):
+    db = tmp_path / "demo.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    p = subprocess.run([sys.executable, "-m", "bot", "demo", "--headless", "--port", "0", "--db", str(db)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = p.stdout
+    assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-2000:]
+    lines = out.splitlines()
+    kinds = [re.match(r"\[(\w+) · (\w+)\]", ln).groups() for ln in lines if re.match(r"\[\w+ · \w+\]", ln)]
+    cairn_first = [k for a, k in kinds[:kinds.index(("cairn", "receipt")) + 1] if a == "cairn"]
+    assert set(cairn_first[:-1]) == {"partial"} and cairn_first[-1] == "receipt"
+    assert "[cairn · receipt] -# Output ceiling reached at 4,096 tokens; the remainder was not generated." in out
+    assert ("sill", "speech") in kinds and ("cairn", "speech") in kinds
+    assert kinds.count(("cairn", "receipt")) == 1
+    assert "retry-abandoned" in out and "unpublished" in out
+    assert "status truncated · stop max_tokens" in out
+    con = sqlite3.connect(db)
+    try:
+        statuses = sorted(r[0] for r in con.execute("SELECT status FROM generations"))
+        assert statuses == ["completed", "completed", "truncated"]
+        causes = sorted(r[0] for r in con.execute("SELECT cause FROM stumps"))
+        assert causes == ["max_tokens", "retry-abandoned"]
+        assert con.execute("SELECT count(*) FROM posts WHERE message_id IS NULL").fetchone()[0] == 0
+    finally:
+        con.close()
+
+
+def test_demo_refuses_a_non_loopback_host(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bot", "demo", "--host", "0.0.0.0", "--headless"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "loopback" in p.stderr and "Traceback" not in p.stderr
