@@ -42,12 +42,13 @@ def split_text(text: str, limit: int = LIMIT) -> list[str]:
             break
         reopen = _reopen(fence) if fence else ""
         budget = limit - len(reopen)
-        end_fence_room = 4  # "\n```" if the chunk ends inside a block
+        end_fence_room = 8  # "\n```" if the chunk ends inside a block, or the block's own closing line
         if n - pos <= budget:
             cut = n
         else:
             window = text[pos:pos + budget - end_fence_room]
             cut = pos + max(1, _best_cut(window))
+            cut = _clear_of_fences(text, pos, cut, fence, pos + budget)
         piece = text[pos:cut]
         fence_after = _fence_state(piece, fence, pos == 0 or text[pos - 1] == "\n", cut >= n or text[cut] == "\n")
         body = piece.rstrip() if fence_after is None else piece.rstrip("\n")
@@ -61,6 +62,30 @@ def split_text(text: str, limit: int = LIMIT) -> list[str]:
         fence = fence_after
         pos = cut
     return chunks
+
+
+def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: int) -> int:
+    """Never leave a fence line at the start of the next chunk while a block is open.
+
+    A closing fence right after the cut is taken into this chunk (it closes the block itself);
+    any other line starting with a fence marker moves the cut back before the line break, so the added
+    closing fence and the text's own marker can never be mistaken for one another.
+    """
+    if not text.startswith(("```", "~~~"), cut):
+        return cut
+    piece = text[pos:cut]
+    open_after = _fence_state(piece, fence, pos == 0 or text[pos - 1] == "\n", text[cut - 1] == "\n")
+    if open_after is None:
+        return cut
+    end = text.find("\n", cut)
+    end = len(text) if end < 0 else end
+    m = _FENCE.match(text[cut:end])
+    if m and not m.group(2).strip() and m.group(1)[0] == open_after.lstrip()[0] and end <= limit:
+        return end
+    back = cut
+    while back - 1 > pos and not text[back - 1:cut].strip():
+        back -= 1  # past the whitespace before the marker, then one visible character more
+    return back - 1 if back - 1 > pos else cut
 
 
 def _reopen(fence: str) -> str:
