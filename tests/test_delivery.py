@@ -49,7 +49,7 @@ def test_prefers_paragraphs_then_lines_then_sentences_then_words():
     first = split_text(sentences)[0]
     assert first.endswith("end.")
     no_breaks = "c" * 4500
-    assert [len(c) for c in split_text(no_breaks)] == [1996, 1996, 508]
+    assert [len(c) for c in split_text(no_breaks)] == [2000, 2000, 500]
 
 
 def test_a_split_inside_a_code_block_closes_and_reopens_the_fence():

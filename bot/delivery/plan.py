@@ -42,11 +42,13 @@ def split_text(text: str, limit: int = LIMIT) -> list[str]:
             break
         reopen = _reopen(fence) if fence else ""
         budget = limit - len(reopen)
-        end_fence_room = 8  # "\n```" if the chunk ends inside a block, or the block's own closing line
+        ahead = text[pos:pos + budget]
+        # room for "\n```" if the chunk ends inside a block, or for the block's own closing line
+        end_fence_room = 8 if fence or "```" in ahead or "~~~" in ahead else 0
         if n - pos <= budget:
             cut = n
         else:
-            window = text[pos:pos + budget - end_fence_room]
+            window = ahead[:budget - end_fence_room]
             cut = pos + max(1, _best_cut(window))
             cut = _clear_of_fences(text, pos, cut, fence, pos + budget)
         piece = text[pos:cut]
