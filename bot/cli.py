@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     lst.add_argument("--cause")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(func=cmd_ledger_stumps)
+    from .ledger.verify import add_verb
+    add_verb(lsub)
     for name, add in EXTRA_VERBS.items():
         add(sub)
     return p

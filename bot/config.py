@@ -6,6 +6,7 @@ every error names the file, the key path and, where the YAML has one, the line.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +24,10 @@ class ConfigError(Exception):
     def __init__(self, file: str | Path, key: str, message: str, line: int | None = None) -> None:
         self.file, self.key, self.message, self.line = str(file), key, message, line
         where = f"{self.file}:{line}" if line else self.file
-        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
+        # One problem is one line: control and line-separator characters in names are shown escaped.
+        super().__init__("".join(c.encode("unicode_escape").decode()
+                                 if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text))
 
 
 class Strict(BaseModel):
@@ -149,6 +153,8 @@ def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(path, "", "invalid YAML: nested too deeply") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -186,8 +192,11 @@ def first_error(e: ValidationError, path: Path | str, node: yaml.Node | None,
                 prefix: tuple[str | int, ...] = ()) -> ConfigError:
     """Turn pydantic's first complaint into one line naming file, key and line."""
     err = e.errors(include_url=False)[0]
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float",
-                                                                                         "bool", "dict", "list"))))
+    raw = tuple(err["loc"])
+    own = raw[-1:] if err["type"] == "extra_forbidden" else ()  # the user's own key, whatever it is called
+    loc = tuple(p for p in raw[:len(raw) - len(own)]
+                if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool", "dict", "list"))))
+    loc += own
     msg = err["msg"]
     ctx_err = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_err, _KeyError):

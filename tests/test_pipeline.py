@@ -85,6 +85,8 @@ async def test_refusal_is_distinct_from_retry_and_failure(pipeline):
     assert g.status == "refused" and len(pipeline.server.requests) == 1  # not retried
     assert [p.kind for p in posts] == ["notice"] and "refusal" in posts[0].content
     assert [(s.cause, s.published) for s in g.stumps] == [("refusal", False)]
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert stored.attempts[0].stop_details["category"] == "other"  # the provider's provenance kept
 
 
 async def test_retries_exhausted_is_failed_with_the_last_text_as_partial(pipeline):

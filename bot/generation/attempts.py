@@ -94,7 +94,7 @@ class AttemptRunner:
             sink = LedgerSink(self.ledger, a.id)
             end = await stream_once(self.client, request, sink)
             a.text, a.stop_reason, a.output_tokens = sink.text(), end.stop_reason, end.output_tokens
-            a.request_id, a.ended_at = end.request_id, time.time()
+            a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
             f = end.failure
             if f is not None:
                 a.error = f.kind

@@ -36,13 +36,14 @@ class Attempt:
     replaced_by: str | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    stop_details: dict[str, Any] | None = None
 
     @property
     def chars(self) -> int:
         return len(self.text)
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "segment": self.segment, "index": self.index, "outcome": self.outcome,
+        return {"id": self.id, "segment": self.segment, "stop_details": self.stop_details, "index": self.index, "outcome": self.outcome,
                 "stop_reason": self.stop_reason, "discard_reason": self.discard_reason, "error": self.error,
                 "chars": self.chars, "output_tokens": self.output_tokens, "request_id": self.request_id,
                 "replaced_by": self.replaced_by, "started_at": self.started_at, "ended_at": self.ended_at,

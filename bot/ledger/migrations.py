@@ -114,6 +114,10 @@ CREATE TABLE posts (
 CREATE INDEX posts_message ON posts(message_id);
 """)
 
+step("m006_attempt_stop_details", """
+ALTER TABLE attempts ADD COLUMN stop_details TEXT;  -- the provider's JSON, e.g. a refusal's category
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

@@ -104,9 +104,10 @@ class Ledger:
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
         stmts = [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=? WHERE id=?",
+                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=? WHERE id=?",
                   (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
-                   a.request_id, a.replaced_by, a.ended_at, a.id)),
+                   a.request_id, a.replaced_by, a.ended_at,
+                   json.dumps(a.stop_details) if a.stop_details is not None else None, a.id)),
                  ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
         stmts += [self._stump_insert(s) for s in stumps]
         await self._tx(stmts)
@@ -190,7 +191,7 @@ class Ledger:
 
     async def _attempts(self, gid: str) -> list[Attempt]:
         out = []
-        for r in await self.db.execute_fetchall("SELECT * FROM attempts WHERE generation_id=? ORDER BY segment, idx",
+        for r in await self.db.execute_fetchall("SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid",
                                                 (gid,)):
             a = _cols(r)
             text = dec(a["text"])
@@ -199,7 +200,8 @@ class Ledger:
             out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
                                outcome=a["outcome"], stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
                                error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
-                               replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"]))
+                               replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"],
+                               stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None))
         return out
 
     async def streamed_text(self, attempt_id: str) -> str:
@@ -271,6 +273,53 @@ class Ledger:
     async def unsettled_generations(self) -> list[str]:
         return [r[0] for r in await self.db.execute_fetchall(
             "SELECT id FROM generations WHERE status='pending' ORDER BY created_at")]
+
+    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery)
+
+    async def streaming_generations(self) -> list[str]:
+        """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
+        return [r[0] for r in await self.db.execute_fetchall(
+            "SELECT DISTINCT g.id FROM generations g JOIN attempts a ON a.generation_id = g.id"
+            " WHERE g.status != 'pending' AND a.outcome = 'streaming' ORDER BY g.created_at, g.rowid")]
+
+    async def generations_without_posts(self) -> list[str]:
+        """Settled generations with no post planned: the process stopped between settling and planning."""
+        return [r[0] for r in await self.db.execute_fetchall(
+            "SELECT id FROM generations g WHERE status != 'pending'"
+            " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id) ORDER BY created_at, rowid")]
+
+    async def undelivered_posts_of(self, residence: str) -> list[Post]:
+        """One residence's posts with no message id yet, oldest generation first, each in seq order."""
+        return [_post(r) for r in await self.db.execute_fetchall(
+            "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
+            " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq", (residence,))]
+
+    async def recover_generation(self, g: Generation, settled: list[Attempt], new_stumps: list[Stump],
+                                 posts: list[Post]) -> None:
+        """Settle what a stopped process left open, in one transaction: attempts, generation, stumps, posts.
+
+        One transaction so a crash during recovery leaves the record as it was, to be recovered again.
+        """
+        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        for a in settled:
+            stmts += [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+                       " output_tokens=?, ended_at=? WHERE id=? AND outcome='streaming'",
+                       (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
+                        a.ended_at, a.id)),
+                      ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
+        stmts += [("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
+                   " continuation_ended=?, finished_at=? WHERE id=?",
+                   (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
+                    g.finished_at, g.id)),
+                  ("DELETE FROM segments WHERE generation_id=?", (g.id,))]
+        stmts += [("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                   (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
+                  for s in g.segments]
+        stmts += [self._stump_insert(s) for s in new_stumps]
+        stmts += [("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
+                   (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel)) for p in posts]
+        await self._tx(stmts)
+        _stored(new_stumps)
 
 
 def _cols(r: Any) -> dict[str, Any]:

@@ -52,7 +52,8 @@ def provenance(g: Generation) -> list[str]:
         why = a.stop_reason or a.discard_reason or a.error or "-"
         lines.append(f"  {a.id} seg {a.segment} #{a.index} {a.outcome:<10} {why:<16} {a.chars:>7,} chars "
                      f"{tokens(a.output_tokens):>7} tokens" + (f" error {a.error}" if a.error and a.error != why else "")
-                     + (f" → {a.replaced_by}" if a.replaced_by else ""))
+                     + (f" → {a.replaced_by}" if a.replaced_by else "")
+                     + (f" ({a.stop_details.get('category')})" if a.stop_details and a.stop_details.get("category") else ""))
     if g.segments:
         lines.append("segments:")
         for s in g.segments:

@@ -74,7 +74,10 @@ def make_client(base_url: str | None, api_key: str | None, timeout: float = 600.
 async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: TextSink) -> StreamEnd:
     end = StreamEnd()
     try:
-        stream = await client.messages.create(**request, stream=True)
+        # Sampling settings the installed SDK's signature may not name travel in the body as they are.
+        params = {k: v for k, v in request.items() if k != "temperature"}
+        extra = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
+        stream = await client.messages.create(**params, **extra, stream=True)
     except Exception as e:  # every pre-stream failure becomes data
         end.failure = _classify(e)
         end.request_id = _request_id(e)

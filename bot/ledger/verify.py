@@ -1,0 +1,361 @@
+"""`residents ledger verify`: check every invariant the ledger promises, one line per violation.
+
+The pipeline writes the ledger as it goes; this reads it back cold (raw rows, not the pipeline's
+records) and checks what the project promises about it: every emitted text kept exactly, every cut
+surfaced once, posts covering each text exactly once, nothing uncompleted posted as speech. It is
+what a load or crash test runs afterwards, and what an operator runs on a production file.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import truth
+from ..delivery.plan import LIMIT, RECEIPT_PREFIX
+from .store import Ledger, dec
+
+log = logging.getLogger(__name__)
+
+CUT = frozenset({"truncated", "failed", "incomplete"})
+SETTLED = frozenset({"completed", "truncated", "refused", "failed", "incomplete"})
+TEXT_KINDS = frozenset({"speech", "partial"})
+# A fence line a split may add to close or reopen a code block (the delivery planner's own rule).
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
+_SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
+
+
+def _prefix_of(line: str, sep: str) -> str:
+    return RECEIPT_PREFIX + line.split(sep)[0]
+
+
+# Room lines that are not a generation's boundary line: the optional retry notice and a declined
+# /continue. Their prefixes come from the wording in bot.truth, so they cannot drift apart.
+_SIDE_NOTICES = (_prefix_of(truth.abandoned_notice(1, 0), ";"), _prefix_of(truth.abandoned_notice(2, 0), ";"),
+                 _prefix_of(truth.declined_continue("x"), ":"))
+
+
+@dataclass
+class Report:
+    """What `verify` found: violations, plus facts that are not violations by themselves."""
+    violations: list[str] = field(default_factory=list)
+    unsettled: list[str] = field(default_factory=list)  # generations still `pending`
+    generations: int = 0
+    undelivered: int = 0  # posts recorded but not (yet) delivered: resumable, so not a violation
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> list[str]:
+    """One human line per violated invariant; empty when the ledger holds every promise."""
+    r = await check(ledger)
+    if unsettled_as_violations:
+        return r.violations + [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
+    return r.violations
+
+
+async def check(ledger: Ledger) -> Report:
+    """Read the whole ledger once and check it; linear in its size."""
+    db = ledger.db
+    rows = lambda sql: db.execute_fetchall(sql)  # noqa: E731 - a short local alias
+    gens = [dict(r) for r in await rows("SELECT * FROM generations ORDER BY created_at, rowid")]
+    by_gen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for table, order in (("attempts", "segment, idx, started_at"), ("segments", "idx"),
+                         ("stumps", "created_at, rowid"), ("posts", "seq")):
+        for r in await rows(f"SELECT * FROM {table} ORDER BY generation_id, {order}"):
+            d = dict(r)
+            by_gen[d["generation_id"]][table].append(d)
+    chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
+    rep = Report(generations=len(gens))
+    v = rep.violations
+    known = {g["id"] for g in gens}
+    for gid, tables in by_gen.items():
+        if gid is not None and gid not in known:
+            for table, items in tables.items():
+                v += [f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}" for i in items]
+    for p in by_gen[None]["posts"]:  # notices about no generation (a declined /continue)
+        _check_line(v, f"post {p['id']}", p)
+        if p["kind"] != "notice":
+            v.append(f"post {p['id']}: a {p['kind']} post with no generation")
+    for g in gens:
+        t = by_gen[g["id"]]
+        rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
+        _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], t["posts"], chunks)
+    return rep
+
+
+def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], attempts: list[dict[str, Any]],
+                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]],
+                      chunks: dict[str, int]) -> None:
+    gid, status = g["id"], g["status"]
+    text = dec(g["text"])
+    where = f"generation {gid}"
+    for a in attempts:
+        a["text"] = dec(a["text"])
+        if a["outcome"] != "streaming":
+            if chunks.get(a["id"]):
+                v.append(f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
+                         "chunk(s) left in attempt_chunks")
+            if a["chars"] != len(a["text"]):
+                v.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
+    for s in stumps:
+        s["text"] = dec(s["text"])
+        if s["chars"] != len(s["text"]):
+            v.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
+    for p in posts:
+        p["content"] = dec(p["content"])
+    if status == "pending":
+        unsettled.append(gid)
+        return
+    if status not in SETTLED:
+        v.append(f"{where}: unknown status {status!r}")
+        return
+    if g["chars"] != len(text):
+        v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
+    # The status follows from the stop reason by bot.truth's rule (no resident has tools, so a tool
+    # stop is incomplete); a failed generation stopped for no reason of the model's.
+    expected = "failed" if status == "failed" and g["stop_reason"] is None else \
+        truth.status_of_outcome(truth.outcome_of_stop(g["stop_reason"]))
+    if status != expected:
+        v.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
+    for a in attempts:
+        if a["outcome"] == "streaming":
+            v.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
+    _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps)
+    _check_output_stump(v, where, g, text, stumps, posts)
+    _check_posts(v, where, g, text, attempts, segments, stumps, posts)
+
+
+def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, attempts: list[dict[str, Any]],
+                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]]) -> None:
+    """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly."""
+    by_id = {a["id"]: a for a in attempts}
+    in_segment: set[str] = set()
+    offset = 0
+    for s in segments:
+        a = by_id.get(s["attempt_id"])
+        if a is None:
+            v.append(f"{where}: segment {s['idx']} names unknown attempt {s['attempt_id']}")
+            continue
+        in_segment.add(a["id"])
+        added = a["text"][s["overlap_removed"]:]
+        if s["chars"] != len(added) or text[offset:offset + s["chars"]] != added:
+            v.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
+        offset += s["chars"]
+    if segments and offset != len(text):
+        v.append(f"{where}: segments add up to {offset} characters, text has {len(text)}")
+    if not segments and text:
+        v.append(f"{where}: {len(text)} characters of text but no segment")
+    for a in attempts:
+        if a["outcome"] == "abandoned":
+            if a["discard_reason"] != truth.RETRY_ABANDONED:
+                v.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
+            if a["replaced_by"] is None and g_stop != truth.INTERRUPTED:  # a stop may come before the retry
+                v.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
+            if a["id"] in in_segment:
+                v.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
+        if not a["text"] or a["outcome"] == "streaming":
+            continue
+        own = [s for s in stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
+        if a["outcome"] == "abandoned":
+            match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
+            if len(match) != 1:
+                v.append(f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
+                         f"{len(match)} retry-abandoned stumps")
+            for s in match:
+                if s["text"] != a["text"]:
+                    v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
+                if s["published"]:
+                    v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
+        elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
+            v.append(f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
+                     "nor kept as a stump")
+
+
+def _check_output_stump(v: list[str], where: str, g: dict[str, Any], text: str, stumps: list[dict[str, Any]],
+                        posts: list[dict[str, Any]]) -> None:
+    """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
+    standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
+    cause = truth.stump_cause(g["status"], g["stop_reason"])
+    if cause is None or not text:
+        if standing:
+            v.append(f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
+                     f"{len(standing)} standing output stump(s)")
+        return
+    if len(standing) != 1:
+        v.append(f"{where}: {g['status']} text of {len(text)} characters has {len(standing)} standing output stumps")
+        return
+    s = standing[0]
+    if s["text"] != text:
+        v.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
+    if s["cause"] != cause:
+        v.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected {cause!r}")
+    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    some = any(p["message_id"] is not None for p in text_posts)
+    every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
+    if s["published"] and not some:
+        v.append(f"stump {s['id']} ({where}): marked published but no text post of it was delivered")
+    if every and not s["published"]:
+        v.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
+
+
+def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempts: list[dict[str, Any]],
+                 segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]]) -> None:
+    status = g["status"]
+    # Each /continue that reached the provider is one more settlement with its own posts and receipt;
+    # bounded continuation happens inside the first settlement.
+    calls = sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1) if g["standing"] == "on-request" else 0
+    seqs = [p["seq"] for p in posts]
+    if len(set(seqs)) != len(seqs):
+        v.append(f"{where}: duplicate post seq numbers")
+    for p in posts:
+        _check_line(v, f"post {p['id']} ({where})", p)
+    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    receipts = [p for p in posts if p["kind"] == "receipt"]
+    boundary_notices = [p for p in posts if p["kind"] == "notice" and not p["content"].startswith(_SIDE_NOTICES)]
+    if status != "completed" and any(p["kind"] == "speech" for p in posts):
+        v.append(f"{where}: speech post for a {status} generation")
+    if status == "completed" and calls == 0 and any(p["kind"] == "partial" for p in posts):
+        v.append(f"{where}: partial post for a generation completed in one settlement")
+    if status == "refused":
+        if text_posts:
+            v.append(f"{where}: refused text posted ({len(text_posts)} {text_posts[0]['kind']} post(s))")
+        if receipts:
+            v.append(f"{where}: refused generation has {len(receipts)} receipt(s)")
+        if len(boundary_notices) != 1:
+            v.append(f"{where}: refused generation has {len(boundary_notices)} notices of the refusal, expected 1")
+        return
+    problem = _cover(text, [p["content"] for p in text_posts])
+    if problem:
+        v.append(f"{where}: text posts do not cover the text exactly once: {problem}")
+    # The first settlement's boundary line: a receipt after posted text; where no text could be posted
+    # (none, or only whitespace) the line still stands, alone. Each /continue adds one receipt.
+    first_text = text[:segments[0]["chars"]] if calls and segments else text
+    first_status = "truncated" if calls else status
+    due = first_status in CUT or (first_status == "completed" and len(segments) > 1)
+    visible = bool(first_text.strip())
+    want = (1 if due else 0) + calls
+    found = len(receipts) + len(boundary_notices)
+    if found != want:
+        what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
+        v.append(f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
+                 f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)")
+    elif visible and boundary_notices:
+        v.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
+
+
+def _check_line(v: list[str], who: str, p: dict[str, Any]) -> None:
+    """Posts fit a Discord message; receipts and notices are compact and never in the second person."""
+    content = p["content"] if isinstance(p["content"], str) else dec(p["content"])
+    if len(content) > LIMIT:
+        v.append(f"{who}: {len(content)} characters, over the {LIMIT:,} limit")
+    if p["kind"] in ("receipt", "notice"):
+        line = content[len(RECEIPT_PREFIX):] if content.startswith(RECEIPT_PREFIX) else content
+        if len(line) > truth.MAX_LINE:
+            v.append(f"{who}: {p['kind']} of {len(line)} characters, over {truth.MAX_LINE}")
+        if _SECOND_PERSON.search(line):
+            v.append(f"{who}: {p['kind']} addresses someone in the second person")
+    elif p["kind"] not in TEXT_KINDS:
+        v.append(f"{who}: unknown post kind {p['kind']!r}")
+
+
+def _cover(text: str, contents: list[str]) -> str | None:
+    """None when the contents, in order, are the text's pieces with only whitespace between and around.
+
+    A piece may carry one added fence line at its start (reopening a block a split cut) and/or one at
+    its end (closing it), as the delivery planner writes them. Where a fence line could be either the
+    text's own or an added one, both readings are followed (a set of reachable positions), so the
+    check never rejects a split by guessing wrong.
+    """
+    reach = {0}
+    for i, c in enumerate(contents, 1):
+        nxt: set[int] = set()
+        for pos in reach:
+            start = pos
+            while start < len(text) and text[start].isspace():
+                start += 1
+            nxt |= _matches(text, pos, start, c)
+        if not nxt:
+            return f"text post {i} is not the next piece of the text (at character {min(reach)})"
+        reach = set(sorted(nxt)[:64])
+    if not any(not text[pos:].strip() for pos in reach):
+        pos = max(reach)
+        return f"characters {pos}..{len(text)} were never posted"
+    return None
+
+
+def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
+    """Where the text may continue after `content`, placed anywhere in the whitespace run pos..start."""
+    out = set()
+    for body, added in _bodies(content):
+        if not (body or added):
+            continue
+        for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
+            if text.startswith(body, j):
+                out.add(j + len(body))
+    return out
+
+
+def _bodies(content: str) -> list[tuple[str, bool]]:
+    """The content as posted, then with an added reopening and/or closing fence line taken off."""
+    out = [(content, False)]
+    head = None
+    if "\n" in content and _FENCE.match(content.split("\n", 1)[0]):
+        head = content.split("\n", 1)[1]
+        out.append((head, True))
+    for c in (content, head):
+        if c is not None and "\n" in c and _FENCE.match(c.rsplit("\n", 1)[1]):
+            out.append((c.rsplit("\n", 1)[0], True))
+    if head is not None and _FENCE.match(head):  # a chunk that is only a reopened and closed fence
+        out.append(("", True))
+    return out
+
+
+# ---------------------------------------------------------------- the CLI verb
+
+def add_verb(ledger_sub: Any) -> argparse.ArgumentParser:
+    """Register `verify` on the `residents ledger` subparsers (the action `add_subparsers` returned)."""
+    from ..cli import DEFAULT_DB
+    p = ledger_sub.add_parser("verify", help="check every invariant of the ledger; exit 1 on any violation")
+    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite ledger to check (default: {DEFAULT_DB})")
+    p.add_argument("--strict", action="store_true",
+                   help="count generations still pending (unsettled) as violations too")
+    p.set_defaults(func=cmd_ledger_verify)
+    return p
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    """Exit 0 when clean (one summary line on stdout), 1 with one line per violation on stdout."""
+    from ..cli import UsageError
+    if args.db != ":memory:" and not Path(args.db).exists():
+        raise UsageError(f"{args.db}: no ledger there (run a replay or the bot first, or pass --db)")
+
+    async def go() -> Report:
+        ledger = await Ledger.open(args.db)
+        try:
+            return await check(ledger)
+        finally:
+            await ledger.close()
+
+    rep = asyncio.run(go())
+    lines = list(rep.violations)
+    if args.strict:
+        lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]
+    if lines:
+        for line in lines:
+            print(line)
+        return 1
+    if rep.unsettled:
+        print(f"{len(rep.unsettled)} generation(s) unsettled (pending): " + ", ".join(rep.unsettled[:10])
+              + (" …" if len(rep.unsettled) > 10 else ""), file=sys.stderr)
+    print(f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
+          f"{rep.undelivered} post(s) undelivered")
+    return 0
