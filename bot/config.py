@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import models
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(Exception):
@@ -226,10 +228,7 @@ def build_policy(data: Any, path: Path | str, node: yaml.Node | None, prefix: tu
                  default_name: str = "inline") -> Policy:
     data = dict(mapping(data, path, node, "policy", prefix))
     data.setdefault("name", default_name)
-    try:
-        return Policy.model_validate(data)
-    except ValidationError as e:
-        raise first_error(e, path, node, prefix) from None
+    return validate(Policy, data, path, node, prefix)
 
 
 def load_policy(name_or_path: str, base: Path) -> Policy:
@@ -259,8 +258,13 @@ def build_residence(data: Any, path: Path | str, node: yaml.Node | None, base: P
     else:
         raise ConfigError(path, dotted(prefix + ("policy",)), "must be a policy name or a mapping",
                           line_of(node, prefix + ("policy",)))
+    return validate(Residence, data, path, node, prefix)
+
+
+def validate(model: type[M], data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = ()) -> M:
+    """Validate, turning pydantic's first complaint into one ConfigError line."""
     try:
-        return Residence.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as e:
         raise first_error(e, path, node, prefix) from None
 

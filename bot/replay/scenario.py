@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ..config import ConfigError, Residence, Strict, build_residence, dotted, first_error, line_of, mapping, read_yaml
+from ..config import ConfigError, Residence, Strict, build_residence, dotted, line_of, mapping, read_yaml, validate
 from ..localservers.provider import Call
 
 log = logging.getLogger(__name__)
@@ -81,10 +81,7 @@ def load_scenario(path: Path, base: Path | None = None) -> Scenario:
     base = base or Path.cwd()
     data, node = read_yaml(path)
     data = mapping(data, path, node, "scenario")
-    try:
-        sf = ScenarioFile.model_validate(data)
-    except ValidationError as e:
-        raise first_error(e, path, node) from None
+    sf = validate(ScenarioFile, data, path, node)
     res_data = sf.residence
     if isinstance(res_data, str):
         from ..config import load_residence
