@@ -2,6 +2,7 @@
 
 Not part of Discord. Everything here goes through the same RoomState calls the Discord
 REST routes use, so a person's message is dispatched to bots exactly like a real one.
+The web page of the room (`/`, files in static/) is a client of this API and nothing else.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 15.0
+STATIC = Path(__file__).resolve().parent / "static"
+MAX_ANNOTATION_IDS = 500
 
 
 class RoomApi:
@@ -38,6 +42,9 @@ class RoomApi:
         r.add_post("/_room/faults", self.post_faults)
         r.add_delete("/_room/faults", self.clear_faults)
         r.add_get("/_room/events", self.events)
+        r.add_get("/_room/annotations", self.get_annotations)
+        r.add_get("/", self.index)
+        r.add_static("/static/", STATIC, append_version=False)
         r.add_get("/attachments/{channel_id}/{attachment_id}/{filename}", self.attachment)
 
     async def get_state(self, request: web.Request) -> web.Response:
@@ -69,6 +76,22 @@ class RoomApi:
             timeout=float(body.get("timeout", 10.0)), settle=float(body.get("settle", 0.25)),
         )
         return json_response(result)
+
+    async def get_annotations(self, request: web.Request) -> web.Response:
+        """`?ids=1,2,3` -> {id: {"kind": ..., "generation_id": ...}} from the server's annotator."""
+        ids = [i for i in request.query.get("ids", "").split(",") if i.strip()]
+        if len(ids) > MAX_ANNOTATION_IDS:
+            raise ApiError(400, 50035, f"at most {MAX_ANNOTATION_IDS} ids per request")
+        try:
+            found = await self.server.annotations([i.strip() for i in ids])
+        except Exception as exc:  # the annotator is someone else's code: answer, don't crash the page
+            log.warning("annotator failed for %d ids", len(ids), exc_info=True)
+            return json_response({"message": f"annotator failed: {exc!r}", "code": 0}, status=503)
+        return json_response(found)
+
+    async def index(self, request: web.Request) -> web.FileResponse:
+        """The web page of the room (static/index.html; no build step)."""
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def get_faults(self, request: web.Request) -> web.Response:
         return json_response(self.server.faults_view())

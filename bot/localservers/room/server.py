@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+Annotator = Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]]
+"""`async (message_ids) -> {message_id: {"kind": ..., "generation_id": ...}}`: what the room can't know itself."""
+
 
 class RoomServer:
     """One guild with text channels; any bot token logs in, people post through /_room/."""
@@ -38,6 +41,7 @@ class RoomServer:
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Event()
         self._event_queues: set[asyncio.Queue[dict[str, Any] | None]] = set()
+        self._annotator: Annotator | None = None
         self.state.subscribe(self._on_room_event)
 
     # ----- lifecycle ------------------------------------------------------------------------
@@ -108,6 +112,7 @@ class RoomServer:
             "people": [{"id": str(p.id), "name": p.name, "moderator": p.moderator}
                        for p in state.people_by_name.values()],
             "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
+            "annotator": self._annotator is not None,
         }
 
     def messages(self, channel: str = "general") -> list[dict[str, Any]]:
@@ -118,6 +123,24 @@ class RoomServer:
     @property
     def resumes(self) -> int:
         return self.gateway.resumes
+
+    # ----- annotations --------------------------------------------------------------------------
+
+    def set_annotator(self, fn: Annotator | None) -> None:
+        """Let the web page show what each message is (speech, partial, receipt, notice).
+
+        Discord itself has no such field; the kind lives in whoever posted the message (the demo's
+        ledger), so the room asks back through `fn` rather than importing it.
+        """
+        self._annotator = fn
+
+    async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """GET /_room/annotations: the annotator's answer for these ids, restricted to them ({} without one)."""
+        if self._annotator is None or not message_ids:
+            return {}
+        wanted = list(dict.fromkeys(str(m) for m in message_ids))
+        found = await self._annotator(wanted)
+        return {mid: dict(found[mid]) for mid in wanted if isinstance(found.get(mid), dict)}
 
     # ----- act in the room ----------------------------------------------------------------------
 

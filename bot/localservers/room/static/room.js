@@ -1,0 +1,437 @@
+/* The room's web page: messages as Discord shows them, each with its kind from
+ * /_room/annotations, a box to post as a person, and a moderator panel that runs slash
+ * commands through POST /_room/commands. Live through the /_room/events SSE stream. */
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+const GROUP_MS = 7 * 60 * 1000;          // Discord groups a sender's messages within 7 minutes
+const KIND_RETRIES = [300, 800, 2000, 5000];  // the ledger records a post just after it is sent
+
+const room = {
+  state: null,           // GET /_room/state
+  channelId: null,
+  names: new Map(),      // user id -> name
+  messages: [],          // room views of the current channel, oldest first
+  kinds: new Map(),      // message id -> {kind, generation_id, ...} from the annotator
+  tries: new Map(),      // message id -> annotation lookups so far
+  pending: new Set(),
+  flushTimer: null,
+  typing: new Map(),     // name -> timer
+};
+
+async function api(method, path, body) {
+  const resp = await fetch(path, {
+    method, headers: body ? {"Content-Type": "application/json"} : {},
+    body: body ? JSON.stringify(body) : undefined,
+  });
+  const data = await resp.json().catch(() => ({}));
+  if (!resp.ok) throw new Error(data.message || `${resp.status} ${resp.statusText}`);
+  return data;
+}
+
+/* ----- state: channels, members ---------------------------------------------------------- */
+
+async function loadState() {
+  room.state = await api("GET", "/_room/state");
+  $("#guild").textContent = room.state.guild.name;
+  for (const u of [...room.state.bots, ...room.state.people]) room.names.set(u.id, u.name);
+  renderChannels();
+  renderMembers();
+  renderBotPicker();
+}
+
+function renderChannels() {
+  const ul = $("#channels");
+  ul.replaceChildren(...room.state.channels.map((c) => {
+    const li = document.createElement("li");
+    const a = document.createElement("a");
+    a.href = `#${c.name}`;
+    a.textContent = c.name;
+    a.dataset.channelId = c.id;
+    a.className = c.id === room.channelId ? "active" : "";
+    a.addEventListener("click", (ev) => { ev.preventDefault(); openChannel(c.id); });
+    li.append(a);
+    return li;
+  }));
+}
+
+function renderMembers() {
+  const items = [
+    ...room.state.bots.map((b) => ({name: b.name, bot: true, on: b.connected})),
+    ...room.state.people.map((p) => ({name: p.name, bot: false, on: true, mod: p.moderator})),
+  ];
+  $("#members").replaceChildren(...items.map((m) => {
+    const li = document.createElement("li");
+    li.className = m.on ? "online" : "offline";
+    li.append(avatar(m.name, m.bot), Object.assign(document.createElement("span"), {textContent: m.name}));
+    if (m.bot) li.append(botTag());
+    if (m.mod) li.title = "moderator";
+    return li;
+  }));
+}
+
+function renderBotPicker() {
+  const select = $("#mod-bot");
+  const previous = select.value;
+  const owners = room.state.bots.filter((b) => b.commands.includes("stumps") || b.commands.includes("generation"));
+  select.replaceChildren(...(owners.length ? owners : room.state.bots).map((b) => {
+    const opt = document.createElement("option");
+    opt.value = b.name;
+    opt.textContent = b.name + (b.connected ? "" : " (offline)");
+    return opt;
+  }));
+  if (previous && [...select.options].some((o) => o.value === previous)) select.value = previous;
+}
+
+let stateTimer = null;
+function refreshStateSoon() {
+  clearTimeout(stateTimer);
+  stateTimer = setTimeout(() => loadState().catch(showConnError), 200);
+}
+
+/* ----- messages ------------------------------------------------------------------------------ */
+
+async function openChannel(id) {
+  room.channelId = id;
+  const ch = room.state.channels.find((c) => c.id === id);
+  $("#channel-name").textContent = ch ? ch.name : id;
+  $("#content").placeholder = `Message #${ch ? ch.name : ""} — @name mentions a resident`;
+  history.replaceState(null, "", `#${ch ? ch.name : id}`);
+  renderChannels();
+  room.messages = [];  // events that arrive while the history loads are merged, not lost
+  const fetched = await api("GET", `/_room/channels/${id}/messages`);
+  if (room.channelId !== id) return;
+  const have = new Set(fetched.map((m) => m.id));
+  room.messages = fetched.concat(room.messages.filter((m) => m.channel_id === id && !have.has(m.id)));
+  for (const m of room.messages) room.names.set(m.author_id, m.author);
+  renderMessages();
+  for (const m of room.messages) wantKind(m.id);
+}
+
+function renderMessages() {
+  const list = $("#messages");
+  list.replaceChildren(...room.messages.map((m, i) => messageItem(m, room.messages[i - 1])));
+  list.scrollTop = list.scrollHeight;
+}
+
+function grouped(m, prev) {
+  return prev && prev.author_id === m.author_id && !m.reply_to && !m.interaction
+    && Date.parse(m.timestamp) - Date.parse(prev.timestamp) < GROUP_MS;
+}
+
+function messageItem(m, prev) {
+  const li = document.createElement("li");
+  li.className = "msg";
+  li.dataset.id = m.id;
+  li.dataset.author = m.author;
+  if (grouped(m, prev)) li.classList.add("cont");
+  else {
+    const head = document.createElement("div");
+    head.className = "head";
+    const name = Object.assign(document.createElement("span"), {className: "author", textContent: m.author});
+    head.append(name);
+    if (m.bot) head.append(botTag());
+    head.append(timeEl(m.timestamp, true));
+    li.append(avatar(m.author, m.bot), head);
+  }
+  li.append(Object.assign(timeEl(m.timestamp, false), {className: "gutter-time"}));
+  if (m.reply_to) {
+    const ref = room.messages.find((x) => x.id === m.reply_to);
+    const quote = document.createElement("div");
+    quote.className = "replying";
+    quote.textContent = ref ? `↱ @${ref.author}: ${ref.content.slice(0, 80)}` : "↱ original message was deleted";
+    li.insertBefore(quote, li.firstChild);
+  }
+  const body = document.createElement("div");
+  body.className = "body";
+  body.innerHTML = RoomMarkdown.render(m.content, {names: nameOf, channels: channelName});
+  if (m.edited_timestamp) body.insertAdjacentHTML("beforeend", ' <span class="edited">(edited)</span>');
+  for (const a of m.attachments || []) {
+    body.insertAdjacentHTML("beforeend",
+      `<div class="attachment"><a href="${RoomMarkdown.esc(a.url)}">${RoomMarkdown.esc(a.filename)}</a> · ${a.size} bytes</div>`);
+  }
+  for (const e of m.embeds || []) {
+    body.insertAdjacentHTML("beforeend", `<div class="embed">${e.title ? `<strong>${RoomMarkdown.esc(e.title)}</strong>` : ""}${
+      e.description ? RoomMarkdown.render(e.description, {names: nameOf, channels: channelName}) : ""}</div>`);
+  }
+  if (m.loading) body.insertAdjacentHTML("beforeend", '<span class="thinking">is thinking…</span>');
+  li.append(body);
+  const mark = document.createElement("button");
+  mark.type = "button";
+  mark.className = "kind-mark";
+  mark.addEventListener("click", () => {
+    const k = room.kinds.get(m.id);
+    if (k && k.generation_id) { openPanel(); runGenerationShow(k.generation_id); }
+  });
+  li.append(mark);
+  if (RoomMarkdown.allSubtext(m.content)) li.classList.add("boundary");
+  applyKind(li, m);
+  return li;
+}
+
+/* A message's kind: the annotator's answer; a person's message is speech; a bot's message the
+ * annotator does not know stays "unrecorded" rather than being guessed. */
+function applyKind(li, m) {
+  const k = room.kinds.get(m.id);
+  let kind, title;
+  if (k && k.kind) {
+    kind = k.kind;
+    title = kind + (k.generation_id ? ` · generation ${k.generation_id}` : "") + (k.seq != null ? ` · post ${k.seq}` : "");
+  } else if (!m.bot) {
+    kind = "speech";
+    title = "speech · posted by a person";
+  } else if (!room.state.annotator) {
+    kind = "unrecorded";
+    title = "kind unknown: this room has no ledger to ask";
+  } else if ((room.tries.get(m.id) || 0) > KIND_RETRIES.length) {
+    kind = "unrecorded";
+    title = "kind not recorded: no ledger entry for this message";
+  } else {
+    kind = "pending";
+    title = "kind: looking up…";
+  }
+  for (const c of [...li.classList]) if (c.startsWith("kind-")) li.classList.remove(c);
+  li.classList.add(`kind-${kind}`);
+  if (kind === "receipt" || kind === "notice") li.classList.add("boundary");
+  li.dataset.kind = kind;
+  li.title = title;
+  const mark = li.querySelector(".kind-mark");
+  mark.textContent = kind;
+  mark.title = k && k.generation_id ? `${title} — click for provenance` : title;
+  mark.disabled = !(k && k.generation_id);
+}
+
+function nameOf(id) { return room.names.get(id); }
+function channelName(id) { const c = room.state && room.state.channels.find((x) => x.id === id); return c && c.name; }
+
+function avatar(name, bot) {
+  const el = document.createElement("span");
+  el.className = "avatar" + (bot ? " bot" : "");
+  el.textContent = (name || "?")[0].toUpperCase();
+  let h = 0;
+  for (const ch of name || "") h = (h * 31 + ch.charCodeAt(0)) % 360;
+  el.style.background = `hsl(${h} ${bot ? 55 : 40}% ${bot ? 45 : 38}%)`;
+  return el;
+}
+
+function botTag() { return Object.assign(document.createElement("span"), {className: "bot-tag", textContent: "BOT"}); }
+
+function timeEl(iso, long) {
+  const t = new Date(iso);
+  const el = document.createElement("time");
+  el.dateTime = iso;
+  el.title = t.toLocaleString();
+  const hm = t.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+  const today = t.toDateString() === new Date().toDateString();
+  el.textContent = long ? (today ? `Today at ${hm}` : `${t.toLocaleDateString()} ${hm}`) : hm;
+  return el;
+}
+
+/* ----- annotations: batched, retried while the ledger catches up -------------------------------- */
+
+function wantKind(id) {
+  if (!room.state.annotator) return;
+  room.pending.add(id);
+  if (!room.flushTimer) room.flushTimer = setTimeout(flushKinds, 60);
+}
+
+async function flushKinds() {
+  room.flushTimer = null;
+  const ids = [...room.pending].slice(0, 200);
+  ids.forEach((id) => room.pending.delete(id));
+  if (room.pending.size) room.flushTimer = setTimeout(flushKinds, 0);
+  if (!ids.length) return;
+  let found = {};
+  try {
+    found = await api("GET", `/_room/annotations?ids=${ids.join(",")}`);
+  } catch (err) {
+    console.warn("annotations:", err);
+  }
+  for (const id of ids) {
+    if (found[id]) room.kinds.set(id, found[id]);
+    const m = room.messages.find((x) => x.id === id);
+    if (!m) continue;
+    if (!found[id] && m.bot) {
+      const n = (room.tries.get(id) || 0) + 1;
+      room.tries.set(id, n);
+      if (n <= KIND_RETRIES.length) setTimeout(() => wantKind(id), KIND_RETRIES[n - 1]);
+    }
+    const li = document.querySelector(`#messages li[data-id="${id}"]`);
+    if (li) applyKind(li, m);
+  }
+}
+
+/* ----- live events ---------------------------------------------------------------------------- */
+
+function connectEvents() {
+  const es = new EventSource("/_room/events");
+  let dropped = false;
+  es.addEventListener("open", () => {
+    setConn("live", "live");
+    if (dropped) { dropped = false; loadState().then(() => openChannel(room.channelId)).catch(showConnError); }
+  });
+  es.addEventListener("error", () => { dropped = true; setConn("reconnecting…", "down"); });
+  es.addEventListener("message_create", (ev) => onMessage(JSON.parse(ev.data).message, "create"));
+  es.addEventListener("message_update", (ev) => onMessage(JSON.parse(ev.data).message, "update"));
+  es.addEventListener("message_delete", (ev) => onMessage(JSON.parse(ev.data).message, "delete"));
+  es.addEventListener("typing", (ev) => onTyping(JSON.parse(ev.data)));
+  es.addEventListener("member_add", refreshStateSoon);
+  es.addEventListener("member_update", refreshStateSoon);
+}
+
+function onMessage(m, what) {
+  room.names.set(m.author_id, m.author);
+  if (m.channel_id !== room.channelId) return;
+  const list = $("#messages");
+  const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 80;
+  const i = room.messages.findIndex((x) => x.id === m.id);
+  if (what === "create" && i < 0) {
+    const prev = room.messages[room.messages.length - 1];
+    room.messages.push(m);
+    list.append(messageItem(m, prev));
+    stopTyping(m.author);
+    wantKind(m.id);
+  } else if (what === "update" && i >= 0) {
+    room.messages[i] = m;
+    const li = list.querySelector(`li[data-id="${m.id}"]`);
+    if (li) li.replaceWith(messageItem(m, room.messages[i - 1]));
+  } else if (what === "delete" && i >= 0) {
+    room.messages.splice(i, 1);
+    renderMessages();
+    return;
+  }
+  if (atBottom) list.scrollTop = list.scrollHeight;
+}
+
+function onTyping(ev) {
+  if (ev.channel_id !== room.channelId) return;
+  clearTimeout(room.typing.get(ev.user));
+  room.typing.set(ev.user, setTimeout(() => stopTyping(ev.user), 10000));
+  renderTyping();
+}
+
+function stopTyping(name) {
+  if (!room.typing.has(name)) return;
+  clearTimeout(room.typing.get(name));
+  room.typing.delete(name);
+  renderTyping();
+}
+
+function renderTyping() {
+  const who = [...room.typing.keys()];
+  $("#typing").textContent = who.length ? `${who.join(", ")} ${who.length > 1 ? "are" : "is"} typing…` : "";
+}
+
+function setConn(text, cls) { const el = $("#conn"); el.textContent = text; el.className = `conn ${cls}`; }
+function showConnError(err) { setConn(`error: ${err.message}`, "down"); }
+
+/* ----- posting as a person ------------------------------------------------------------------- */
+
+async function postMessage(ev) {
+  ev.preventDefault();
+  const author = $("#author").value.trim();
+  const content = $("#content").value;
+  const error = $("#post-error");
+  error.hidden = true;
+  if (!author || !content.trim()) return;
+  localStorage.setItem("room.author", author);
+  try {
+    await api("POST", `/_room/channels/${room.channelId}/messages`, {author, content});
+    $("#content").value = "";
+  } catch (err) {
+    error.textContent = `Not posted: ${err.message}`;
+    error.hidden = false;
+  }
+}
+
+/* ----- moderator panel: slash commands, ephemeral answers --------------------------------------- */
+
+function openPanel() {
+  $("#mod").hidden = false;
+  $("#mod-toggle").setAttribute("aria-pressed", "true");
+}
+
+function togglePanel() {
+  if ($("#mod").hidden) openPanel();
+  else { $("#mod").hidden = true; $("#mod-toggle").setAttribute("aria-pressed", "false"); }
+}
+
+const sub = (name, options = []) => [{name, type: 1, options}];
+
+function runStumpsList() { return runCommand("/stumps list", "stumps", sub("list")); }
+function runStumpsShow(id) { return runCommand(`/stumps show ${id}`, "stumps", sub("show", [{name: "id", type: 3, value: id}])); }
+function runGenerationShow(ref) {
+  return runCommand(`/generation show ${ref}`, "generation", sub("show", [{name: "ref", type: 3, value: ref}]));
+}
+
+async function runCommand(label, name, options) {
+  const bot = $("#mod-bot").value;
+  const entry = document.createElement("section");
+  entry.className = "ephemeral running";
+  entry.innerHTML = `<header><span class="cmd"></span><span class="only">only you can see this</span></header><div class="answer">running…</div>`;
+  entry.querySelector(".cmd").textContent = `${label} · ${bot || "no resident"}`;
+  $("#mod-out").prepend(entry);
+  const answer = entry.querySelector(".answer");
+  try {
+    if (!bot) throw new Error("no resident bot is in the room");
+    const out = await api("POST", "/_room/commands", {
+      channel_id: room.channelId, member: $("#mod-name").value.trim() || "moderator", moderator: true,
+      bot, name, options, timeout: 15,
+    });
+    const shown = new Map();  // message id -> content; an edit replaces what it edits
+    out.responses.forEach((r, i) => {
+      if (r.content == null && !(r.embeds || []).length) return;
+      shown.set(r.message_id || `r${i}`, r);
+    });
+    const parts = [...shown.values()].filter((r) => r.content || (r.embeds || []).length);
+    answer.innerHTML = parts.length ? parts.map((r) =>
+      `<div class="response">${RoomMarkdown.render(r.content || "", {names: nameOf, channels: channelName, refs: true})}${
+        (r.embeds || []).map((e) => `<div class="embed">${RoomMarkdown.render([e.title, e.description].filter(Boolean).join("\n"),
+          {refs: true})}</div>`).join("")}</div>`).join("")
+      : `<p class="muted">${out.timed_out ? "No answer: the resident did not respond in time." : "No answer."}</p>`;
+  } catch (err) {
+    answer.innerHTML = `<p class="error"></p>`;
+    answer.querySelector("p").textContent = `Failed: ${err.message}`;
+  } finally {
+    entry.classList.remove("running");
+  }
+}
+
+function onPanelClick(ev) {
+  const a = ev.target.closest("a.ref");
+  if (!a) return;
+  ev.preventDefault();
+  if (a.classList.contains("ref-stump")) runStumpsShow(a.dataset.ref);
+  else runGenerationShow(a.dataset.ref);
+}
+
+/* ----- start ------------------------------------------------------------------------------------ */
+
+async function start() {
+  $("#author").value = localStorage.getItem("room.author") || "";
+  $("#post").addEventListener("submit", postMessage);
+  $("#content").addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("#post").requestSubmit(); }
+  });
+  $("#mod-toggle").addEventListener("click", togglePanel);
+  $("#mod-close").addEventListener("click", togglePanel);
+  $("#stumps-list").addEventListener("click", runStumpsList);
+  $("#stumps-show").addEventListener("submit", (ev) => { ev.preventDefault(); runStumpsShow($("#stump-id").value.trim()); });
+  $("#generation-show").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    runGenerationShow($("#generation-ref").value.trim());
+  });
+  $("#mod-out").addEventListener("click", onPanelClick);
+  try {
+    await loadState();
+    const wanted = decodeURIComponent(location.hash.slice(1));
+    const ch = room.state.channels.find((c) => c.name === wanted) || room.state.channels[0];
+    connectEvents();
+    await openChannel(ch.id);
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    showConnError(err);
+  }
+}
+
+start();

@@ -1,0 +1,344 @@
+"""The room's web page in a real browser: Debian's chromium, headless, driven by Playwright.
+
+Only a browser shows whether a receipt *looks* like a boundary line rather than speech, and
+whether the page's JavaScript keeps up with the live event stream; so these tests fail (never
+skip) when chromium or playwright is missing. Install: `apt-get install -y chromium` and
+`pip install playwright` (no `playwright install`: it downloads, and these machines can't).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shutil
+import signal
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import discord
+import pytest
+from discord import app_commands
+from discord.ext import commands
+
+try:
+    from roomkit import running_bot, running_room
+except ImportError:  # tests/ collected as a package
+    from tests.roomkit import running_bot, running_room
+
+try:
+    from playwright.async_api import BrowserContext, Page, async_playwright, expect
+    PLAYWRIGHT_ERROR: str | None = None
+except ImportError as exc:  # fail in the test, with the fix, rather than skip
+    PLAYWRIGHT_ERROR = repr(exc)
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("RESIDENTS_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+STEP_MS = 10_000  # every browser wait is bounded
+
+RECEIPT = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
+PART_1 = ("The harbour opens to the west: a long arm of grey stone with a lamp at its end, and behind it "
+          "the terraces of the old town climbing toward the granary. At low tide the mud flats show their ribs, "
+          "and the gulls work them in lines, as if someone had drawn a grid for them.")
+PART_2 = ("Boats come in at dusk. The nets are hung along the quay to dry, and the smell of tar and salt sits "
+          "over everything until the wind turns. The lighthouse keep")  # cut mid-word, as at the ceiling
+GENERATION = "g-0a1b2c3d4e5f"
+STUMPS = {"s-5e1f00aa11bb": "The harbour opens to the we", "s-77c0ffee0042": "Boats come in at du"}
+
+
+@pytest.fixture
+async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
+    """A fresh headless chromium profile; fails with the install lines when anything is missing."""
+    if PLAYWRIGHT_ERROR is not None:
+        pytest.fail(f"playwright is not importable ({PLAYWRIGHT_ERROR}); install it: .venv/bin/pip install playwright")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        pytest.fail(f"no chromium at {CHROMIUM}; install it: apt-get install -y chromium "
+                    "(or point RESIDENTS_CHROMIUM at a chromium binary)")
+    async with async_playwright() as pw:
+        context = await pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800}, timeout=STEP_MS)
+        context.set_default_timeout(STEP_MS)
+        expect.set_options(timeout=STEP_MS)
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+def resident_setup(kinds: dict[str, dict[str, Any]]):
+    """A tiny resident: a mention gets a reply cut at the ceiling (2 partials + receipt); moderators get /stumps."""
+    def setup(bot: commands.Bot) -> None:
+        async def on_message(message: discord.Message) -> None:
+            if message.author.bot or bot.user not in message.mentions:
+                return
+            for seq, (kind, text) in enumerate((("partial", PART_1), ("partial", PART_2), ("receipt", RECEIPT))):
+                sent = await message.channel.send(text, allowed_mentions=discord.AllowedMentions.none())
+                kinds[str(sent.id)] = {"kind": kind, "generation_id": GENERATION, "seq": seq}
+
+        bot.add_listener(on_message)
+        stumps = app_commands.Group(name="stumps", description="Texts that exist but were not published as speech")
+
+        @stumps.command(name="list", description="Stumps of a resident")
+        async def stumps_list(interaction: discord.Interaction) -> None:
+            if not interaction.permissions.manage_messages:
+                await interaction.response.send_message("This command needs the Manage Messages permission.",
+                                                        ephemeral=True)
+                return
+            lines = [f"{sid}  retry-abandoned  {len(text):>3} chars  unpublished  cairn" for sid, text in STUMPS.items()]
+            await interaction.response.send_message("```\n" + "\n".join(lines) + "\n```", ephemeral=True)
+
+        @stumps.command(name="show", description="One stump")
+        async def stumps_show(interaction: discord.Interaction, id: str) -> None:
+            text = STUMPS.get(id)
+            if not interaction.permissions.manage_messages or text is None:
+                await interaction.response.send_message(f"No stump {id}.", ephemeral=True)
+                return
+            await interaction.response.send_message(f"```\n{id}  retry-abandoned\ngeneration {GENERATION}\n```",
+                                                    ephemeral=True)
+            await interaction.followup.send(text, ephemeral=True)
+
+        bot.tree.add_command(stumps)
+
+    return setup
+
+
+async def font_px(page: Page, selector: str) -> float:
+    return float(await page.eval_on_selector(selector, "el => parseFloat(getComputedStyle(el).fontSize)"))
+
+
+def save_screenshot(png: bytes, name: str, *, docs: bool = False) -> Path:
+    """data/screenshots/NAME always; with `docs`, also docs/demo.png (the README's) when missing or asked for.
+
+    docs/demo.png is tracked, so a test run rewrites it only with RESIDENTS_UPDATE_SCREENSHOT=1.
+    """
+    out = ROOT / "data" / "screenshots" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(png)
+    readme_png = ROOT / "docs" / "demo.png"
+    if docs and (not readme_png.exists() or os.environ.get("RESIDENTS_UPDATE_SCREENSHOT") == "1"):
+        readme_png.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, readme_png)
+    return out
+
+
+async def test_annotations_endpoint_and_static_files() -> None:
+    """The hook the demo's ledger plugs into: restricted to the ids asked, {} without, 503 when it breaks."""
+    calls: list[list[str]] = []
+
+    async def annotator(ids: list[str]) -> dict[str, dict[str, Any]]:
+        calls.append(ids)
+        if "boom" in ids:
+            raise RuntimeError("ledger closed")
+        return {"1": {"kind": "partial", "generation_id": "g-1"}, "9": {"kind": "speech"}}
+
+    async with running_room() as room, aiohttp.ClientSession() as http:
+        async with http.get(f"{room.url}/_room/annotations?ids=1,2") as resp:
+            assert resp.status == 200 and await resp.json() == {}
+        room.set_annotator(annotator)
+        async with http.get(f"{room.url}/_room/annotations?ids=1,2,1") as resp:
+            assert await resp.json() == {"1": {"kind": "partial", "generation_id": "g-1"}}
+        assert calls == [["1", "2"]]
+        async with http.get(f"{room.url}/_room/annotations?ids=boom") as resp:
+            assert resp.status == 503 and "ledger closed" in (await resp.json())["message"]
+        async with http.get(f"{room.url}/_room/annotations?ids=" + ",".join(map(str, range(501)))) as resp:
+            assert resp.status == 400
+        async with http.get(f"{room.url}/_room/state") as resp:
+            assert (await resp.json())["annotator"] is True
+        async with http.get(f"{room.url}/") as resp:
+            assert resp.status == 200 and "<title>residents" in await resp.text()
+        for name in ("room.js", "markdown.js", "room.css"):
+            async with http.get(f"{room.url}/static/{name}") as resp:
+                assert resp.status == 200, name
+        async with http.get(f"{room.url}/static/../server.py") as resp:
+            assert resp.status in (403, 404)
+
+
+async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserContext) -> None:
+    kinds: dict[str, dict[str, Any]] = {}
+    looked_up: list[list[str]] = []
+
+    async def annotator(ids: list[str]) -> dict[str, dict[str, Any]]:
+        looked_up.append(ids)
+        return {i: kinds[i] for i in ids if i in kinds}
+
+    async with running_room(["general", "random"]) as room, \
+            running_bot(room.url, "local-cairn", setup=resident_setup(kinds), sync_commands=True):
+        room.set_annotator(annotator)
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator("#channels a")).to_have_text(["general", "random"])
+        await expect(page.locator("#members li", has_text="cairn").locator(".bot-tag")).to_have_text("BOT")
+
+        # post as a person through the page's box; the reply arrives over the event stream
+        await page.fill("#author", "alice")
+        await page.fill("#content", "@cairn describe the harbour, please")
+        await page.press("#content", "Enter")
+        replies = page.locator("#messages li.msg[data-author='cairn']")
+        await expect(replies).to_have_count(3)
+        [posted] = room.messages()[:1]
+        assert posted["author"] == "alice" and posted["pings"]["users"] == ["cairn"]
+        alice = page.locator("#messages li.msg[data-author='alice']")
+        await expect(alice.locator(".mention")).to_have_text("@cairn")
+        await expect(alice).to_have_attribute("data-kind", "speech")
+
+        # the receipt is a compact boundary line, smaller than speech; kinds come from the annotator
+        receipt = replies.nth(2)
+        await expect(receipt).to_have_class(re.compile(r"\bboundary\b.*\bkind-receipt\b|\bkind-receipt\b.*\bboundary\b"))
+        await expect(receipt.locator(".subtext")).to_have_text(RECEIPT.removeprefix("-# "))
+        assert "-#" not in await receipt.inner_text()
+        speech_px = await font_px(page, "#messages li.msg[data-author='alice'] .body .line")
+        receipt_px = await font_px(page, "#messages li.kind-receipt .subtext")
+        assert receipt_px < speech_px, (receipt_px, speech_px)
+        receipt_box, part_box = await receipt.bounding_box(), await replies.nth(1).bounding_box()
+        assert receipt_box and part_box and receipt_box["height"] < 30 < part_box["height"]
+        assert await page.locator("#messages li.msg.cont[data-author='cairn']").count() == 2  # grouped like Discord
+        assert any(i in ids for ids in looked_up for i in kinds)
+
+        # hovering a partial shows its kind
+        first = replies.nth(0)
+        await expect(first).to_have_attribute("title", re.compile(rf"^partial · generation {GENERATION}"))
+        mark = first.locator(".kind-mark")
+        await expect(mark).to_have_css("opacity", "0")
+        await first.hover()
+        await expect(mark).to_have_css("opacity", "1")
+        await expect(mark).to_have_text("partial")
+
+        # a moderator lists stumps and opens one; the answers stay in the panel, not in the room
+        await page.click("#mod-toggle")
+        await expect(page.locator("#mod")).to_be_visible()
+        await expect(page.locator("#mod-bot")).to_have_value("cairn")
+        await page.click("#stumps-list")
+        listing = page.locator("#mod-out .ephemeral").first
+        await expect(listing.locator(".cmd")).to_have_text("/stumps list · cairn")
+        await expect(listing.locator("a.ref-stump")).to_have_count(2)
+        await listing.locator("a.ref-stump", has_text="s-77c0ffee0042").click()
+        shown = page.locator("#mod-out .ephemeral").first
+        await expect(shown.locator(".cmd")).to_have_text("/stumps show s-77c0ffee0042 · cairn")
+        await expect(shown.locator(".answer")).to_contain_text(STUMPS["s-77c0ffee0042"])
+        await expect(shown.locator(".answer pre")).to_contain_text(f"generation {GENERATION}")
+        assert len(room.messages()) == 4
+        await expect(page.locator("#messages li.msg")).to_have_count(4)
+
+        await receipt.hover()
+        path = save_screenshot(await page.screenshot(), "room.png")
+        log.info("screenshot saved to %s", path)
+        assert not errors, errors
+
+
+async def test_page_without_annotator_and_channel_switch(browser: BrowserContext) -> None:
+    """No annotator: people's messages are speech, a bot's message is left unrecorded, not guessed."""
+    async with running_room(["general", "random"]) as room, running_bot(room.url, "local-sill") as bot:
+        room.post("random", "bob", "over here")
+        page = await browser.new_page()
+        await page.goto(f"{room.url}/#random")
+        await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator("#channels a.active")).to_have_text("random")
+        await expect(page.locator("#messages li.msg")).to_have_text([re.compile("over here")])
+        await page.click("#channels a >> text=general")
+        await expect(page.locator("#channel-name")).to_have_text("general")
+        await expect(page.locator("#messages li.msg")).to_have_count(0)
+        channel = bot.get_channel(int(room.channel_id("general")))
+        assert isinstance(channel, discord.TextChannel)
+        await channel.send("```py\nprint('hi')\n```\n-# a subtext line")
+        msg = page.locator("#messages li.msg[data-author='sill']")
+        await expect(msg.locator("pre code")).to_have_text("print('hi')")
+        await expect(msg.locator(".subtext")).to_have_text("a subtext line")
+        await expect(msg).to_have_attribute("data-kind", "unrecorded")
+        await expect(msg).to_have_attribute("title", re.compile("no ledger"))
+        resp = await page.request.get(f"{room.url}/_room/annotations?ids={room.messages()[0]['id']},2")
+        assert resp.ok and await resp.json() == {}
+
+
+@pytest.fixture
+async def demo(tmp_path: Path) -> AsyncIterator[str]:
+    """`residents demo --port 0` as a person starts it; yields the URL it prints, stops it with SIGINT."""
+    exe = ROOT / ".venv" / "bin" / "residents"
+    cmd = [str(exe)] if exe.exists() else [shutil.which("residents") or "residents"]
+    with open(tmp_path / "demo.log", "wb") as errlog:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, "demo", "--port", "0", "--db", str(tmp_path / "demo.db"), cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=errlog)
+        try:
+            assert proc.stdout is not None
+            url = None
+            while url is None:
+                line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+                if not line:
+                    raise AssertionError("residents demo exited before printing its URL:\n"
+                                         + (tmp_path / "demo.log").read_text(errors="replace")[-3000:])
+                found = re.search(r"http://127\.0\.0\.1:\d+", line)
+                url = found.group(0) if found else None
+            yield url
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    await asyncio.wait_for(proc.wait(), timeout=15)
+                except asyncio.TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+    logged = (tmp_path / "demo.log").read_text(errors="replace")
+    assert proc.returncode == 0 and "Traceback" not in logged, logged[-3000:]
+
+
+async def test_demo_page_receipt_and_moderator_opens_stump(browser: BrowserContext, demo: str,
+                                                           tmp_path: Path) -> None:
+    """The real `residents demo`: Cairn's reply is cut at the ceiling, Sill's failed attempt is a stump."""
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(demo)
+    await page.wait_for_selector("body[data-ready='1']")
+    await page.fill("#author", "alice")
+    await page.fill("#content", "@cairn Tell us about the harbour, everything you know.")
+    await page.press("#content", "Enter")
+
+    receipt = page.locator("#messages li.msg.kind-receipt[data-author='cairn']")
+    await expect(receipt).to_have_count(1, timeout=20_000)
+    await expect(receipt).to_have_class(re.compile(r"\bboundary\b"))
+    await expect(receipt.locator(".subtext")).to_have_text(
+        "Output ceiling reached at 4,096 tokens; the remainder was not generated.")
+    partials = page.locator("#messages li.msg.kind-partial[data-author='cairn']")
+    assert await partials.count() >= 2
+    await expect(receipt).to_have_attribute("title", re.compile(r"^receipt · generation g-"))
+    assert await font_px(page, "#messages li.kind-receipt .subtext") < \
+        await font_px(page, "#messages li.kind-partial .body .line")
+
+    await page.fill("#author", "bob")
+    await page.fill("#content", "@sill What did Cairn leave out?")
+    await page.press("#content", "Enter")
+    sill = page.locator("#messages li.msg[data-author='sill']")
+    await expect(sill).to_have_count(1, timeout=20_000)
+    await expect(sill).to_have_attribute("data-kind", "speech")
+
+    with sqlite3.connect(f"file:{tmp_path / 'demo.db'}?mode=ro", uri=True) as db:
+        [(stump_id, text)] = db.execute(
+            "SELECT id, text FROM stumps WHERE residence='sill' AND cause='retry-abandoned'").fetchall()
+    text = bytes(text).decode() if isinstance(text, (bytes, memoryview)) else text
+    await page.click("#mod-toggle")
+    await page.select_option("#mod-bot", "sill")
+    await page.click("#stumps-list")
+    link = page.locator("#mod-out .ephemeral").first.locator("a.ref-stump", has_text=stump_id)
+    await link.click()
+    shown = page.locator("#mod-out .ephemeral").first
+    await expect(shown.locator(".cmd")).to_have_text(f"/stumps show {stump_id} · sill")
+    await expect(shown.locator(".answer")).to_contain_text(" ".join(text.split()[:12]))
+    assert stump_id not in " ".join(await page.locator("#messages li.msg").all_inner_texts())  # ephemeral only
+
+    await receipt.hover()
+    await page.locator("#messages").evaluate("el => { el.scrollTop = el.scrollHeight; }")
+    path = save_screenshot(await page.screenshot(), "demo.png", docs=True)
+    log.info("screenshot saved to %s", path)
+    assert not errors, errors
