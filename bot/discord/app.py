@@ -63,7 +63,7 @@ class ResidentBot(commands.Bot):
             if missing:
                 self.startup_problem = (f"residences/{self.residence.name}.yaml: discord.channels: no channel named "
                                         f"{', '.join(map(repr, missing))} in the bot's guilds")
-                log.critical(self.startup_problem)
+                log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
                 await self.close()
                 return
         log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))

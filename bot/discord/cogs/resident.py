@@ -2,7 +2,8 @@
 
 Floor control keeps several residents from talking over each other or looping: one generation at
 a time per channel (a message arriving meanwhile queues at most one more turn and marks any
-continuation superseded), a cooldown, and a limit on resident turns before a person speaks again.
+continuation superseded), a cooldown, and a limit on resident turns before a person speaks again,
+counted across every resident of the process (`..floor`), turns still being written included.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import discord
 from discord.ext import commands
 
 from ..app import ResidentBot
+from ..floor import shared_floor
 from ..room import DiscordRoom, as_room_message
 
 log = logging.getLogger(__name__)
@@ -78,16 +80,24 @@ class ResidentCog(commands.Cog):
             await asyncio.sleep(wait)
         me = self.bot.user
         assert me is not None
-        history = [m async for m in message.channel.history(limit=floor.history_limit)]
-        history.reverse()
-        if resident_run(history) >= floor.max_resident_run:
-            log.info("%s stays quiet in %s: %d resident turns since a person spoke", self.bot.residence.name,
-                     ch, resident_run(history))
-            return
+        shared = shared_floor()
+        async with shared.deciding[ch]:
+            history = [m async for m in message.channel.history(limit=floor.history_limit)]
+            history.reverse()
+            others = shared.generating[ch] - {me.id}  # turns claimed that the history does not show yet
+            turns = resident_run(history) + len(others)
+            if turns >= floor.max_resident_run:
+                log.info("%s stays quiet in %s: %d resident turns since a person spoke (%d in progress)",
+                         self.bot.residence.name, ch, turns, len(others))
+                return
+            shared.generating[ch].add(me.id)
         room = [as_room_message(m, me.id) for m in history]
-        async with message.channel.typing():
-            reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
-                                                    trigger=str(message.id), superseded=lambda: self.moved_on[ch])
+        try:
+            async with message.channel.typing():
+                reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
+                                                        trigger=str(message.id), superseded=lambda: self.moved_on[ch])
+        finally:
+            shared.generating[ch].discard(me.id)
         self.last_reply[ch] = time.monotonic()
         g = reply.generation
         if g is not None:

@@ -1,0 +1,483 @@
+"""Residents in a room, end to end: real discord.py bots started by `run_bots` (as `residents run` does),
+the local room server over real sockets, the local Anthropic-compatible server behind the real SDK, and
+a real SQLite ledger. Swallowed errors in discord.py's background tasks fail the test (discordkit)."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+from bot.cli import main as cli_main
+from bot.context.compile import CONTINUE_NOTE, QUIET_NOTE
+from bot.discord.run import Deployment, StartupError, run_bots
+from bot.localservers import sse
+from bot.localservers.provider import Call, ProviderServer
+
+from conftest import residence, specimen
+from discordkit import deployed, opts, sub
+
+try:
+    from roomkit import eventually, running_room
+except ImportError:  # tests/ collected as a package
+    from tests.roomkit import eventually, running_room
+
+END_TEXT = sse.text_of(specimen("end-turn.sse"))
+CEILING_TEXT = sse.text_of(specimen("ceiling-1024.sse"))
+FRAGMENT = sse.text_of(specimen("overloaded-after-257.sse"))
+FIRST = sse.text_of(specimen("cont-first.sse"))
+REST = sse.text_of(specimen("cont-rest-with-overlap.sse"))
+RECEIPT_1024 = "-# Output ceiling reached at 1,024 tokens; the remainder was not generated."
+REFUSAL = "This command needs the Manage Messages permission."
+LIMIT = 2000
+
+BOUNDS = {"max_segments": 2, "max_output_tokens": 12288, "min_progress_chars": 16, "similarity_abort": 0.92}
+
+
+def res(name: str = "cairn", **over):
+    """A residence that lives in #general, with no cooldown and no retry backoff (fast, deterministic)."""
+    policy = dict(over.pop("policy", {}))
+    policy.setdefault("retries", {"max_attempts": 3, "backoff_seconds": 0})
+    policy["floor"] = {"cooldown_seconds": 0, **policy.get("floor", {})}
+    over.setdefault("discord", {"token_env": f"{name.upper()}_DISCORD_TOKEN", "channels": ["general"]})
+    over.setdefault("system", f"You are {name.capitalize()}, a resident of this room.")
+    return residence(name=name, policy=policy, **over)
+
+
+def squash(text: str) -> str:
+    """Text without whitespace: splitting for Discord may only change whitespace at the joins."""
+    return re.sub(r"\s+", "", text)
+
+
+def short_replies(body: dict) -> Call:
+    """Every request answered at once with a short completed reply, naming who asked."""
+    who = re.search(r"You are (\w+)", body.get("system", ""))
+    return Call(sse=sse.stream(f"{who.group(1) if who else 'Someone'} says a short thing.", "end_turn", 7))
+
+
+def quiet_pings(m: dict) -> bool:
+    return m["allowed_mentions"] == {"parse": []} and \
+        m["pings"] == {"users": [], "user_ids": [], "roles": [], "everyone": False}
+
+
+def contents(out: dict) -> list[str]:
+    return [r["content"] for r in out["responses"]]
+
+
+def assert_ephemeral_pages(out: dict) -> None:
+    assert out["responses"] and all(r["ephemeral"] for r in out["responses"]), out
+    assert all(len(r["content"] or "") <= LIMIT for r in out["responses"])
+
+
+async def ask(d, author: str, text: str, n_before: int, expect: int = 1, **kw) -> list[dict]:
+    """A person mentions cairn; wait until `expect` more bot messages are in the room, and return the new ones."""
+    d.room.post("general", author, text, mentions=["cairn"], **kw)
+    await d.wait_bot_messages(n_before + expect)
+    await d.quiet(0.1)
+    return d.bot_messages()[n_before:]
+
+
+async def posts_match_room(d, g) -> None:
+    """The ledger maps every post of `g` to the room message it became, in order."""
+    room_ids = [m["id"] for m in d.bot_messages()]
+    mapped = [p.message_id for p in sorted(g.posts, key=lambda p: p.seq)]
+    assert all(mapped) and all(mid in room_ids for mid in mapped)
+    assert mapped == sorted(mapped, key=room_ids.index)
+    by_id = {m["id"]: m for m in d.bot_messages()}
+    assert [by_id[p.message_id]["content"] for p in sorted(g.posts, key=lambda p: p.seq)] == \
+        [p.content for p in sorted(g.posts, key=lambda p: p.seq)]
+
+
+# ---------------------------------------------------------------------------------------------- 1-3
+
+
+async def test_a_mention_gets_speech_with_typing_and_ids_mapped(tmp_path):
+    async with deployed(tmp_path, [res()], calls=[Call(sse=specimen("end-turn.sse"))]) as d:
+        events = d.room.subscribe_events()
+        asked = d.room.post("general", "alice", "hello @cairn, a summary please", mentions=["cairn"])
+        [m] = await d.wait_bot_messages(1)
+        await d.quiet(0.1)
+        assert m["author"] == "cairn" and m["content"] == END_TEXT and quiet_pings(m)
+        assert [v["id"] for v in d.messages()] == [asked["id"], m["id"]]
+        [g] = await d.generations()
+        assert (g.status, g.trigger, g.channel) == ("completed", asked["id"], d.room.channel_id())
+        assert [(p.kind, p.message_id) for p in g.posts] == [("speech", m["id"])]
+        assert m["nonce"] == g.posts[0].id  # the post id travels as Discord's nonce
+        seen = []
+        while not events.empty():
+            e = events.get_nowait()
+            if e["type"] in ("typing", "message_create"):
+                seen.append((e["type"], e.get("user") or e["message"]["author"]))
+        assert seen.index(("typing", "cairn")) < seen.index(("message_create", "cairn"))
+        [request] = d.provider.requests
+        assert request["messages"] == [{"role": "user", "content": "alice: hello @cairn, a summary please"}]
+
+
+async def test_max_tokens_gives_partials_then_one_receipt_all_mapped(tmp_path):
+    async with deployed(tmp_path, [res(max_tokens=1024)], calls=[Call(sse=specimen("ceiling-1024.sse"))]) as d:
+        d.room.post("general", "alice", "describe the harbour, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        new = d.bot_messages()
+        assert len(new) >= 3  # 4,300 characters: at least three messages, then the receipt
+        assert all(len(m["content"]) <= LIMIT for m in new)
+        assert [m["content"] for m in new].count(RECEIPT_1024) == 1 and new[-1]["content"] == RECEIPT_1024
+        assert squash("".join(m["content"] for m in new[:-1])) == squash(CEILING_TEXT)
+        assert all(quiet_pings(m) for m in new)
+        [g] = await d.generations()
+        assert (g.status, g.stop_reason, g.output_tokens) == ("truncated", "max_tokens", 1024)
+        posts = sorted(g.posts, key=lambda p: p.seq)
+        assert [p.kind for p in posts] == ["partial"] * (len(new) - 1) + ["receipt"]
+        assert [p.message_id for p in posts] == [m["id"] for m in new]
+        await posts_match_room(d, g)
+        [stump] = g.stumps
+        assert (stump.cause, stump.scope, stump.published, stump.text) == ("max_tokens", "output", True, CEILING_TEXT)
+
+
+async def test_mentions_in_output_ping_nobody(tmp_path):
+    def loud(body: dict) -> Call:
+        alice = d.room.state.person("alice")
+        mod_role, everyone_role = d.room.state.moderator_role_id, d.room.state.guild_id
+        text = (f"@everyone and @here, look! <@{alice.id}> <@!{alice.id}> and <@&{mod_role}> "
+                f"<@&{everyone_role}> should all hear this.")
+        return Call(sse=sse.stream(text, "end_turn", 30))
+
+    async with deployed(tmp_path, [res()], responder=lambda body: loud(body)) as d:
+        [m] = await ask(d, "alice", "shout, @cairn", 0)
+        alice = d.room.state.person("alice")
+        assert "@everyone" in m["content"] and f"<@{alice.id}>" in m["content"]
+        assert f"<@&{d.room.state.moderator_role_id}>" in m["content"]
+        assert m["allowed_mentions"] == {"parse": []}
+        assert m["pings"] == {"users": [], "user_ids": [], "roles": [], "everyone": False}
+
+
+# ---------------------------------------------------------------------------------------------- 4
+
+
+async def test_moderator_commands_show_metadata_pages_and_provenance(tmp_path):
+    calls = [Call(sse=specimen("ceiling-1024.sse")),
+             Call(sse=specimen("overloaded-after-257.sse")), Call(sse=specimen("end-turn.sse"))]
+    async with deployed(tmp_path, [res(max_tokens=1024)], calls=calls) as d:
+        d.room.post("general", "alice", "long one, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        n = len(d.bot_messages())
+        await ask(d, "alice", "and again, @cairn", n)
+        cut, retried = await d.generations()
+        [cut_stump] = cut.stumps
+        [frag_stump] = retried.stumps
+        assert (cut_stump.cause, frag_stump.cause) == ("max_tokens", "retry-abandoned")
+        room_before = d.messages()
+        asked_before = len(d.provider.requests)
+
+        # /stumps list: metadata only, ephemeral
+        out = await d.command("moddy", "stumps", sub("list"))
+        assert_ephemeral_pages(out)
+        text = "\n".join(contents(out))
+        assert cut_stump.id in text and frag_stump.id in text and "max_tokens" in text and "retry-abandoned" in text
+        [cut_line] = [line for line in text.splitlines() if cut_stump.id in line]
+        [frag_line] = [line for line in text.splitlines() if frag_stump.id in line]
+        assert "4,300 chars" in cut_line and " published" in cut_line  # its text reached the room as partials
+        assert "257 chars" in frag_line and "unpublished" in frag_line
+        assert CEILING_TEXT[:40] not in text and FRAGMENT[:40] not in text
+        out = await d.command("moddy", "stumps", sub("list", cause="retry-abandoned"))
+        assert frag_stump.id in contents(out)[0] and cut_stump.id not in contents(out)[0]
+
+        # /stumps show: the text, paged within 2,000 characters, all ephemeral
+        out = await d.command("moddy", "stumps", sub("show", id=cut_stump.id))
+        assert_ephemeral_pages(out)
+        pages = contents(out)
+        assert len(pages) >= 4  # the head, then 4,300 characters in pages of at most 2,000
+        assert cut_stump.id in pages[0] and "max_tokens" in pages[0] and CEILING_TEXT[:40] not in pages[0]
+        assert squash("".join(pages[1:])) == squash(CEILING_TEXT)
+        out = await d.command("moddy", "stumps", sub("show", id=frag_stump.id))
+        assert squash("".join(contents(out)[1:])) == squash(FRAGMENT)
+        out = await d.command("moddy", "stumps", sub("show", id="s-000000000000"))
+        assert contents(out) == ["No stump s-000000000000."]
+
+        # /generation show, by id: attempts, segments, stop and discard reasons, never the text
+        out = await d.command("moddy", "generation", sub("show", ref=retried.id))
+        assert_ephemeral_pages(out)
+        prov = "\n".join(contents(out))
+        assert retried.id in prov and "attempts:" in prov and "segments:" in prov and "stumps:" in prov
+        assert "abandoned" in prov and "retry-abandoned" in prov and "overloaded" in prov and "end_turn" in prov
+        assert FRAGMENT[:40] not in prov and END_TEXT[:40] not in prov
+        # ... and by a link to one of its messages (the receipt of the cut one)
+        receipt_id = [p for p in cut.posts if p.kind == "receipt"][0].message_id
+        link = f"https://discord.com/channels/{d.room.guild_id}/{d.room.channel_id()}/{receipt_id}"
+        out = await d.command("moddy", "generation", sub("show", ref=link))
+        prov = "\n".join(contents(out))
+        assert cut.id in prov and "status truncated" in prov and "stop max_tokens" in prov and "receipt" in prov
+        assert CEILING_TEXT[:40] not in prov
+        out = await d.command("moddy", "generation", sub("show", ref="https://discord.com/channels/1/2/3"))
+        assert contents(out) == ["No generation found for https://discord.com/channels/1/2/3."]
+
+        # /policy show
+        out = await d.command("moddy", "policy", sub("show"))
+        pol = "\n".join(contents(out))
+        assert pol.startswith("```\n# cairn (claude-3-opus-20240229)") and "standing: none" in pol
+        assert "moderators_read_text: true" in pol and "max_resident_run: 3" in pol
+
+        # /continue where the standing is not on-request: refused, with the reason, and nothing else
+        out = await d.command("moddy", "continue", opts(generation=cut.id))
+        assert contents(out) == [f"Not continued: the continuation standing of cairn is none, not on-request."]
+        assert out["responses"][0]["ephemeral"]
+
+        # a plain member: a clear refusal and no content, for every command
+        for name, options in [("stumps", sub("list")), ("stumps", sub("show", id=cut_stump.id)),
+                              ("generation", sub("show", ref=cut.id)), ("policy", sub("show")),
+                              ("continue", opts(generation=cut.id))]:
+            out = await d.command("bob", name, options, moderator=False)
+            assert contents(out) == [REFUSAL] and out["responses"][0]["ephemeral"], (name, out)
+
+        await d.quiet(0.1)
+        assert d.messages() == room_before  # nothing of this reached the room
+        assert len(d.provider.requests) == asked_before
+
+
+async def test_stump_text_is_withheld_where_policy_says_so(tmp_path):
+    policy = {"stumps": {"moderators_read_text": False}}
+    async with deployed(tmp_path, [res(max_tokens=1024, policy=policy)],
+                        calls=[Call(sse=specimen("ceiling-1024.sse"))]) as d:
+        d.room.post("general", "alice", "long one, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        [g] = await d.generations()
+        [stump] = g.stumps
+        out = await d.command("moddy", "stumps", sub("show", id=stump.id))
+        assert_ephemeral_pages(out)
+        shown = "\n".join(contents(out))
+        assert stump.id in shown and "Text withheld" in shown
+        assert len(out["responses"]) == 1 and CEILING_TEXT[:40] not in shown and CEILING_TEXT[-40:] not in shown
+
+
+async def test_continue_on_request_posts_one_more_segment_and_no_text_twice(tmp_path):
+    policy = {"continuation": {"standing": "on-request", **BOUNDS}}
+    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))]
+    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=calls) as d:
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        first = d.bot_messages()
+        [g] = await d.generations()
+        assert g.continuation_ended == "disabled" and len(d.provider.requests) == 1
+
+        out = await d.command("bob", "continue", opts(generation=g.id), moderator=False)
+        assert contents(out) == [REFUSAL]
+        out = await d.command("moddy", "continue", opts(generation=g.id))
+        assert out["responses"][0]["type"] == 5 and out["responses"][0]["ephemeral"]  # deferred, thinking
+        assert contents(out)[-1] == f"Continued {g.id}: now completed, 2 segment(s), continuation completed."
+        await d.quiet(0.1)
+        added = d.bot_messages()[len(first):]
+        assert len(d.provider.requests) == 2
+        assert [m["content"] for m in added][-1].startswith("-# Output assembled from 2 segments")
+        assert squash("".join(m["content"] for m in added[:-1])) == squash(REST[48:])
+        assert FIRST[-30:] not in "".join(m["content"] for m in added)  # no text twice
+        spoken = [m["content"] for m in d.bot_messages() if not m["content"].startswith("-# ")]
+        assert squash("".join(spoken)) == squash(FIRST + REST[48:])
+        assert all(quiet_pings(m) for m in d.bot_messages())
+        [g] = await d.generations()
+        assert (g.status, len(g.segments), g.text) == ("completed", 2, FIRST + REST[48:])
+        posts = sorted(g.posts, key=lambda p: p.seq)
+        assert [p.kind for p in posts] == ["partial"] * (len(first) - 1) + ["receipt"] + \
+            ["speech"] * (len(added) - 1) + ["receipt"]
+        assert [p.message_id for p in posts] == [m["id"] for m in d.bot_messages()]
+
+
+# ---------------------------------------------------------------------------------------------- 5
+
+
+def resident_turns(messages: list[dict]) -> int:
+    turns, last = 0, None
+    for m in messages:
+        if m["author"] != last:
+            turns, last = turns + 1, m["author"]
+    return turns
+
+
+async def test_two_residents_do_not_loop(tmp_path):
+    floor = {"reply_to": "all", "cooldown_seconds": 0, "max_resident_run": 3}
+    residents = [res("cairn", policy={"floor": floor}), res("sill", policy={"floor": floor})]
+    async with deployed(tmp_path, residents, responder=short_replies) as d:
+        d.room.post("general", "alice", "hello both of you")
+        await d.wait_bot_messages(1)
+        await d.quiet(0.3)
+        after = d.bot_messages()
+        assert 1 <= resident_turns(after) <= 3, [(m["author"], m["content"]) for m in after]
+        assert len(after) == len(d.provider.requests)  # every generation spoke: none was made only to be dropped
+        assert {m["author"] for m in after} == {"cairn", "sill"}
+        # a person speaks again: the residents may speak again, again within the bound, then stop
+        n = len(d.messages())
+        d.room.post("general", "alice", "and now?")
+        await d.wait_bot_messages(len(after) + 1)
+        await d.quiet(0.3)
+        again = [m for m in d.messages()[n + 1:]]
+        assert all(m["bot"] for m in again) and 1 <= resident_turns(again) <= 3
+
+
+# ---------------------------------------------------------------------------------------------- 6-7
+
+
+async def test_later_request_sees_the_cut_once_with_a_boundary_and_never_the_receipt(tmp_path):
+    calls = [Call(sse=specimen("ceiling-1024.sse")), Call(sse=specimen("end-turn.sse"))]
+    async with deployed(tmp_path, [res(max_tokens=1024)], calls=calls) as d:
+        d.room.post("general", "alice", "describe the harbour, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        n = len(d.bot_messages())
+        await ask(d, "alice", "and then, @cairn?", n)
+        msgs = d.provider.requests[1]["messages"]
+        assert msgs[-1]["role"] == "user" and msgs[-1]["content"].endswith("alice: and then, @cairn?")
+        own = [m for m in msgs if m["role"] == "assistant"]
+        assert [m["content"] for m in own] == [CEILING_TEXT]  # once, exactly, as its own words
+        holding = [m for m in msgs if CEILING_TEXT[:60] in m["content"] or CEILING_TEXT[-60:] in m["content"]]
+        assert holding == own
+        after = msgs[msgs.index(own[0]) + 1]
+        assert after["role"] == "user" and after["content"].startswith("[Boundary: the message above was cut off")
+        assert "1,024" in after["content"]
+        assert not any("Output ceiling reached" in m["content"] for m in msgs)  # the receipt is not a turn
+
+
+@pytest.mark.parametrize("notice", [False, True])
+async def test_a_retried_attempt_posts_only_the_replacement(tmp_path, notice):
+    policy = {"notices": {"retry_abandoned": notice}}
+    calls = [Call(sse=specimen("overloaded-after-257.sse")), Call(sse=specimen("end-turn.sse"))]
+    async with deployed(tmp_path, [res(policy=policy)], calls=calls) as d:
+        new = await ask(d, "alice", "a summary, @cairn", 0, expect=2 if notice else 1)
+        assert new[0]["content"] == END_TEXT
+        if notice:
+            assert [m["content"] for m in new[1:]] == [
+                "-# Provider attempt interrupted and retried; 257 characters set aside as stumps."]
+        else:
+            assert len(new) == 1
+        assert not any(FRAGMENT[:40] in m["content"] or FRAGMENT[-40:] in m["content"] for m in d.messages())
+        [g] = await d.generations()
+        assert [a.outcome for a in g.attempts] == ["abandoned", "completed"]
+        [stump] = g.stumps
+        assert (stump.cause, stump.text, stump.published, stump.replaced_by) == \
+            ("retry-abandoned", FRAGMENT, False, g.attempts[1].id)
+        assert [p.kind for p in sorted(g.posts, key=lambda p: p.seq)] == ["speech"] + (["notice"] if notice else [])
+        await posts_match_room(d, g)
+
+
+# ---------------------------------------------------------------------------------------------- 8
+
+
+RESIDENCE_YAML = """name: cairn
+model: claude-3-opus-20240229
+max_tokens: 1024
+discord:
+  token_env: RESIDENTS_E2E_CAIRN_TOKEN
+  channels: [general]
+"""
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    (tmp_path / "residences").mkdir()
+    (tmp_path / "residences" / "cairn.yaml").write_text(RESIDENCE_YAML)
+    monkeypatch.chdir(tmp_path)
+    for var in ("RESIDENTS_E2E_CAIRN_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def run_cli(capsys, *args: str) -> tuple[int, list[str]]:
+    code = cli_main(["run", "--db", "ledger.db", *args])
+    err = capsys.readouterr().err
+    return code, [line for line in err.splitlines() if line.strip()]
+
+
+def test_a_missing_token_stops_start_up_with_one_line(base, capsys, monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    code, lines = run_cli(capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert "residences/cairn.yaml" in lines[0] and "discord.token_env" in lines[0]
+    assert "RESIDENTS_E2E_CAIRN_TOKEN" in lines[0]
+    assert not (base / "ledger.db").exists()
+
+
+def test_no_provider_key_or_base_url_stops_start_up_with_one_line(base, capsys, monkeypatch):
+    monkeypatch.setenv("RESIDENTS_E2E_CAIRN_TOKEN", "t")
+    code, lines = run_cli(capsys)
+    assert code == 2 and len(lines) == 1 and "ANTHROPIC_API_KEY" in lines[0] and "ANTHROPIC_BASE_URL" in lines[0]
+    monkeypatch.delenv("RESIDENTS_E2E_CAIRN_TOKEN")
+    code, lines = run_cli(capsys, "--discord-api", "http://127.0.0.1:9")  # no token needed locally, still no key
+    assert code == 2 and len(lines) == 1 and "ANTHROPIC_API_KEY" in lines[0]
+
+
+def test_no_discord_residence_stops_start_up_with_one_line(base, capsys, monkeypatch):
+    (base / "residences" / "cairn.yaml").write_text(RESIDENCE_YAML.split("discord:")[0])
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    code, lines = run_cli(capsys)
+    assert code == 2 and len(lines) == 1 and "discord" in lines[0]
+
+
+async def test_an_unknown_channel_stops_run_bots(tmp_path):
+    provider = ProviderServer()
+    await provider.start()
+    try:
+        async with running_room(["general"]) as room:
+            r = res(discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general", "nowhere"]})
+            with pytest.raises(StartupError) as info:
+                await asyncio.wait_for(run_bots(Deployment([r], {"cairn": "local-cairn"}), str(tmp_path / "l.db"),
+                                                provider.url, "k", guild_ready_timeout=0.05), timeout=10)
+            line = str(info.value)
+            assert "\n" not in line and "'nowhere'" in line and "residences/cairn.yaml" in line
+            assert "discord.channels" in line and "'general'" not in line
+            assert not any(b["connected"] for b in room.snapshot()["bots"])
+    finally:
+        await provider.stop()
+
+
+# ---------------------------------------------------------------------------------------------- 9
+
+
+async def test_mentions_during_a_slow_stream_queue_one_more_turn(tmp_path):
+    async with deployed(tmp_path, [res()], responder=short_replies) as d:
+        cog = d.bot("cairn").get_cog("ResidentCog")
+        ch = int(d.room.channel_id())
+        d.provider.hold()
+        first = d.room.post("general", "alice", "one, @cairn", mentions=["cairn"])
+        await eventually(lambda: d.provider.arrived == 1)
+        later = []
+        for who in ("bob", "carol", "dave"):
+            later.append(d.room.post("general", who, f"{who} too, @cairn", mentions=["cairn"]))
+            await d.wait_seen("cairn", later[-1]["id"])
+            assert cog.queued[ch]
+        assert d.provider.arrived == 1  # nothing runs beside the held generation
+        d.provider.release()
+        await d.wait_bot_messages(2)
+        await d.quiet(0.3)
+        assert d.provider.arrived == 2 and len(d.bot_messages()) == 2  # one queued turn for three messages
+        g1, g2 = await d.generations()
+        assert (g1.trigger, g2.trigger) == (first["id"], later[0]["id"])
+        # The queued turn exists to answer what arrived while cairn was writing: its request must put those
+        # messages after the earlier reply (which never saw them), not declare that nothing new was said.
+        msgs = d.provider.requests[1]["messages"]
+        last_own = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+        after = "\n\n".join(m["content"] for m in msgs[last_own + 1:])
+        assert all(f"{who}: {who} too, @cairn" in after for who in ("bob", "carol", "dave")), msgs
+        assert QUIET_NOTE not in after
+
+
+async def test_a_message_during_a_cut_stream_supersedes_bounded_continuation(tmp_path):
+    policy = {"continuation": {"standing": "bounded", **BOUNDS}}
+    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=[Call(sse=specimen("cont-first.sse"))],
+                        responder=short_replies) as d:
+        d.provider.hold()
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await eventually(lambda: d.provider.arrived == 1)
+        moved = d.room.post("general", "bob", "actually, something else @cairn", mentions=["cairn"])
+        await d.wait_seen("cairn", moved["id"])
+        d.provider.release()
+        await d.wait_receipt()
+        await d.room.wait_for_message(lambda m: m["content"] == "Cairn says a short thing.", timeout=10)
+        await d.quiet(0.3)
+        g1, g2 = await d.generations()
+        assert (g1.status, g1.continuation_ended, len(g1.segments)) == ("truncated", "superseded", 1)
+        receipts = [m["content"] for m in d.bot_messages() if m["content"].startswith("-# ")]
+        assert receipts == ["-# Output ceiling reached at 600 tokens; the remainder was not generated. "
+                            "Continuation stopped because the room moved on."]
+        assert len(d.provider.requests) == 2  # no continuation call was made
+        assert CONTINUE_NOTE not in str(d.provider.requests[1]) and g2.trigger == moved["id"]
+        assert d.provider.requests[1]["messages"][-1]["role"] == "user"
