@@ -47,7 +47,8 @@ class Resident:
     async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,
                       superseded: Callable[[], bool] = never) -> Reply:
         request = await self.compile(history)
-        g = await self.generator.generate(self.residence, channel, request, trigger, superseded)
+        g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
+                                          seen_upto=history[-1].id if history else None)
         planned = plan(g.ending(), g.text)
         set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
         if set_aside and self.residence.policy.notices.retry_abandoned:

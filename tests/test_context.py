@@ -104,3 +104,15 @@ def test_continuation_for_models_without_prefill_ends_with_a_user_turn():
     assert req["messages"][1]["content"] == "partial text"
     assert "partial text" not in req["messages"][2]["content"]
     assert req["max_tokens"] == 250 and stripped == ""
+
+
+def test_messages_that_arrived_while_a_reply_was_written_come_after_it():
+    g = Generation(id="g-9", residence="cairn", channel="room", model="m", status="completed", stop_reason="end_turn",
+                   text="First answer.", seen_upto="m1")
+    posts = {"m4": Post("p", "g-9", 1, "speech", "First answer.", message_id="m4")}
+    hist = [RoomMessage("m1", "alice", False, "question"), RoomMessage("m2", "bob", False, "meanwhile"),
+            RoomMessage("m3", "carol", False, "also meanwhile"), RoomMessage("m4", "cairn", True, "First answer.")]
+    msgs = compile_request(residence(), hist, posts, {g.id: g})["messages"]
+    assert msgs == [{"role": "user", "content": "alice: question"},
+                    {"role": "assistant", "content": "First answer."},
+                    {"role": "user", "content": "bob: meanwhile\n\ncarol: also meanwhile"}]

@@ -30,11 +30,32 @@ class RoomMessage:
     content: str
 
 
+def in_reading_order(history: list[RoomMessage], posts: dict[str, Post],
+                     gens: dict[str, Generation]) -> list[RoomMessage]:
+    """The room as the resident lived it: each of its replies right after the last message it had read.
+
+    Messages that arrived while a reply was being written come after that reply, so a turn taken to
+    answer them sees them as new rather than as already answered.
+    """
+    where = {m.id: i for i, m in enumerate(history)}
+
+    def key(item: tuple[int, RoomMessage]) -> tuple[float, int]:
+        i, m = item
+        post = posts.get(m.id) if m.is_self else None
+        g = gens.get(post.generation_id) if post and post.generation_id else None
+        anchor = where.get(g.seen_upto) if g is not None and g.seen_upto else None
+        if anchor is not None and anchor < i:
+            return (anchor + 0.5, i)
+        return (float(i), i)
+
+    return [m for _, m in sorted(enumerate(history), key=key)]
+
+
 def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, Generation],
            own_stumps_visible: bool) -> list[tuple[str, str]]:
     turns: list[tuple[str, str]] = []
     seen: set[str] = set()
-    for m in history:
+    for m in in_reading_order(history, posts, gens):
         if not m.is_self:
             turns.append(("user", f"{m.author}: {m.content}"))
             continue

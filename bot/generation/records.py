@@ -118,6 +118,7 @@ class Generation:
     standing: str = "none"
     continuation_ended: str = "not-needed"
     trigger: str | None = None
+    seen_upto: str | None = None  # the newest room message its request was compiled from
     request: dict[str, Any] | None = None
     attempts: list[Attempt] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)

@@ -38,9 +38,10 @@ class Generator:
         self.ledger = runner.ledger
 
     async def generate(self, res: Residence, channel: str, request: dict[str, Any], trigger: str | None = None,
-                       superseded: Callable[[], bool] = never) -> Generation:
+                       superseded: Callable[[], bool] = never, seen_upto: str | None = None) -> Generation:
         g = Generation(id=new_id("g-"), residence=res.name, channel=channel, model=res.model,
-                       standing=res.policy.continuation.standing, trigger=trigger, request=request)
+                       standing=res.policy.continuation.standing, trigger=trigger, request=request,
+                       seen_upto=seen_upto)
         await self.ledger.create_generation(g)
         final = await self.runner.run_segment(g, 1, request, res.policy.retries)
         g.text, g.stop_reason = final.text, final.stop_reason

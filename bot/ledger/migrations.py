@@ -118,6 +118,10 @@ step("m006_attempt_stop_details", """
 ALTER TABLE attempts ADD COLUMN stop_details TEXT;  -- the provider's JSON, e.g. a refusal's category
 """)
 
+step("m007_generation_seen_upto", """
+ALTER TABLE generations ADD COLUMN seen_upto TEXT;  -- the newest room message the request was compiled from
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

@@ -85,11 +85,11 @@ class Ledger:
 
     async def create_generation(self, g: Generation) -> None:
         await self._tx([("INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-                         " output_tokens, standing, continuation_ended, trigger, request, created_at)"
-                         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                         " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
+                         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                          (g.id, g.residence, g.channel, g.model, g.status, g.stop_reason, enc(g.text), g.chars,
                           g.output_tokens, g.standing, g.continuation_ended, g.trigger,
-                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at))])
+                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at, g.seen_upto))])
 
     async def start_attempt(self, a: Attempt) -> None:
         await self._tx([("INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at)"
@@ -176,6 +176,7 @@ class Ledger:
                        status=cols["status"], stop_reason=cols["stop_reason"], text=dec(cols["text"]),
                        output_tokens=cols["output_tokens"], standing=cols["standing"],
                        continuation_ended=cols["continuation_ended"], trigger=cols["trigger"],
+                       seen_upto=cols["seen_upto"],
                        request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
                        created_at=cols["created_at"], finished_at=cols["finished_at"])
         g.attempts = await self._attempts(g.id)
