@@ -98,6 +98,11 @@ class Ending:
     error: str | None = None  # the last failure's kind, for failed generations
 
 
+# The process (not the model or provider) stopped mid-output; recovery settles such a generation at
+# start-up with stop reason INTERRUPTED and the text that reached the ledger.
+INTERRUPTED_SENTENCE = "Process stopped before this output was finished; the remainder was not generated."
+
+
 def ceiling_sentence(tokens: int | None) -> str:
     if tokens is None:
         return "Output ceiling reached; the remainder was not generated."
@@ -139,7 +144,9 @@ def receipt(e: Ending) -> str | None:
         parts.append(f"Provider error{what} after {e.attempts} attempt{'s' if e.attempts != 1 else ''}; "
                      "the remainder was not generated.")
     elif e.status == "incomplete":
-        if e.stop_reason is None:
+        if e.stop_reason == INTERRUPTED:
+            parts.append(INTERRUPTED_SENTENCE)
+        elif e.stop_reason is None:
             parts.append("Provider stream ended without a stop reason; the output may be incomplete.")
         else:
             parts.append(f"Provider stopped with an unhandled reason ({e.stop_reason}); the output may be incomplete.")
@@ -183,6 +190,9 @@ def context_boundary_note(e: Ending) -> str:
     if e.status == "failed":
         return ("[Boundary: the message above was interrupted by a provider error; the remainder was not "
                 "generated. It is an unfinished message, not an authored ending.]")
+    if e.status == "incomplete" and e.stop_reason == INTERRUPTED:
+        return ("[Boundary: the message above was cut off mid-output because the process running it stopped; "
+                "the remainder was not generated. It is an unfinished message, not an authored ending.]")
     if e.status == "incomplete":
         return ("[Boundary: the message above ended without a stop reason from the provider; it may be "
                 "incomplete and is not an authored ending.]")

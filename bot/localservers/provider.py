@@ -39,6 +39,7 @@ class Call:
     body: Any = None
     stall_seconds: float = 30.0  # with end="stall": how long to hold the connection open, silent
     chunk_bytes: int = 0  # 0: write the body at once; else in pieces of this size
+    chunk_delay: float = 0.0  # with chunk_bytes: seconds between pieces, so a stream takes a known time
 
 
 Responder = Callable[[dict[str, Any]], Call | None]
@@ -95,6 +96,8 @@ class ProviderServer:
         data = call.sse or b""
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
+                if i and call.chunk_delay > 0:
+                    await asyncio.sleep(call.chunk_delay)
                 await resp.write(data[i:i + call.chunk_bytes])
         elif data:
             await resp.write(data)
