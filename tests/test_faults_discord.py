@@ -169,3 +169,19 @@ async def test_a_gateway_drop_during_a_generation_resumes_and_every_post_lands_o
         assert_delivered_once_in_order(r, gens)
         assert len(r.provider.requests) == 2
         await r.verified()
+
+
+async def test_a_post_discord_refuses_mid_delivery_is_delivered_later_in_order(tmp_path: Path, monkeypatch) -> None:
+    """discord.py gives up (a 403 is not retried): the rest wait in the ledger and go out later, once each."""
+    from bot.discord import room as discord_room
+    monkeypatch.setattr(discord_room, "REDELIVER_SECONDS", 0.2)
+    async with rig(tmp_path) as r:
+        r.room.fail_message_posts(403, nth=2)
+        r.provider.enqueue([Call(sse=sse.stream(words(5200, "c"), "max_tokens", 1024, model=MODEL))])
+        r.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
+        await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"],
+                                      timeout=20)
+        gens = await r.generations()
+        assert r.room.faults.hits == 1
+        assert_delivered_once_in_order(r, gens)
+        await r.verified()

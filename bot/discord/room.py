@@ -5,14 +5,27 @@ post id as Discord's nonce, so a retried send after a lost response cannot post 
 """
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
 import logging
+from typing import TYPE_CHECKING
 
+import aiohttp
 import discord
 
 from ..context import RoomMessage
+from ..generation.recovery import RoomUnavailable, Seen
 from ..generation.records import Post
 
+if TYPE_CHECKING:
+    from .app import ResidentBot
+
 log = logging.getLogger(__name__)
+
+# When discord.py gives up on a post at run time, the rest are delivered again this often, this many
+# times (here, not in the cog: discord.py loads each bot's extensions as separate module objects).
+REDELIVER_SECONDS = 30.0
+REDELIVER_TRIES = 10
 
 
 class DiscordRoom:
@@ -32,3 +45,44 @@ def as_room_message(m: discord.Message, self_id: int) -> RoomMessage:
         extras.append("[embed]")
     text = "\n".join([content] + extras) if extras else content
     return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text)
+
+
+SCAN_LIMIT = 200  # room messages read after a generation's last recorded post when resuming its delivery
+
+
+class DiscordResumeRoom:
+    """Discord's side of crash recovery: read the bot's own recent messages, send a post (REST only).
+
+    Used after login and before the gateway connects, so resumed posts precede any new turn, and
+    again later when a delivery failed while the bot was running.
+    """
+
+    def __init__(self, bot: "ResidentBot") -> None:
+        self.bot = bot
+
+    async def _channel(self, ref: str) -> discord.abc.Messageable:
+        if not ref.isdigit():
+            raise RoomUnavailable(f"{ref!r} is not a Discord channel id")
+        channel = self.bot.get_channel(int(ref)) or await self.bot.fetch_channel(int(ref))
+        if not isinstance(channel, discord.abc.Messageable):
+            raise RoomUnavailable(f"channel {ref} cannot hold messages")
+        return channel
+
+    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
+        me = self.bot.user
+        assert me is not None  # set by login()
+        after: discord.abc.Snowflake | dt.datetime = (
+            discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.timezone.utc))
+        try:
+            ch = await self._channel(channel)
+            return [Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)
+                    async for m in ch.history(limit=SCAN_LIMIT, after=after, oldest_first=True)
+                    if m.author.id == me.id]
+        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e
+
+    async def send(self, post: Post) -> str:
+        try:
+            return await DiscordRoom(await self._channel(post.channel)).send(post)
+        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e

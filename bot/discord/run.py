@@ -6,27 +6,24 @@ key) stop everything with one line before or as the bots connect; SIGINT/SIGTERM
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..generation.attempts import AttemptRunner
-from ..generation.recovery import RoomUnavailable, Seen, resume_delivery, settle_interrupted
-from ..generation.records import Post
+from ..generation.recovery import resume_delivery, settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
 from ..resident import Resident
 from .app import ResidentBot
 from .localapi import point_at_local
-from .room import DiscordRoom
+from .room import DiscordResumeRoom
 
 log = logging.getLogger(__name__)
 
@@ -67,46 +64,6 @@ def provider_settings(env: dict[str, str] | None = None) -> tuple[str | None, st
     if not key and base_url is None:
         raise StartupError("ANTHROPIC_API_KEY is not set (or set ANTHROPIC_BASE_URL to an Anthropic-compatible server)")
     return base_url, key or "local"
-
-
-SCAN_LIMIT = 200  # room messages read after a generation's last recorded post when resuming its delivery
-
-
-class DiscordResumeRoom:
-    """Discord's side of crash recovery: read the bot's own recent messages, send a post (REST only).
-
-    Used after login and before the gateway connects, so resumed posts precede any new turn.
-    """
-
-    def __init__(self, bot: ResidentBot) -> None:
-        self.bot = bot
-
-    async def _channel(self, ref: str) -> discord.abc.Messageable:
-        if not ref.isdigit():
-            raise RoomUnavailable(f"{ref!r} is not a Discord channel id")
-        channel = self.bot.get_channel(int(ref)) or await self.bot.fetch_channel(int(ref))
-        if not isinstance(channel, discord.abc.Messageable):
-            raise RoomUnavailable(f"channel {ref} cannot hold messages")
-        return channel
-
-    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
-        me = self.bot.user
-        assert me is not None  # set by login()
-        after: discord.abc.Snowflake | dt.datetime = (
-            discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.timezone.utc))
-        try:
-            ch = await self._channel(channel)
-            return [Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)
-                    async for m in ch.history(limit=SCAN_LIMIT, after=after, oldest_first=True)
-                    if m.author.id == me.id]
-        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e
-
-    async def send(self, post: Post) -> str:
-        try:
-            return await DiscordRoom(await self._channel(post.channel)).send(post)
-        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e
 
 
 async def start_bot(bot: ResidentBot, token: str) -> None:

@@ -17,7 +17,9 @@ from discord.ext import commands
 
 from ..app import ResidentBot
 from ..floor import shared_floor
-from ..room import DiscordRoom, as_room_message
+from ...generation.recovery import RoomUnavailable, resume_delivery
+from .. import room as discord_room
+from ..room import DiscordResumeRoom, DiscordRoom, as_room_message
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,7 @@ class ResidentCog(commands.Cog):
         self.queued: dict[int, bool] = defaultdict(bool)
         self.moved_on: dict[int, bool] = defaultdict(bool)
         self.last_reply: dict[int, float] = {}
+        self.redelivery: asyncio.Task[None] | None = None
 
     def addressed(self, message: discord.Message) -> bool:
         me = self.bot.user
@@ -96,6 +99,13 @@ class ResidentCog(commands.Cog):
             async with message.channel.typing():
                 reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
                                                         trigger=str(message.id), superseded=lambda: self.moved_on[ch])
+        except discord.HTTPException as e:
+            # discord.py gave up on a post: the rest stay undelivered in the ledger, in order, and are
+            # delivered later by the same path crash recovery uses (never twice, never out of order).
+            log.warning("%s: delivery in %s failed (%s); retrying in %.0fs", self.bot.residence.name, ch, e,
+                        discord_room.REDELIVER_SECONDS)
+            self._redeliver_later()
+            return
         finally:
             shared.generating[ch].discard(me.id)
         self.last_reply[ch] = time.monotonic()
@@ -103,6 +113,28 @@ class ResidentCog(commands.Cog):
         if g is not None:
             log.info("%s replied in %s: generation %s %s, %d post(s)", self.bot.residence.name, ch, g.id, g.status,
                      len(reply.posts))
+
+
+    def _redeliver_later(self) -> None:
+        if self.redelivery is None or self.redelivery.done():
+            self.redelivery = asyncio.create_task(self._redeliver(), name=f"redeliver:{self.bot.residence.name}")
+
+    async def _redeliver(self) -> None:
+        for _ in range(discord_room.REDELIVER_TRIES):
+            await asyncio.sleep(discord_room.REDELIVER_SECONDS)
+            try:
+                await resume_delivery(self.bot.resident.ledger, self.bot.residence.name, DiscordResumeRoom(self.bot))
+            except RoomUnavailable as e:
+                log.warning("%s: redelivery waits: %s", self.bot.residence.name, e)
+                continue
+            if not await self.bot.resident.ledger.undelivered_posts_of(self.bot.residence.name):
+                return
+        log.error("%s: posts still undelivered after %d tries; they are delivered at the next start",
+                  self.bot.residence.name, discord_room.REDELIVER_TRIES)
+
+    async def cog_unload(self) -> None:
+        if self.redelivery is not None:
+            self.redelivery.cancel()
 
 
 async def setup(bot: ResidentBot) -> None:

@@ -35,6 +35,8 @@ class MessageFault:
     def response(self) -> web.Response:
         if self.status == 429:
             return rate_limited(self.retry_after, self.is_global)
+        if self.status == 403:  # what Discord answers when a bot lost Send Messages in a channel
+            return json_response({"message": "Missing Permissions", "code": 50013}, status=403)
         return json_response({"message": "500: Internal Server Error", "code": 0}, status=self.status)
 
 
@@ -45,8 +47,8 @@ class FaultPlan:
 
     def add(self, status: int, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
             is_global: bool = False, after_create: bool = False) -> MessageFault:
-        if status not in (429, 500, 502, 503, 504):
-            raise ApiError(400, 50035, "fault status must be 429 or 5xx")
+        if status not in (403, 429, 500, 502, 503, 504):
+            raise ApiError(400, 50035, "fault status must be 403, 429 or 5xx")
         if nth < 1 or times < 1:
             raise ApiError(400, 50035, "nth and times must be at least 1")
         if after_create and status == 429:
