@@ -39,11 +39,13 @@ class DiscordRoom:
 
 def as_room_message(m: discord.Message, self_id: int) -> RoomMessage:
     """What the context compiler needs of a Discord message: who, whether it is the resident, what."""
-    content = m.clean_content
+    # clean_content names users instead of <@id>; its zero-width escape of @everyone/@here only guards
+    # against pings, which residents' posts never make (allowed mentions are none), so the text is kept as typed.
+    content = m.clean_content.replace("@\u200beveryone", "@everyone").replace("@\u200bhere", "@here")
     extras = [f"[attachment: {a.filename}]" for a in m.attachments]
     if m.embeds and not content:
         extras.append("[embed]")
-    text = "\n".join([content] + extras) if extras else content
+    text = "\n".join(([content] if content else []) + extras) if extras else content
     return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text)
 
 
