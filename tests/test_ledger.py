@@ -69,9 +69,9 @@ async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
         sent = ""
         for i in range(3000):
             piece = f"{i}é👍 "
-            sink.add(piece)
+            due = sink.add(piece)
             sent += piece
-            if sink.due:
+            if due:
                 await sink.flush()
             if i % 97 == 0:
                 async with aiosqlite.connect(tmp_path / "l.db") as other:  # what a crash would leave

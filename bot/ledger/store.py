@@ -6,6 +6,7 @@ either the old or the new state of a record, and streaming text reaches disk in 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -71,11 +72,22 @@ class Ledger:
         await self.db.close()
 
     async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
+        # Shielded: a caller cancelled mid-write still gets CancelledError, but the transaction runs to
+        # its COMMIT or ROLLBACK instead of being torn between them (a write either happened or not).
+        await asyncio.shield(self._run_tx(list(statements)))
+
+    async def _run_tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
         async with self._lock:
             await self.db.execute("BEGIN IMMEDIATE")
             try:
-                for sql, params in statements:
-                    await self.db.execute(sql, params)
+                # A run of one statement (a reply's posts) goes to the connection's thread in one trip:
+                # a trip per row cost more than the row's write (bench/README.md).
+                for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
+                    rows = [params for _, params in run]
+                    if len(rows) == 1:
+                        await self.db.execute(sql, rows[0])
+                    else:
+                        await self.db.executemany(sql, rows)
                 await self.db.execute("COMMIT")
             except BaseException:
                 await self.db.execute("ROLLBACK")

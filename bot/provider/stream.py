@@ -42,12 +42,9 @@ class StreamEnd:
 
 
 class TextSink(Protocol):
-    """Where deltas go as they arrive; `due` is cheap, `flush` may await the ledger."""
+    """Where deltas go as they arrive: `add` says cheaply whether a flush is due; `flush` may await."""
 
-    def add(self, text: str) -> None: ...
-
-    @property
-    def due(self) -> bool: ...
+    def add(self, text: str) -> bool: ...
 
     async def flush(self) -> None: ...
 
@@ -56,10 +53,10 @@ class TextSink(Protocol):
 class ListSink:
     """A sink that only collects: for callers with no ledger (benchmarks of the bare path, tests)."""
     parts: list[str] = field(default_factory=list)
-    due: bool = False
 
-    def add(self, text: str) -> None:
+    def add(self, text: str) -> bool:
         self.parts.append(text)
+        return False
 
     async def flush(self) -> None:
         return None
@@ -90,8 +87,7 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
             if t == "content_block_delta":
                 d = ev.delta
                 if d.type == "text_delta":
-                    sink.add(d.text)
-                    if sink.due:
+                    if sink.add(d.text):
                         await sink.flush()
             elif t == "message_delta":
                 end.stop_reason = ev.delta.stop_reason
