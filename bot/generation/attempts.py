@@ -84,19 +84,23 @@ class AttemptRunner:
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
 
-    async def run_segment(self, g: Generation, segment: int, request: dict[str, Any], policy: Retries) -> Attempt:
-        """Call the provider until an attempt settles, or the policy's attempts run out; returns the last."""
+    async def run_segment(self, g: Generation, segment: int, request: dict[str, Any], policy: Retries, *,
+                          new_generation: bool = False, settle_last: bool = True) -> Attempt:
+        """Call the provider until an attempt settles, or the policy's attempts run out; returns the last.
+
+        `new_generation`: the generation is written with the first attempt. `settle_last=False`: the
+        caller writes the last attempt together with the outcome it decides (`finish_generation`).
+        """
         prev: Attempt | None = None
         for index in range(1, policy.max_attempts + 1):
             a = Attempt(id=new_id("a-"), generation_id=g.id, segment=segment, index=index)
             g.attempts.append(a)
-            await self.ledger.start_attempt(a)
             if prev is not None:
                 prev.replaced_by = a.id
                 for s in g.stumps:
                     if s.attempt_id == prev.id and s.scope == "attempt":
                         s.replaced_by = a.id
-                await self.ledger.set_replaced(prev.id, a.id)
+            await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
             sink = LedgerSink(self.ledger, a.id)
             end = await stream_once(self.client, request, sink)
             a.text, a.stop_reason, a.output_tokens = sink.text(), end.stop_reason, end.output_tokens
@@ -123,6 +127,7 @@ class AttemptRunner:
                 log.warning("attempt %s (%s) failed: %s: %s", a.id, g.residence, f.kind, f.message)
             else:
                 a.outcome = truth.outcome_of_stop(end.stop_reason)
-            await self.ledger.finish_attempt(a)
+            if settle_last:
+                await self.ledger.finish_attempt(a)
             return a
         raise AssertionError("max_attempts is at least 1")  # pragma: no cover - config guarantees it

@@ -42,16 +42,19 @@ class Generator:
         g = Generation(id=new_id("g-"), residence=res.name, channel=channel, model=res.model,
                        standing=res.policy.continuation.standing, trigger=trigger, request=request,
                        seen_upto=seen_upto)
-        await self.ledger.create_generation(g)
-        final = await self.runner.run_segment(g, 1, request, res.policy.retries)
+        final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
+                                              settle_last=False)
         g.text, g.stop_reason = final.text, final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)
         g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)]
+        unsettled: Attempt | None = final
         if g.stop_reason == "max_tokens":
             g.continuation_ended = "disabled"
             if res.policy.continuation.standing == "bounded":
+                await self.ledger.finish_attempt(final)  # on disk before any continuation call
+                unsettled = None
                 await self._continue(g, res, superseded, max_new=res.policy.continuation.max_segments or 0)
-        await self._settle(g, res, previous_output=None)
+        await self._settle(g, res, previous_output=None, last_attempt=unsettled)
         return g
 
     async def continue_on_request(self, g: Generation, res: Residence,
@@ -127,7 +130,8 @@ class Generator:
             g.stumps.append(Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=a.text,
                                   output_tokens=a.output_tokens, scope="attempt", residence=g.residence))
 
-    async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None) -> None:
+    async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None,
+                      last_attempt: Attempt | None = None) -> None:
         tokens = [s.output_tokens for s in g.segments]
         g.output_tokens = sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
         g.finished_at = time.time()
@@ -143,4 +147,4 @@ class Generator:
                         text=g.text, output_tokens=g.output_tokens, scope="output", residence=g.residence)
             g.stumps.append(out)
             new.append(out)
-        await self.ledger.finish_generation(g, new, replaced)
+        await self.ledger.finish_generation(g, new, replaced, last_attempt)

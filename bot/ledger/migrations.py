@@ -122,6 +122,18 @@ step("m007_generation_seen_upto", """
 ALTER TABLE generations ADD COLUMN seen_upto TEXT;  -- the newest room message the request was compiled from
 """)
 
+# A stump's `published` is a fact about delivery: the moment a text post of its generation gets a
+# message id, the generation's standing output stump reached the room. The schema keeps it so, in
+# the same statement as the delivery itself.
+step("m008_published_on_delivery", """
+CREATE TRIGGER posts_published AFTER UPDATE OF message_id ON posts
+WHEN NEW.message_id IS NOT NULL AND NEW.kind IN ('partial', 'speech')
+BEGIN
+  UPDATE stumps SET published = 1
+   WHERE generation_id = NEW.generation_id AND scope = 'output' AND replaced_by IS NULL AND published = 0;
+END;
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

@@ -77,6 +77,10 @@ class Ledger:
         await asyncio.shield(self._run_tx(list(statements)))
 
     async def _run_tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        if len(statements) == 1:  # one statement is atomic on its own: one trip to the thread, not three
+            async with self._lock:
+                await self.db.execute(*statements[0])
+            return
         async with self._lock:
             await self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -96,17 +100,28 @@ class Ledger:
     # ------------------------------------------------------------------ writes
 
     async def create_generation(self, g: Generation) -> None:
-        await self._tx([("INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+        await self._tx([self._generation_insert(g)])
+
+    @staticmethod
+    def _generation_insert(g: Generation) -> tuple[str, tuple[Any, ...]]:
+        return (("INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
                          " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
                          " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                          (g.id, g.residence, g.channel, g.model, g.status, g.stop_reason, enc(g.text), g.chars,
                           g.output_tokens, g.standing, g.continuation_ended, g.trigger,
-                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at, g.seen_upto))])
+                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at, g.seen_upto)))
 
-    async def start_attempt(self, a: Attempt) -> None:
-        await self._tx([("INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at)"
-                         " VALUES (?,?,?,?,?,?)", (a.id, a.generation_id, a.segment, a.index, a.outcome,
-                                                   a.started_at))])
+    async def start_attempt(self, a: Attempt, new_generation: Generation | None = None,
+                            replaces: Attempt | None = None) -> None:
+        """Record an attempt before its stream starts, with its generation when that is new too, and
+        the link from the attempt it replaces: one transaction, one trip."""
+        stmts = [self._generation_insert(new_generation)] if new_generation is not None else []
+        stmts.append(("INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at)"
+                      " VALUES (?,?,?,?,?,?)", (a.id, a.generation_id, a.segment, a.index, a.outcome,
+                                                a.started_at)))
+        if replaces is not None:
+            stmts += self._replaced(replaces.id, a.id)
+        await self._tx(stmts)
 
     async def add_chunk(self, attempt_id: str, seq: int, text: str) -> None:
         """Streaming text, flushed in pieces so a crash loses at most the unflushed tail."""
@@ -115,20 +130,26 @@ class Ledger:
                                   (attempt_id, seq, enc(text)))
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
-        stmts = [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+        stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps]
+        await self._tx(stmts)
+        _stored(stumps)
+
+    @staticmethod
+    def _attempt_settle(a: Attempt) -> list[tuple[str, tuple[Any, ...]]]:
+        return [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
                   " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=? WHERE id=?",
                   (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
                    a.request_id, a.replaced_by, a.ended_at,
                    json.dumps(a.stop_details) if a.stop_details is not None else None, a.id)),
                  ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
-        stmts += [self._stump_insert(s) for s in stumps]
-        await self._tx(stmts)
-        _stored(stumps)
 
     async def set_replaced(self, attempt_id: str, replaced_by: str) -> None:
-        await self._tx([("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
-                        ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'",
-                         (replaced_by, attempt_id))])
+        await self._tx(self._replaced(attempt_id, replaced_by))
+
+    @staticmethod
+    def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
+        return [("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
+                ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id))]
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
         if stumps:
@@ -143,9 +164,15 @@ class Ledger:
                  s.output_tokens, int(s.published), s.replaced_by, s.created_at))
 
     async def finish_generation(self, g: Generation, new_stumps: list[Stump],
-                                replaced_output: tuple[str, str] | None = None) -> None:
-        """Settle a generation: its status, canonical text, segments and the stumps it leaves."""
-        stmts: list[tuple[str, tuple[Any, ...]]] = [
+                                replaced_output: tuple[str, str] | None = None,
+                                last_attempt: Attempt | None = None) -> None:
+        """Settle a generation: its status, canonical text, segments and the stumps it leaves.
+
+        `last_attempt`, when given, is settled in the same transaction: the attempt and the outcome it
+        decides reach disk together.
+        """
+        stmts: list[tuple[str, tuple[Any, ...]]] = self._attempt_settle(last_attempt) if last_attempt else []
+        stmts += [
             ("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
              " continuation_ended=?, finished_at=? WHERE id=?",
              (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
@@ -167,11 +194,9 @@ class Ledger:
 
     async def mark_delivered(self, post: Post, message_id: str) -> None:
         post.message_id, post.delivered_at = message_id, time.time()
-        stmts = [("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id))]
-        if post.kind in ("partial", "speech"):
-            stmts.append(("UPDATE stumps SET published=1 WHERE generation_id=? AND scope='output'"
-                          " AND replaced_by IS NULL", (post.generation_id,)))
-        await self._tx(stmts)
+        # The output stump of a delivered text post is marked published by the trigger of m008.
+        await self._tx([("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?",
+                         (message_id, post.delivered_at, post.id))])
 
     # ------------------------------------------------------------------ reads
 
