@@ -135,9 +135,11 @@ class Ledger:
         _stored(stumps)
 
     @staticmethod
-    def _attempt_settle(a: Attempt) -> list[tuple[str, tuple[Any, ...]]]:
+    def _attempt_settle(a: Attempt, only_if_streaming: bool = False) -> list[tuple[str, tuple[Any, ...]]]:
+        """An attempt's settlement; `only_if_streaming` leaves one a live process settled meanwhile alone."""
+        guard = " AND outcome='streaming'" if only_if_streaming else ""
         return [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=? WHERE id=?",
+                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=? WHERE id=?" + guard,
                   (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
                    a.request_id, a.replaced_by, a.ended_at,
                    json.dumps(a.stop_details) if a.stop_details is not None else None, a.id)),
@@ -172,15 +174,7 @@ class Ledger:
         decides reach disk together.
         """
         stmts: list[tuple[str, tuple[Any, ...]]] = self._attempt_settle(last_attempt) if last_attempt else []
-        stmts += [
-            ("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
-             " continuation_ended=?, finished_at=? WHERE id=?",
-             (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
-              g.finished_at, g.id)),
-            ("DELETE FROM segments WHERE generation_id=?", (g.id,))]
-        stmts += [("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
-                   (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
-                  for s in g.segments]
+        stmts += self._generation_settle(g)
         if replaced_output is not None:
             stump_id, by = replaced_output
             stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
@@ -189,8 +183,7 @@ class Ledger:
         _stored(new_stumps)
 
     async def add_posts(self, posts: list[Post]) -> None:
-        await self._tx([("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
-                         (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel)) for p in posts])
+        await self._tx([self._post_insert(p) for p in posts])
 
     async def mark_delivered(self, post: Post, message_id: str) -> None:
         post.message_id, post.delivered_at = message_id, time.time()
@@ -340,24 +333,28 @@ class Ledger:
         """
         stmts: list[tuple[str, tuple[Any, ...]]] = []
         for a in settled:
-            stmts += [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                       " output_tokens=?, ended_at=? WHERE id=? AND outcome='streaming'",
-                       (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
-                        a.ended_at, a.id)),
-                      ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
-        stmts += [("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
-                   " continuation_ended=?, finished_at=? WHERE id=?",
-                   (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
-                    g.finished_at, g.id)),
-                  ("DELETE FROM segments WHERE generation_id=?", (g.id,))]
-        stmts += [("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
-                   (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
-                  for s in g.segments]
+            stmts += self._attempt_settle(a, only_if_streaming=True)
+        stmts += self._generation_settle(g)
         stmts += [self._stump_insert(s) for s in new_stumps]
-        stmts += [("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
-                   (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel)) for p in posts]
+        stmts += [self._post_insert(p) for p in posts]
         await self._tx(stmts)
         _stored(new_stumps)
+
+    @staticmethod
+    def _generation_settle(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
+        return [("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
+                 " continuation_ended=?, finished_at=? WHERE id=?",
+                 (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
+                  g.finished_at, g.id)),
+                ("DELETE FROM segments WHERE generation_id=?", (g.id,))] + [
+                ("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                 (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
+                for s in g.segments]
+
+    @staticmethod
+    def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
+        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
+                (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel))
 
 
 def _cols(r: Any) -> dict[str, Any]:
