@@ -45,13 +45,6 @@ class Continuation(Strict):
     similarity_abort: float | None = Field(None, ge=0.0, le=1.0)
     min_overlap_chars: int = Field(8, ge=1, le=10_000)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _ints_as_floats(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("similarity_abort"), int) \
-                and not isinstance(data.get("similarity_abort"), bool):
-            data = {**data, "similarity_abort": float(data["similarity_abort"])}
-        return data
 
     @model_validator(mode="after")
     def _bounds_required(self) -> "Continuation":
@@ -68,12 +61,6 @@ class Retries(Strict):
     max_backoff_seconds: float = Field(30.0, ge=0.0, le=3600.0)
     timeout_seconds: float = Field(600.0, gt=0.0, le=3600.0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _ints_as_floats(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            data = {k: float(v) if k.endswith("seconds") and type(v) is int else v for k, v in data.items()}
-        return data
 
 
 class Notices(Strict):
@@ -93,12 +80,6 @@ class Floor(Strict):
     max_resident_run: int = Field(3, ge=1, le=100)
     history_limit: int = Field(50, ge=1, le=500)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _ints_as_floats(cls, data: Any) -> Any:
-        if isinstance(data, dict) and type(data.get("cooldown_seconds")) is int:
-            data = {**data, "cooldown_seconds": float(data["cooldown_seconds"])}
-        return data
 
 
 class Policy(Strict):
