@@ -45,7 +45,6 @@ class Continuation(Strict):
     similarity_abort: float | None = Field(None, ge=0.0, le=1.0)
     min_overlap_chars: int = Field(8, ge=1, le=10_000)
 
-
     @model_validator(mode="after")
     def _bounds_required(self) -> "Continuation":
         if self.standing != "none":
@@ -60,7 +59,6 @@ class Retries(Strict):
     backoff_seconds: float = Field(1.0, ge=0.0, le=600.0)
     max_backoff_seconds: float = Field(30.0, ge=0.0, le=3600.0)
     timeout_seconds: float = Field(600.0, gt=0.0, le=3600.0)
-
 
 
 class Notices(Strict):
@@ -79,7 +77,6 @@ class Floor(Strict):
     cooldown_seconds: float = Field(2.0, ge=0.0, le=3600.0)
     max_resident_run: int = Field(3, ge=1, le=100)
     history_limit: int = Field(50, ge=1, le=500)
-
 
 
 class Policy(Strict):
