@@ -119,6 +119,7 @@ def _load_extra_verbs() -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import load_scenario, replay, transcript
+    gc.freeze()  # the pipeline and the SDK are imported now: keep them out of full collections too
     sc = load_scenario(args.scenario)
     result = asyncio.run(replay(sc, args.db))
     if args.json:

@@ -6,6 +6,7 @@ key) stop everything with one line before or as the bots connect; SIGINT/SIGTERM
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -134,5 +135,6 @@ def main(base: Path, db: str, discord_api: str | None) -> int:
     if discord_api:
         point_at_local(discord_api)
     discord.utils.setup_logging(level=logging.INFO, root=False)
+    gc.freeze()  # everything imported lives as long as the process: out of the collector's full passes
     asyncio.run(run_bots(dep, db, base_url, key))
     return 0

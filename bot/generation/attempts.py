@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # Streaming text reaches the ledger at least every FLUSH_CHARS characters: the most a crash can lose.
 FLUSH_CHARS = 2048
 FLUSH_SECONDS = 0.25
-CLOCK_EVERY = 16
+CLOCK_EVERY = 4
 
 Sleep = Callable[[float], Awaitable[Any]]
 
@@ -45,7 +45,7 @@ class LedgerSink:
     _last: float = field(default_factory=time.monotonic)
 
     def add(self, text: str) -> bool:
-        """Keep a delta; True when a flush is due (by size at once, by time every CLOCK_EVERY deltas)."""
+        """Keep a delta; True when a flush is due (by size at once, by time checked every CLOCK_EVERY deltas)."""
         self.parts.append(text)
         self._pending += len(text)
         if self._pending >= FLUSH_CHARS:
