@@ -1,0 +1,116 @@
+"""Section 3: many generations streaming at once in one process, as a busy bot would run them.
+
+Runs as its own process (`python -m bench.concurrency N TOKENS [PACE]`, JSON on stdout) so its peak memory is
+its own. The delay from a delta's arrival to its flush is measured by a LedgerSink subclass put in
+place of the real one for this process only (the bot's code is unchanged): arrival is when the SDK
+hands the delta to the sink; flushed is when the ledger write holding it has committed, whether that
+is a streaming chunk or, for the tail after the last chunk, the attempt's settlement.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import bot.generation.attempts as attempts_mod
+from bot.config import Residence
+from bot.generation.attempts import AttemptRunner, LedgerSink
+from bot.generation.records import Attempt, Stump
+from bot.generation.run import Generator
+from bot.ledger import Ledger
+from bot.provider import make_client
+
+from .common import percentile, scratch
+from .overhead import MODEL, request
+from .server import ServerProcess
+
+log = logging.getLogger(__name__)
+
+DELAYS: list[float] = []
+SINKS: dict[str, "TimedSink"] = {}
+
+
+@dataclass
+class TimedSink(LedgerSink):
+    """A LedgerSink that notes when each delta arrived and when the write holding it committed."""
+    arrivals: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        SINKS[self.attempt_id] = self
+
+    def add(self, text: str) -> bool:
+        self.arrivals.append(time.perf_counter())
+        return super().add(text)
+
+    async def flush(self) -> None:
+        start = self._flushed
+        await super().flush()
+        self.settle(start, self._flushed)
+
+    def settle(self, start: int, end: int) -> None:
+        now = time.perf_counter()
+        DELAYS.extend(now - t for t in self.arrivals[start:end])
+
+
+class TimedLedger(Ledger):
+    """Settlement writes an attempt's whole text: the tail after its last chunk reaches disk here."""
+
+    async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
+        await super().finish_attempt(a, stumps)
+        sink = SINKS.pop(a.id, None)
+        if sink is not None:
+            sink.settle(sink._flushed, len(sink.parts))
+
+
+def _status_kib(field_name: str) -> int:
+    """VmRSS or VmHWM (peak) of this process. Not ru_maxrss: Linux carries that over from the parent
+    across fork and exec, so a child would report the bench runner's own peak."""
+    with open("/proc/self/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
+    server = ServerProcess([tokens], pace)
+    folder = scratch("concurrency")
+    ledger = await TimedLedger.open(os.path.join(folder, "ledger.db"))
+    client = make_client(server.url, "bench")
+    attempts_mod.LedgerSink = TimedSink  # type: ignore[misc]  # this process only
+    try:
+        gen = Generator(AttemptRunner(client, ledger))
+        res = Residence(name="bench", model=MODEL, max_tokens=tokens)
+        req = request(tokens)
+        await gen.generate(res, "warm-up", request(64))  # connections, imports and caches warm before the clock
+        DELAYS.clear()
+        base_rss = _status_kib("VmRSS")
+        w, c = time.perf_counter(), time.process_time()
+        gens = await asyncio.gather(*(gen.generate(res, f"c{i}", req) for i in range(n)))
+        wall, cpu = time.perf_counter() - w, time.process_time() - c
+        peak = _status_kib("VmHWM")
+    finally:
+        attempts_mod.LedgerSink = LedgerSink  # type: ignore[misc]
+        await client.close()
+        await ledger.close()
+        server.close()
+    chars = sum(g.chars for g in gens)
+    if any(g.status != "truncated" for g in gens):
+        raise AssertionError(f"unexpected statuses: {sorted({g.status for g in gens})}")
+    return {"generations": n, "tokens_each": tokens, "pace_tokens_per_s": pace, "chars_total": chars, "deltas_total": len(DELAYS),
+            "wall_s": wall, "cpu_s": cpu, "generations_per_s": n / wall, "chars_per_s": chars / wall,
+            "deltas_per_s": len(DELAYS) / wall,
+            "flush_delay_p50_ms": percentile(DELAYS, 50) * 1000, "flush_delay_p99_ms": percentile(DELAYS, 99) * 1000,
+            "flush_delay_max_ms": max(DELAYS) * 1000,
+            "rss_before_mib": base_rss / 1024, "peak_rss_mib": peak / 1024, "peak_rss_growth_mib": (peak - base_rss) / 1024}
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    pace = float(sys.argv[3]) if len(sys.argv) > 3 else None
+    json.dump(asyncio.run(run(int(sys.argv[1]), int(sys.argv[2]), pace)), sys.stdout)
