@@ -145,9 +145,6 @@ class Ledger:
                    json.dumps(a.stop_details) if a.stop_details is not None else None, a.id)),
                  ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
 
-    async def set_replaced(self, attempt_id: str, replaced_by: str) -> None:
-        await self._tx(self._replaced(attempt_id, replaced_by))
-
     @staticmethod
     def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
         return [("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
@@ -296,10 +293,6 @@ class Ledger:
             params.append(channel)
         rows = await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
         return await self.get_generation(rows[0][0]) if rows else None
-
-    async def undelivered_posts(self) -> list[Post]:
-        return [_post(r) for r in await self.db.execute_fetchall(
-            "SELECT * FROM posts WHERE message_id IS NULL ORDER BY generation_id, seq")]
 
     async def unsettled_generations(self) -> list[str]:
         return [r[0] for r in await self.db.execute_fetchall(
