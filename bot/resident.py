@@ -13,6 +13,7 @@ from . import truth
 from .config import Residence
 from .context import RoomMessage, compile_request
 from .delivery import Planned, plan, plan_continuation
+from .delivery.keys import KeyRejections
 from .delivery.plan import notice as notice_post
 from .delivery.send import Room, deliver
 from .generation.records import Generation, Post, new_id
@@ -30,10 +31,12 @@ class Reply:
 
 
 class Resident:
-    def __init__(self, residence: Residence, generator: Generator, ledger: Ledger) -> None:
+    def __init__(self, residence: Residence, generator: Generator, ledger: Ledger,
+                 key_rejections: KeyRejections | None = None) -> None:
         self.residence = residence
         self.generator = generator
         self.ledger = ledger
+        self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
 
     @property
     def name(self) -> str:
@@ -50,6 +53,8 @@ class Resident:
         g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
                                           seen_upto=history[-1].id if history else None)
         planned = plan(g.ending(), g.text)
+        if self.key_rejections is not None:
+            planned = self.key_rejections.review(g, channel, planned)
         set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
         if set_aside and self.residence.policy.notices.retry_abandoned:
             planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))

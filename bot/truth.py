@@ -215,3 +215,21 @@ def _compact(line: str) -> str:
     if len(line) > MAX_LINE:
         line = line[: MAX_LINE - 1].rstrip() + "…"
     return line
+
+
+# A provider key refused (401/403) is the operator's to fix: no retry mends it. Failure kinds as
+# `bot.provider` classifies them: the API's error type, or `http-CODE` when the body names none.
+KEY_REJECTED = frozenset({"authentication_error", "permission_error", "http-401", "http-403"})
+KEY_NOTICE_SECONDS = 600.0  # a room is told of a refused key at most once per channel this often
+
+
+def key_rejected(error: str | None) -> bool:
+    """Whether a failure kind means the provider refused the key itself (HTTP 401 or 403)."""
+    return error in KEY_REJECTED
+
+
+def key_rejected_notice(error: str) -> str:
+    """The room's one line, per channel per KEY_NOTICE_SECONDS, when the provider refuses the key."""
+    minutes = round(KEY_NOTICE_SECONDS / 60)
+    return _compact(f"Provider rejected the API key ({error}); no text was generated. The operator's log has "
+                    f"the remedy; further rejections here within {minutes} minutes are not posted.")

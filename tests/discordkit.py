@@ -131,8 +131,12 @@ def opts(**options: Any) -> list[dict[str, Any]]:
 
 @contextlib.asynccontextmanager
 async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Sequence[Call] = (),
-                   responder: Responder | None = None, channels: Sequence[str] = ("general",)) -> AsyncIterator[Deployed]:
-    """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced."""
+                   responder: Responder | None = None, channels: Sequence[str] = ("general",),
+                   expected_errors: Sequence[str] = (), **run_options: Any) -> AsyncIterator[Deployed]:
+    """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced.
+
+    `expected_errors`: substrings of ERROR lines the test provokes on purpose; `run_options` go to `run_bots`.
+    """
     bots: list[ResidentBot] = []
     seen: dict[str, list[int]] = {}
 
@@ -149,7 +153,8 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
             self.add_listener(on_message)
 
     db = tmp_path / "ledger.db"
-    async with error_guard(), running_room(channels) as room:
+    async with error_guard() as guard, running_room(channels) as room:
+        guard.ignore.extend(lambda problem, e=e: e in problem for e in expected_errors)
         provider = GatedProvider(responder)
         await provider.start()
         provider.enqueue(list(calls))
@@ -157,7 +162,8 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
         saved = run_mod.ResidentBot
         run_mod.ResidentBot = TrackedBot  # type: ignore[misc]
         task = asyncio.create_task(run_bots(Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}),
-                                            str(db), provider.url, "test-key", guild_ready_timeout=0.05, stop=stop))
+                                            str(db), provider.url, "test-key", guild_ready_timeout=0.05, stop=stop,
+                                            **run_options))
         ledger: Ledger | None = None
         try:
             names = {r.name for r in residences}

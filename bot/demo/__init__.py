@@ -26,6 +26,7 @@ def _add(sub) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ..discord.run import StartupError
     from .run import main_async
     if args.provider == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise UsageError("--provider anthropic needs ANTHROPIC_API_KEY in the environment")
@@ -36,6 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return asyncio.run(main_async(db, args.host, args.port, args.headless, args.provider, args.model))
     except OSError as e:
         raise UsageError(f"cannot serve on {args.host}:{args.port}: {e.strerror or e}") from None
+    except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
+        raise UsageError(str(e)) from None
     except KeyboardInterrupt:
         return 0
 

@@ -58,8 +58,9 @@ def residences(provider: str, model: str | None) -> list[Residence]:
 
 
 async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: str = "scripted",
-                model: str | None = None) -> Demo:
-    res = residences(provider, model)
+                model: str | None = None, cast: list[Residence] | None = None) -> Demo:
+    """The room, the provider and the bots, connected; `cast` replaces the demo's own residences."""
+    res = cast if cast is not None else residences(provider, model)
     channels = list(dict.fromkeys(c for r in res if r.discord for c in r.discord.channels)) or ["general"]
     room = RoomServer(channels, "residents demo")
     await room.start(host, port)
@@ -78,7 +79,11 @@ async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: st
     dep = Deployment(res, {r.name: f"local-{r.name}" for r in res})
     task = asyncio.create_task(run_bots(dep, db, base_url, key, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
     demo = Demo(room, prov, ledger, task, stop, res)
-    await _until_connected(demo, len(res))
+    try:
+        await _until_connected(demo, len(res))
+    except BaseException:  # e.g. a provider key refused at start-up: the servers close before the one line
+        await shutdown(demo)
+        raise
     return demo
 
 

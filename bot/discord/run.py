@@ -1,7 +1,9 @@
 """`residents run`: every residence with Discord settings, each as its own bot, in one process.
 
 Start-up problems (a missing token, an unknown channel, a bad configuration, a provider with no
-key) stop everything with one line before or as the bots connect; SIGINT/SIGTERM close cleanly.
+key, or one that refuses the key) stop everything with one line before or as the bots connect;
+SIGINT/SIGTERM close cleanly. Every provider call takes its residence's `retries.timeout_seconds`
+(`stream_once`), so one client and one connection pool serve every residence.
 """
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import discord
 
 from ..config import ConfigError, Residence, load_all_residences
+from ..delivery.keys import KeyRejections
 from ..generation.attempts import AttemptRunner
 from ..generation.recovery import resume_delivery, settle_interrupted
 from ..generation.run import Generator
@@ -28,9 +32,16 @@ from .room import DiscordResumeRoom
 
 log = logging.getLogger(__name__)
 
+KEY_ENV = "ANTHROPIC_API_KEY"  # where `residents run` reads the provider key
+KEY_CHECK_SECONDS = 10.0  # the start-up key check waits no longer than this for the provider
+
 
 class StartupError(Exception):
     """One line that says what stopped start-up and where."""
+
+
+class ProviderKeyRejected(StartupError):
+    """The provider refused the key at start-up (HTTP 401/403): no reply could be generated, so none start."""
 
 
 @dataclass
@@ -59,12 +70,39 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
 
 
 def provider_settings(env: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """The provider's base URL (None: Anthropic's API) and key ("" when unset, allowed with a base URL)."""
     env = dict(os.environ if env is None else env)
     base_url = env.get("ANTHROPIC_BASE_URL") or None
-    key = env.get("ANTHROPIC_API_KEY", "")
+    key = env.get(KEY_ENV, "")
     if not key and base_url is None:
-        raise StartupError("ANTHROPIC_API_KEY is not set (or set ANTHROPIC_BASE_URL to an Anthropic-compatible server)")
-    return base_url, key or "local"
+        raise StartupError(f"{KEY_ENV} is not set (or set ANTHROPIC_BASE_URL to an Anthropic-compatible server)")
+    return base_url, key
+
+
+async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = True) -> None:
+    """One cheap authenticated call (`GET /v1/models?limit=1`) before any bot connects.
+
+    A 401/403 stops start-up with one line naming the variable. A server without that endpoint (404,
+    405), or one that cannot answer now, is not a start-up error: each call meets the key anyway.
+    """
+    try:
+        await client.models.list(limit=1, timeout=KEY_CHECK_SECONDS)
+    except anthropic.APIStatusError as e:
+        if e.status_code in (401, 403):
+            body = e.body if isinstance(e.body, dict) else {}
+            err = body.get("error") if isinstance(body.get("error"), dict) else {}
+            kind = err.get("type") or f"http-{e.status_code}"
+            host, why = client.base_url.host, f"HTTP {e.status_code} {kind}"
+            raise ProviderKeyRejected(
+                f"{KEY_ENV}: the provider at {host} refused this key ({why}); set a valid key and start again"
+                if key_set else f"{KEY_ENV}: not set, and the provider at {host} requires a key ({why})") from None
+        if e.status_code in (404, 405):
+            log.info("the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
+                     client.base_url.host, e.status_code)
+        else:
+            log.warning("the provider key could not be checked at start-up (HTTP %d); starting anyway", e.status_code)
+    except anthropic.APIError as e:
+        log.warning("the provider key could not be checked at start-up (%s); starting anyway", type(e).__name__)
 
 
 async def start_bot(bot: ResidentBot, token: str) -> None:
@@ -75,21 +113,34 @@ async def start_bot(bot: ResidentBot, token: str) -> None:
 
 
 async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
-                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None) -> None:
-    ledger = await Ledger.open(db)
+                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None,
+                   key_rejections: KeyRejections | None = None) -> None:
+    """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
+
+    `key_rejections` is shared by every resident (one notice per channel, whoever failed); a test
+    passes its own to control the clock.
+    """
+    client = make_client(base_url, api_key)
+    try:
+        await check_provider_key(client, key_set=bool(api_key))
+        ledger = await Ledger.open(db)
+    except BaseException:
+        await client.close()
+        raise
     try:
         # Before any bot connects: what a stopped process left open is settled and planned.
         await settle_interrupted(ledger, {r.name for r in dep.residences})
     except BaseException:
         await ledger.close()
+        await client.close()
         raise
-    client = make_client(base_url, api_key)
+    key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
     try:
         generator = Generator(AttemptRunner(client, ledger))
         for r in dep.residences:
-            registry[r.name] = Resident(r, generator, ledger)
+            registry[r.name] = Resident(r, generator, ledger, key_rejections)
         for r in dep.residences:
             bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
         stop = stop or asyncio.Event()

@@ -102,7 +102,7 @@ class AttemptRunner:
                         s.replaced_by = a.id
             await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
             sink = LedgerSink(self.ledger, a.id)
-            end = await stream_once(self.client, request, sink)
+            end = await stream_once(self.client, request, sink, timeout=policy.timeout_seconds)
             a.text, a.stop_reason, a.output_tokens = sink.text(), end.stop_reason, end.output_tokens
             a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
             f = end.failure

@@ -3,6 +3,9 @@
 The real SDK talks to it over a real socket, so replay, tests, benchmarks and the demo exercise
 the same client code as production. Each call is served from a queue (recorded specimens, HTTP
 errors, cut connections, stalls) or, when the queue is empty, from an optional responder.
+Like the real API it can demand a key (`api_keys`: any other key is answered 401 or 403) and lists
+models at `GET /v1/models`; with `models=False` that endpoint is missing (404), as on servers
+that only speak `POST /v1/messages`.
 """
 from __future__ import annotations
 
@@ -46,10 +49,16 @@ Responder = Callable[[dict[str, Any]], Call | None]
 
 
 class ProviderServer:
-    def __init__(self, responder: Responder | None = None) -> None:
+    def __init__(self, responder: Responder | None = None, *, api_keys: set[str] | None = None,
+                 models: bool = True, reject_status: int = 401) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
         self.responder = responder
+        self.api_keys = api_keys  # None: any key will do; may change while running (a revoked key)
+        self.models = models
+        self.reject_status = reject_status  # 401 (a wrong key) or 403 (a key without permission)
+        self.rejected = 0  # requests answered reject_status for their key
+        self.model_requests = 0  # `GET /v1/models` received, answered or not
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -64,6 +73,7 @@ class ProviderServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -83,6 +93,8 @@ class ProviderServer:
         except (ValueError, UnicodeDecodeError):
             return _json(400, error_body(400, "request body is not JSON"))
         self.requests.append(body)
+        if not self._key_accepted(request):
+            return self._reject()
         call = self.queue.popleft() if self.queue else (self.responder(body) if self.responder else None)
         if call is None:
             return _json(500, error_body(500, "no call was recorded for this request"))
@@ -109,6 +121,38 @@ class ProviderServer:
             raise asyncio.CancelledError()
         await resp.write_eof()
         return resp
+
+    def _key_accepted(self, request: web.Request) -> bool:
+        """The key as the SDK sends it (`x-api-key`, or `Authorization: Bearer`), against `api_keys`."""
+        if self.api_keys is None:
+            return True
+        key = request.headers.get("x-api-key")
+        if key is None:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:] if auth.lower().startswith("bearer ") else None
+        return key is not None and key in self.api_keys
+
+    def _reject(self) -> web.Response:
+        self.rejected += 1
+        message = "invalid x-api-key" if self.reject_status == 401 else "this key has no permission for this request"
+        return _json(self.reject_status, error_body(self.reject_status, message),
+                     {"request-id": f"req_local_{uuid.uuid4().hex[:16]}"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        """`GET /v1/models`: one page of the models list, as the real API pages it; 404 with models=False."""
+        self.model_requests += 1
+        if not self.models:
+            return _json(404, error_body(404, "Not found"))
+        if not self._key_accepted(request):
+            return self._reject()
+        data = [{"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
+                 "created_at": "2025-09-29T00:00:00Z"}]
+        try:
+            limit = max(1, min(1000, int(request.query.get("limit", "20"))))
+        except ValueError:
+            return _json(400, error_body(400, "limit: not an integer"))
+        data = data[:limit]
+        return _json(200, {"data": data, "has_more": False, "first_id": data[0]["id"], "last_id": data[-1]["id"]})
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:

@@ -65,15 +65,24 @@ class ListSink:
 def make_client(base_url: str | None, api_key: str | None, timeout: float = 600.0) -> anthropic.AsyncAnthropic:
     """The SDK client with its hidden retries off: each provider call must be an attempt we record."""
     return anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key or "local", max_retries=0,
-                                    timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)))
+                                    timeout=call_timeout(timeout))
 
 
-async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: TextSink) -> StreamEnd:
+def call_timeout(seconds: float) -> httpx2.Timeout:
+    """Silence longer than `seconds` (a read, a write, a wait for the pool) cuts the call; connecting gets ≤ 10 s."""
+    return httpx2.Timeout(seconds, connect=min(seconds, 10.0))
+
+
+async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: TextSink,
+                      timeout: float | None = None) -> StreamEnd:
+    """One call; `timeout` (the residence's `retries.timeout_seconds`) overrides the client's for this call."""
     end = StreamEnd()
     try:
         # Sampling settings the installed SDK's signature may not name travel in the body as they are.
         params = {k: v for k, v in request.items() if k != "temperature"}
-        extra = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
+        extra: dict[str, Any] = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
+        if timeout is not None:
+            extra["timeout"] = call_timeout(timeout)
         stream = await client.messages.create(**params, **extra, stream=True)
     except Exception as e:  # every pre-stream failure becomes data
         end.failure = _classify(e)

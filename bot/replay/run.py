@@ -62,7 +62,7 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
     server = ProviderServer()
     await server.start()
     ledger = await Ledger.open(db_path)
-    client = make_client(server.url, "replay-local", timeout=sc.residence.policy.retries.timeout_seconds)
+    client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
     try:
         resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
         room = CollectingRoom(sc.residence.name)
