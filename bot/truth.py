@@ -215,3 +215,12 @@ def _compact(line: str) -> str:
     if len(line) > MAX_LINE:
         line = line[: MAX_LINE - 1].rstrip() + "…"
     return line
+
+
+def context_room_line_note(author: str, line: str) -> str:
+    """Another resident's receipt or notice, as a resident reads it in its context.
+
+    The line is the framework's statement about that resident's output (its wording is this module's),
+    so it is set apart as a note, never shown as words the other resident wrote.
+    """
+    return f"[Boundary note posted with {author}'s output, not written by {author}: {line}]"

@@ -47,7 +47,7 @@ class CollectingRoom:
 
     async def send(self, post: Post) -> str:
         mid = self._id()
-        self.history.append(RoomMessage(mid, self.resident, True, post.content))
+        self.history.append(RoomMessage(mid, self.resident, True, post.content, is_bot=True))
         self.sent.append(post)
         return mid
 
@@ -80,7 +80,8 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                 g = await ledger.get_generation(g.id)
             turns.append({
                 "generation": g.as_json() if g is not None else None,
-                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id}
+                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
+                           "replacements": p.replacements}
                           for p in room.sent[first:]],
                 "requests": list(server.requests),
                 "provider_calls": len(server.requests),
