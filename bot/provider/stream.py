@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import anthropic
 import httpx2
 
+from ..text import outbound_json
+
 log = logging.getLogger(__name__)
 
 # Error types inside a stream (`event: error`) that a later attempt may not meet again.
@@ -72,7 +74,7 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
     end = StreamEnd()
     try:
         # Sampling settings the installed SDK's signature may not name travel in the body as they are.
-        params = {k: v for k, v in request.items() if k != "temperature"}
+        params = outbound_json({k: v for k, v in request.items() if k != "temperature"})[0]  # valid UTF-8 leaves
         extra = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
         stream = await client.messages.create(**params, **extra, stream=True)
     except Exception as e:  # every pre-stream failure becomes data
