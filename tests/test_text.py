@@ -208,6 +208,15 @@ async def test_a_lone_surrogate_is_kept_posted_valid_and_the_next_turn_goes_thro
         await ledger.close()
 
 
+def test_the_readable_replay_shows_posts_as_the_room_gets_them(tmp_path, capsys):
+    stream = sse.head(MODEL) + sse.delta("a \ud83d b") + sse.tail("end_turn", 3)
+    spec = work_scenario(tmp_path, [("hi", stream)])
+    assert cli.main(["replay", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert f"[cairn · speech] a {REPLACEMENT} b" in out
+    out.encode("utf-8")
+
+
 def work_scenario(tmp_path: Path, turns: list[tuple[str, bytes]]) -> Path:
     lines = ["residence:", "  name: cairn", f"  model: {MODEL}", "  max_tokens: 4096",
              "  policy: {retries: {max_attempts: 1, backoff_seconds: 0}}", "turns:"]

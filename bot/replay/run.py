@@ -20,6 +20,7 @@ from ..ledger import Ledger
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
 from ..resident import Resident
+from ..text import outbound
 from .scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
         else:
             lines.append("[moderator] /continue")
         for p in turn["posts"]:
-            lines.append(f"[{result['residence']} · {p['kind']}] {p['content']}")
+            lines.append(f"[{result['residence']} · {p['kind']}] {outbound(p['content'])[0]}")  # as the room gets it
         g = turn["generation"]
         if g is not None:
             tok = f"{g['output_tokens']:,} tokens" if g["output_tokens"] is not None else "tokens unknown"
