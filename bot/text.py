@@ -97,11 +97,6 @@ def escape_subtext(content: str) -> str:
     return "".join(out)
 
 
-def escaped_lines(content: str) -> int:
-    """How many characters `escape_subtext` adds to `content`."""
-    return len(escape_subtext(content)) - len(content)
-
-
 def _line_starts(content: str) -> list[int]:
     starts = [0]
     i = content.find("\n")
