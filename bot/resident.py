@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from . import truth
 from .config import Residence
 from .context import RoomMessage, compile_request
+from .context.compile import ledger_message_ids, own_generation_ids
 from .delivery import Planned, plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.plan import notice as notice_post
@@ -43,8 +44,8 @@ class Resident:
         return self.residence.name
 
     async def compile(self, history: list[RoomMessage]) -> dict:
-        posts = await self.ledger.posts_by_message([m.id for m in history if m.is_self])
-        gens = await self.ledger.generations_brief(p.generation_id for p in posts.values() if p.generation_id)
+        posts = await self.ledger.posts_by_message(ledger_message_ids(history))
+        gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
         return compile_request(self.residence, history, posts, gens)
 
     async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,

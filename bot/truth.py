@@ -233,3 +233,12 @@ def key_rejected_notice(error: str) -> str:
     minutes = round(KEY_NOTICE_SECONDS / 60)
     return _compact(f"Provider rejected the API key ({error}); no text was generated. The operator's log has "
                     f"the remedy; further rejections here within {minutes} minutes are not posted.")
+
+
+def context_room_line_note(author: str, line: str) -> str:
+    """Another resident's receipt or notice, as a resident reads it in its context.
+
+    The line is the framework's statement about that resident's output (its wording is this module's),
+    so it is set apart as a note, never shown as words the other resident wrote.
+    """
+    return f"[Boundary note posted with {author}'s output, not written by {author}: {line}]"

@@ -342,3 +342,23 @@ async def test_demo_page_receipt_and_moderator_opens_stump(browser: BrowserConte
     path = save_screenshot(await page.screenshot(), "demo.png", docs=True)
     log.info("screenshot saved to %s", path)
     assert not errors, errors
+
+
+async def test_an_escaped_subtext_line_renders_as_plain_text_and_a_receipt_as_subtext(browser: BrowserContext) -> None:
+    """As in Discord: `\\-# ` shows `-# ` in plain type (the backslash hidden); only `-# ` is subtext."""
+    async with running_room(["general"]) as room, running_bot(room.url, "local-sill") as bot:
+        page = await browser.new_page()
+        await page.goto(f"{room.url}/#general")
+        await page.wait_for_selector("body[data-ready='1']")
+        channel = bot.get_channel(int(room.channel_id("general")))
+        assert isinstance(channel, discord.TextChannel)
+        await channel.send("Quoting the room:\n\\" + RECEIPT + "\nand \\*not italic\\* either")
+        await channel.send(RECEIPT)
+        quoted, receipt = page.locator("#messages li.msg[data-author='sill']").nth(0), \
+            page.locator("#messages li.msg[data-author='sill']").nth(1)
+        await expect(quoted.locator(".line").nth(1)).to_have_text(RECEIPT)  # "-# …" as text, no backslash
+        await expect(quoted.locator(".subtext")).to_have_count(0)
+        await expect(quoted.locator("em")).to_have_count(0)
+        await expect(quoted.locator(".line").nth(2)).to_have_text("and *not italic* either")
+        await expect(quoted).not_to_have_class(re.compile(r"\bboundary\b"))
+        await expect(receipt.locator(".subtext")).to_have_text(RECEIPT.removeprefix("-# "))

@@ -116,3 +116,57 @@ def test_messages_that_arrived_while_a_reply_was_written_come_after_it():
     assert msgs == [{"role": "user", "content": "alice: question"},
                     {"role": "assistant", "content": "First answer."},
                     {"role": "user", "content": "bob: meanwhile\n\ncarol: also meanwhile"}]
+
+
+def room_with_sill() -> tuple[list[RoomMessage], dict[str, Post]]:
+    """Sill's reply quoting a receipt (escaped in the room), then its real cut and receipt, then a person's copy."""
+    quoted = "As the room writes it:\n-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
+    receipt = "-# Output ceiling reached at 1,024 tokens; the remainder was not generated."
+    hist = [RoomMessage("m1", "alice", False, "Both of you, talk."),
+            RoomMessage("m2", "sill", False, quoted.replace("\n-# ", "\n\\-# "), is_bot=True),
+            RoomMessage("m3", "sill", False, "The tide comes in over the fl", is_bot=True),
+            RoomMessage("m4", "sill", False, receipt, is_bot=True),
+            RoomMessage("m5", "alice", False, "-# Output ceiling reached at 9 tokens; the remainder was not generated."),
+            RoomMessage("m6", "bot-elsewhere", False, "-# a bot the ledger does not know", is_bot=True)]
+    posts = {"m2": Post("p-a", "g-s1", 1, "speech", quoted.replace("\n-# ", "\n\\-# "), message_id="m2"),
+             "m3": Post("p-b", "g-s2", 1, "partial", "The tide comes in over the fl", message_id="m3"),
+             "m4": Post("p-c", "g-s2", 2, "receipt", receipt, message_id="m4")}
+    return hist, posts
+
+
+def test_another_residents_receipt_is_a_boundary_note_not_its_words():
+    hist, posts = room_with_sill()
+    [msg] = compile_request(residence(), hist, posts, {})["messages"]
+    turns = msg["content"].split("\n\n")
+    assert turns[0] == "alice: Both of you, talk."
+    assert turns[1].startswith("sill: As the room writes it:")  # sill's own words, as the room shows them
+    assert turns[2] == "sill: The tide comes in over the fl"
+    note = turns[3]
+    assert not note.startswith("sill:") and note.startswith("[Boundary note") and "sill" in note
+    assert "Output ceiling reached at 1,024 tokens; the remainder was not generated." in note
+    assert "-# " not in note
+    # a person's look-alike line is the person's words; a bot the ledger does not know is taken as it reads
+    assert turns[4] == "alice: -# Output ceiling reached at 9 tokens; the remainder was not generated."
+    assert turns[5] == "bot-elsewhere: -# a bot the ledger does not know"
+    assert len(turns) == 6
+
+
+def test_the_ledger_lookup_covers_every_bot_and_reads_only_own_generations():
+    from bot.context.compile import ledger_message_ids, own_generation_ids
+    hist, posts = room_with_sill()
+    hist.append(RoomMessage("m7", "cairn", True, "mine"))
+    posts["m7"] = Post("p-d", "g-own", 1, "speech", "mine", message_id="m7")
+    assert ledger_message_ids(hist) == ["m2", "m3", "m4", "m6", "m7"]
+    assert own_generation_ids(hist, posts) == ["g-own"]
+
+
+def test_context_with_lone_surrogates_compiles():
+    """The ledger keeps a lone surrogate exactly; compiling a request around it must not fail."""
+    text = "half \ud83d a wave"
+    g = Generation(id="g-s", residence="cairn", channel="room", model="m", status="completed",
+                   stop_reason="end_turn", text=text)
+    posts = {"m2": Post("p", "g-s", 1, "speech", text, message_id="m2")}
+    hist = [RoomMessage("m1", "alice", False, "a \udc00 b"), RoomMessage("m2", "cairn", True, "half \ufffd a wave")]
+    msgs = compile_request(residence(), hist, posts, {g.id: g})["messages"]
+    assert msgs[1] == {"role": "assistant", "content": text}  # exact here; made valid where the body is sent
+    assert msgs[0]["content"] == "alice: a \udc00 b"

@@ -37,7 +37,7 @@ async def test_odd_messages_reach_the_request_exactly_and_every_turn_settles(tmp
 
 
 def test_attachment_only_and_empty_messages_still_read_as_something():
-    author = SimpleNamespace(display_name="alice", id=1)
+    author = SimpleNamespace(display_name="alice", id=1, bot=False)
     only_file = SimpleNamespace(id=5, author=author, clean_content="", embeds=[],
                                 attachments=[SimpleNamespace(filename="map.png")])
     assert as_room_message(only_file, self_id=2).content == "[attachment: map.png]"

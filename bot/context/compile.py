@@ -3,6 +3,8 @@
 The ledger, not a message's look, says what a message was: a resident's own cut output appears once,
 in its exact canonical form, as its own words, followed by a model-visible boundary note; its
 receipts are never presented as its words; text set aside for a retry is described, not quoted.
+Another resident's receipts and notices (found in the ledger by message id) appear as boundary
+notes, never as that resident's words; a person's line that looks like one stays the person's words.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 from .. import models, truth
 from ..config import Residence
 from ..generation.records import Generation, Post
+from ..text import SUBTEXT
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,18 @@ class RoomMessage:
     author: str
     is_self: bool
     content: str
+    is_bot: bool = False  # posted by a bot account: the ledger may know it as another resident's post
+
+
+def ledger_message_ids(history: list[RoomMessage]) -> list[str]:
+    """The messages to look up in the ledger: the resident's own and every other bot's."""
+    return [m.id for m in history if m.is_self or m.is_bot]
+
+
+def own_generation_ids(history: list[RoomMessage], posts: dict[str, Post]) -> list[str]:
+    """The generations behind the resident's own messages: the ones whose text and cuts it reads."""
+    own = {m.id for m in history if m.is_self}
+    return [p.generation_id for mid, p in posts.items() if mid in own and p.generation_id]
 
 
 def in_reading_order(history: list[RoomMessage], posts: dict[str, Post],
@@ -57,6 +72,10 @@ def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, G
     seen: set[str] = set()
     for m in in_reading_order(history, posts, gens):
         if not m.is_self:
+            post = posts.get(m.id) if m.is_bot else None
+            if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
+                turns.append(("user", truth.context_room_line_note(m.author, post.content.removeprefix(SUBTEXT))))
+                continue
             turns.append(("user", f"{m.author}: {m.content}"))
             continue
         post = posts.get(m.id)

@@ -2,7 +2,9 @@
 
 Delivery plans; rooms send. Text is split into Discord-sized chunks that are exact substrings of
 the canonical text (whitespace at the joins aside), a code fence a split cuts is closed and
-reopened, and the boundary line comes last, in the wording `bot.truth` owns.
+reopened, a text line that would render as Discord subtext is escaped (`\\-# `) so only receipts
+and notices look like boundary lines, and the boundary line comes last, in the wording `bot.truth`
+owns.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import re
 from dataclasses import dataclass, replace
 
 from .. import truth
+from ..text import escape_subtext
 
 log = logging.getLogger(__name__)
 
@@ -26,11 +29,12 @@ class Planned:
     content: str
 
 
-def split_text(text: str, limit: int = LIMIT) -> list[str]:
+def split_text(text: str, limit: int = LIMIT, *, escape: bool = False) -> list[str]:
     """Chunks of at most `limit` characters, cut at the best boundary available in each window.
 
     Preference: paragraph, line, sentence, word, then a hard cut. Linear in len(text): each window is
-    searched once and fence state is carried forward line by line.
+    searched once and fence state is carried forward line by line. With `escape`, each chunk's
+    subtext-looking lines are escaped (`bot.text.escape_subtext`) and the `\\` counts in its size.
     """
     chunks: list[str] = []
     pos, n = 0, len(text)
@@ -41,24 +45,32 @@ def split_text(text: str, limit: int = LIMIT) -> list[str]:
         if pos >= n:
             break
         reopen = _reopen(fence) if fence else ""
-        budget = limit - len(reopen)
-        ahead = text[pos:pos + budget]
-        # room for "\n```" if the chunk ends inside a block, or for the block's own closing line
-        end_fence_room = 8 if fence or "```" in ahead or "~~~" in ahead else 0
-        if n - pos <= budget:
-            cut = n
-        else:
-            window = ahead[:budget - end_fence_room]
-            cut = pos + max(1, _best_cut(window))
-            cut = _clear_of_fences(text, pos, cut, fence, pos + budget)
-        piece = text[pos:cut]
-        fence_after = _fence_state(piece, fence, pos == 0 or text[pos - 1] == "\n", cut >= n or text[cut] == "\n")
-        body = piece.rstrip() if fence_after is None else piece.rstrip("\n")
-        if fence is not None and not body.strip():
-            body = ""
-        content = reopen + body
-        if fence_after is not None and cut < n:
-            content = content + ("\n" if not content.endswith("\n") else "") + "```"
+        spare = 0  # characters the escapes of the chunk tried last took beyond the limit
+        while True:
+            budget = limit - len(reopen) - spare
+            ahead = text[pos:pos + budget]
+            # room for "\n```" if the chunk ends inside a block, or for the block's own closing line
+            end_fence_room = 8 if fence or "```" in ahead or "~~~" in ahead else 0
+            if n - pos <= budget:
+                cut = n
+            else:
+                window = ahead[:budget - end_fence_room]
+                cut = pos + max(1, _best_cut(window))
+                cut = _clear_of_fences(text, pos, cut, fence, pos + budget)
+            piece = text[pos:cut]
+            fence_after = _fence_state(piece, fence, pos == 0 or text[pos - 1] == "\n", cut >= n or text[cut] == "\n")
+            body = piece.rstrip() if fence_after is None else piece.rstrip("\n")
+            if fence is not None and not body.strip():
+                body = ""
+            content = reopen + body
+            if fence_after is not None and cut < n:
+                content = content + ("\n" if not content.endswith("\n") else "") + "```"
+            if escape:
+                content = escape_subtext(content)
+            over = len(content) - limit
+            if over <= 0 or budget <= 1:
+                break
+            spare += over
         if content.strip():
             chunks.append(content)
         fence = fence_after
@@ -143,7 +155,7 @@ def plan(e: truth.Ending, text: str) -> list[Planned]:
     """Posts for a settled generation: its text by kind, then at most one boundary line."""
     kind = truth.text_kind(e.status)
     if kind is not None and text.strip():
-        out = [Planned(kind, c) for c in split_text(text)]
+        out = [Planned(kind, c) for c in split_text(text, escape=True)]
         line = truth.receipt(e)
         return out + ([Planned("receipt", RECEIPT_PREFIX + line)] if line else [])
     line = truth.notice(e if text.strip() else replace(e, chars=0))
@@ -155,7 +167,7 @@ def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
     out: list[Planned] = []
     kind = truth.text_kind(e.status)
     if kind is not None and added:
-        out += [Planned(kind, c) for c in split_text(added)]
+        out += [Planned(kind, c) for c in split_text(added, escape=True)]
     line = truth.receipt(e)
     if line:
         out.append(Planned("receipt", RECEIPT_PREFIX + line))

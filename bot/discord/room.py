@@ -16,6 +16,7 @@ import discord
 from ..context import RoomMessage
 from ..generation.recovery import RoomUnavailable, Seen
 from ..generation.records import Post
+from ..text import outbound
 
 if TYPE_CHECKING:
     from .app import ResidentBot
@@ -33,7 +34,8 @@ class DiscordRoom:
         self.channel = channel
 
     async def send(self, post: Post) -> str:
-        message = await self.channel.send(post.content, nonce=post.id, allowed_mentions=discord.AllowedMentions.none())
+        message = await self.channel.send(outbound(post.content)[0], nonce=post.id,  # valid UTF-8 leaves
+                                          allowed_mentions=discord.AllowedMentions.none())
         return str(message.id)
 
 
@@ -46,7 +48,7 @@ def as_room_message(m: discord.Message, self_id: int) -> RoomMessage:
     if m.embeds and not content:
         extras.append("[embed]")
     text = "\n".join(([content] if content else []) + extras) if extras else content
-    return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text)
+    return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text, is_bot=m.author.bot)
 
 
 SCAN_LIMIT = 200  # room messages read after a generation's last recorded post when resuming its delivery

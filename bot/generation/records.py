@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import truth
+from ..text import outbound
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,17 @@ class Post:
     channel: str = ""
     message_id: str | None = None
     delivered_at: float | None = None
+    # Lone surrogates in `content` that leave the process as U+FFFD (`bot.text.outbound`): counted
+    # when the post is planned, since the ledger keeps the content exactly and the room gets it valid.
+    replacements: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.replacements is None:
+            self.replacements = outbound(self.content)[1]
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "seq": self.seq, "kind": self.kind, "content": self.content,
-                "message_id": self.message_id}
+                "message_id": self.message_id, "replacements": self.replacements}
 
 
 @dataclass

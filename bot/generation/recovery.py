@@ -36,6 +36,7 @@ from .. import truth
 from ..delivery import plan
 from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
+from ..text import outbound
 from .records import Attempt, Generation, Post, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
@@ -263,4 +264,4 @@ async def _resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, gr
 def _same(m: Seen, p: Post) -> bool:
     if m.nonce is not None:
         return m.nonce == p.id
-    return m.content.strip() == p.content.strip()
+    return m.content.strip() == outbound(p.content)[0].strip()  # what the room was sent

@@ -134,6 +134,12 @@ BEGIN
 END;
 """)
 
+# Content goes to the room as valid Unicode (`bot.text.outbound`): the post keeps its exact text, and
+# this says how many lone surrogates the room got as U+FFFD instead. NULL: recorded before the count.
+step("m013_post_replacements", """
+ALTER TABLE posts ADD COLUMN replacements INTEGER;
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

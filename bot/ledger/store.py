@@ -346,8 +346,9 @@ class Ledger:
 
     @staticmethod
     def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
-        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
-                (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel))
+        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements)"
+                " VALUES (?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
+                                             p.replacements))
 
 
 def _cols(r: Any) -> dict[str, Any]:
@@ -370,4 +371,5 @@ def _stump(r: Any) -> Stump:
 def _post(r: Any) -> Post:
     p = _cols(r)
     return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=p["kind"], content=dec(p["content"]),
-                channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"])
+                channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"],
+                replacements=p.get("replacements"))

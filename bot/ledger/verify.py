@@ -275,9 +275,9 @@ def _cover(text: str, contents: list[str]) -> str | None:
     """None when the contents, in order, are the text's pieces with only whitespace between and around.
 
     A piece may carry one added fence line at its start (reopening a block a split cut) and/or one at
-    its end (closing it), as the delivery planner writes them. Where a fence line could be either the
-    text's own or an added one, both readings are followed (a set of reachable positions), so the
-    check never rejects a split by guessing wrong.
+    its end (closing it), and a `\\` before a line's leading `-# `, as the delivery planner writes
+    them. Where a fence line could be either the text's own or an added one, both readings are
+    followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
     """
     reach = {0}
     for i, c in enumerate(contents, 1):
@@ -305,7 +305,30 @@ def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
         for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
             if text.startswith(body, j):
                 out.add(j + len(body))
+            elif "\\-# " in body:
+                end = _escaped_at(text, j, body)
+                if end is not None:
+                    out.add(end)
     return out
+
+
+def _escaped_at(text: str, j: int, body: str) -> int | None:
+    """Where `body` ends in the text at `j`, reading a `\\` before a line's leading `-# ` as added.
+
+    The planner escapes such lines so only receipts and notices render as subtext
+    (`bot.text.escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
+    has the `\\`, it matches as text, and an added one can only stand before a `-#` of the text.
+    """
+    i, n = j, len(text)
+    for k, ch in enumerate(body):
+        if i < n and text[i] == ch:
+            i += 1
+        elif ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1) \
+                and text.startswith("-# ", i):
+            continue
+        else:
+            return None
+    return i
 
 
 def _bodies(content: str) -> list[tuple[str, bool]]:

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import anthropic
 import httpx2
 
+from ..text import outbound_json
+
 log = logging.getLogger(__name__)
 
 # Error types inside a stream (`event: error`) that a later attempt may not meet again.
@@ -79,7 +81,7 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
     end = StreamEnd()
     try:
         # Sampling settings the installed SDK's signature may not name travel in the body as they are.
-        params = {k: v for k, v in request.items() if k != "temperature"}
+        params = outbound_json({k: v for k, v in request.items() if k != "temperature"})[0]  # valid UTF-8 leaves
         extra: dict[str, Any] = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)

@@ -20,6 +20,7 @@ from ..ledger import Ledger
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
 from ..resident import Resident
+from ..text import outbound
 from .scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class CollectingRoom:
 
     async def send(self, post: Post) -> str:
         mid = self._id()
-        self.history.append(RoomMessage(mid, self.resident, True, post.content))
+        self.history.append(RoomMessage(mid, self.resident, True, post.content, is_bot=True))
         self.sent.append(post)
         return mid
 
@@ -80,7 +81,8 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                 g = await ledger.get_generation(g.id)
             turns.append({
                 "generation": g.as_json() if g is not None else None,
-                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id}
+                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
+                           "replacements": p.replacements}
                           for p in room.sent[first:]],
                 "requests": list(server.requests),
                 "provider_calls": len(server.requests),
@@ -109,7 +111,7 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
         else:
             lines.append("[moderator] /continue")
         for p in turn["posts"]:
-            lines.append(f"[{result['residence']} · {p['kind']}] {p['content']}")
+            lines.append(f"[{result['residence']} · {p['kind']}] {outbound(p['content'])[0]}")  # as the room gets it
         g = turn["generation"]
         if g is not None:
             tok = f"{g['output_tokens']:,} tokens" if g["output_tokens"] is not None else "tokens unknown"

@@ -23,8 +23,10 @@ const RoomMarkdown = (() => {
       .replace(/~~([^~]+?)~~/g, "<s>$1</s>");
   }
 
-  /* Inline: code spans, mentions and URLs are tokens; the text between gets emphasis. */
-  const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|<@!?(\d+)>|<#(\d+)>|@(everyone|here)\b|(https?:\/\/[^\s<>]+[^\s<>.,;:!?)'"])/g;
+  /* Inline: code spans, mentions, URLs and backslash escapes are tokens; the text between gets
+   * emphasis. As in Discord, `\` before a punctuation mark shows the mark and hides the backslash
+   * (so an escaped `\-# ` line reads "-# …" in plain type, not as subtext). */
+  const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|<@!?(\d+)>|<#(\d+)>|@(everyone|here)\b|(https?:\/\/[^\s<>]+[^\s<>.,;:!?)'"])|\\([^0-9A-Za-z\s])/g;
   function inline(text, opts) {
     let out = "", last = 0, m;
     INLINE.lastIndex = 0;
@@ -34,7 +36,8 @@ const RoomMarkdown = (() => {
       else if (m[3]) out += `<span class="mention" data-user-id="${m[3]}">@${esc(opts.names(m[3]) || "unknown-user")}</span>`;
       else if (m[4]) out += `<span class="mention">#${esc(opts.channels(m[4]) || "unknown")}</span>`;
       else if (m[5]) out += `<span class="mention">@${m[5]}</span>`;
-      else out += `<a href="${esc(m[6])}" rel="noopener noreferrer" target="_blank">${esc(m[6])}</a>`;
+      else if (m[6]) out += `<a href="${esc(m[6])}" rel="noopener noreferrer" target="_blank">${esc(m[6])}</a>`;
+      else out += esc(m[7]);
       last = INLINE.lastIndex;
     }
     return out + refs(emphasis(esc(text.slice(last))), opts.refs);
