@@ -328,41 +328,6 @@ def load_all_residences(base: Path) -> list[Residence]:
     return [load_residence(str(p), base) for p in sorted(folder.glob("*.yaml"))]
 
 
-def check_paths(paths: list[Path], base: Path) -> list[str]:
-    """Validate files (residences, policies or replay scenarios, told apart by folder and content)."""
-    from .replay.scenario import load_scenario  # replay builds on config, not the other way round
-
-    problems: list[str] = []
-    for p in paths:
-        try:
-            kind = _kind_of(p)
-            if kind == "policy":
-                load_policy(str(p), base)
-            elif kind == "scenario":
-                load_scenario(p)
-            else:
-                load_residence(str(p), base)
-        except ConfigError as e:
-            problems.append(str(e))
-    return problems
-
-
-def _kind_of(p: Path) -> str:
-    if p.parent.name == "policies":
-        return "policy"
-    if p.parent.name == "residences":
-        return "residence"
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except Exception:  # the real load reports it properly
-        return "residence"
-    if isinstance(data, dict) and "turns" in data:
-        return "scenario"
-    if isinstance(data, dict) and "model" not in data and ("continuation" in data or "retries" in data):
-        return "policy"
-    return "residence"
-
-
 def _named(name_or_path: str, folder: Path) -> Path:
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
