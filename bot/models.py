@@ -7,7 +7,6 @@ new model is one row in the data file, or in the operator's `models:` overrides 
 """
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -17,8 +16,6 @@ from typing import Any
 
 import yaml
 from rapidfuzz import fuzz, process
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
 """`residents check`: validate residences, policies, scenarios and the project file without running."""
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 
@@ -11,8 +10,6 @@ import yaml
 from .. import models
 from ..config import PROJECT_FILE, ConfigError, Residence, load_policy, load_residence, read_project
 from .common import UsageError
-
-log = logging.getLogger(__name__)
 
 
 @click.command()

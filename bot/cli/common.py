@@ -6,7 +6,6 @@ surrogate exactly, JSON output escapes it (`\\ud83d` is valid JSON), readable ou
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any
 
 from ..ledger import Ledger
 
-log = logging.getLogger(__name__)
 
 DEFAULT_DB = "data/ledger.db"
 

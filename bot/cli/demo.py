@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import time
 from pathlib import Path
@@ -11,8 +10,6 @@ import click
 
 from .. import models
 from .common import UsageError
-
-log = logging.getLogger(__name__)
 
 
 @click.command()

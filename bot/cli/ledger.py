@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 from typing import Any
 
@@ -12,8 +11,6 @@ from ..generation.records import Generation, Stump
 from ..ledger import views
 from ..ledger.verify import Report, check
 from .common import DEFAULT_DB, UsageError, emit, emit_json, open_ledger
-
-log = logging.getLogger(__name__)
 
 
 @click.group()

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 from pathlib import Path
 
 import click
 
 from .common import emit, emit_json
-
-log = logging.getLogger(__name__)
 
 
 @click.command()

@@ -3,14 +3,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from pathlib import Path
 
 import click
 
 from ..config import ConfigError, load_all_residences
-
-log = logging.getLogger(__name__)
 
 
 @click.command()

@@ -1,14 +1,11 @@
 """`residents run`: every residence with Discord settings, each as its own bot, in one process."""
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
 from .common import DEFAULT_DB, UsageError
-
-log = logging.getLogger(__name__)
 
 
 @click.command()
