@@ -26,7 +26,8 @@ class ModelCaps:
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
-# cannot fail with a 400. Its ceiling is not assumed: a residence must state `output_ceiling`.
+# cannot fail with a 400. Its ceiling here only answers callers that ask; a residence with such a
+# model must state its own `output_ceiling` (bot.config), and max_tokens is checked against that.
 UNKNOWN = ModelCaps("unknown model", 128000, False)
 
 # Decorations providers add around a model id, taken off before matching (see bot/models.yaml).
