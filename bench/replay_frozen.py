@@ -17,6 +17,5 @@ import bot.replay.run  # noqa: F401
 log = logging.getLogger(__name__)
 
 if __name__ == "__main__":
-    bot.cli._load_extra_verbs()
     gc.freeze()
     sys.exit(bot.cli.main(sys.argv[1:]))

@@ -6,6 +6,7 @@ every error names the file, the key path and, where the YAML has one, the line.
 from __future__ import annotations
 
 import logging
+import re
 import unicodedata
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -103,13 +104,43 @@ class Residence(Strict):
     discord: DiscordSettings | None = None
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     stop_sequences: list[str] = Field(default_factory=list)
+    output_ceiling: int | None = Field(None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _within_model_ceiling(self) -> "Residence":
-        ceiling = models.caps(self.model).max_output_tokens
-        if models.known(self.model) and self.max_tokens > ceiling:
-            raise _KeyError("max_tokens", f"{self.max_tokens} is above {self.model}'s output ceiling of {ceiling}")
+        """max_tokens within the model's ceiling, which the table knows or the residence states."""
+        if not models.known(self.model):
+            if self.output_ceiling is None:
+                hint = models.nearest(self.model)
+                raise _KeyError("model", f"{self.model!r} is not in the model table"
+                                + (f" (did you mean {hint!r}?)" if hint else "")
+                                + f"; a model the table does not know needs `output_ceiling` in the residence"
+                                  f" (or a row under `models:` in {PROJECT_FILE})")
+            ceiling, whose = self.output_ceiling, "the stated output_ceiling"
+        else:
+            ceiling, whose = models.caps(self.model).max_output_tokens, f"{self.model}'s output ceiling"
+            if self.output_ceiling is not None and self.output_ceiling > ceiling:
+                raise _KeyError("output_ceiling", f"{self.output_ceiling} is above {whose} of {ceiling}")
+            ceiling = self.output_ceiling or ceiling
+        if self.max_tokens > ceiling:
+            raise _KeyError("max_tokens", f"{self.max_tokens} is above {whose} of {ceiling}")
         return self
+
+
+class ModelRow(Strict):
+    """One operator row of the model table (`models:` in residents.yaml), the shape of bot/models.yaml."""
+    family: str = ""
+    output_ceiling: int = Field(ge=1, le=1_000_000)
+    prefill: bool = False
+
+
+class ProjectFile(Strict):
+    """residents.yaml at the root of the configuration folder: settings for every residence there."""
+    models: dict[str, ModelRow] = Field(default_factory=dict)
+
+
+# The project-level file: its `models:` rows extend and override bot/models.yaml.
+PROJECT_FILE = "residents.yaml"
 
 
 class _KeyError(ValueError):
@@ -210,22 +241,60 @@ def build_policy(data: Any, path: Path | str, node: yaml.Node | None, prefix: tu
 
 
 def load_policy(name_or_path: str, base: Path) -> Policy:
-    path = _named(name_or_path, base / "policies")
+    return _read_policy(_named(name_or_path, base / "policies"))
+
+
+def _read_policy(path: Path) -> Policy:
     data, node = read_yaml(path)
     return build_policy(data, path, node, default_name=path.stem)
 
 
+def read_project(path: Path) -> models.ModelTable:
+    """The built-in model table with a project file's `models:` rows over it."""
+    data, node = read_yaml(path)
+    project = validate(ProjectFile, mapping(data, path, node, "project file"), path, node)
+    rows = []
+    for model_id, r in project.models.items():
+        try:
+            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill))
+        except ValueError as e:
+            raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
+    return models.BUILTIN.with_overrides(rows)
+
+
+def use_project_models(base: Path) -> None:
+    """Make the model table the one `base` sees: built-ins, plus its residents.yaml rows if it has one."""
+    path = base / PROJECT_FILE
+    models.use(read_project(path) if path.is_file() else models.BUILTIN)
+
+
+def _policy_file(pol: str, path: Path | str, node: yaml.Node | None, prefix: tuple, base: Path) -> Path:
+    """policies/NAME.yaml for a residence's `policy: NAME`; a path (or anything that could leave
+    policies/) is an error, so a residence file cannot make the bot read a file elsewhere."""
+    suffix = Path(pol).suffix if Path(pol).suffix in (".yaml", ".yml") else ""
+    if not _POLICY_NAME.fullmatch(pol[:len(pol) - len(suffix)]):
+        raise ConfigError(path, dotted(prefix + ("policy",)),
+                          f"{pol!r} is not a policy name: a policy is a name under policies/ (letters, digits, "
+                          "'_', '-', '.'; no '/' or leading '.') or an inline mapping, never a path",
+                          line_of(node, prefix + ("policy",)))
+    return base / "policies" / (pol if suffix else f"{pol}.yaml")
+
+
+_POLICY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
 def build_residence(data: Any, path: Path | str, node: yaml.Node | None, base: Path, prefix: tuple = ()) -> Residence:
     """A residence mapping whose `policy` is a policy name (policies/NAME.yaml) or an inline mapping."""
+    use_project_models(base)
     data = dict(mapping(data, path, node, "residence", prefix))
     pol = data.get("policy", "default")
     if isinstance(pol, str):
-        pol_path = _named(pol, base / "policies")
+        pol_path = _policy_file(pol, path, node, prefix, base)
         if not pol_path.exists() and pol == "default":
             data["policy"] = Policy()
         else:
             try:
-                data["policy"] = load_policy(pol, base)
+                data["policy"] = _read_policy(pol_path)
             except ConfigError as e:
                 if e.message == "file not found":
                     raise ConfigError(path, dotted(prefix + ("policy",)), f"no policy named {pol!r} ({pol_path})",
@@ -257,41 +326,6 @@ def load_residence(name_or_path: str, base: Path) -> Residence:
 def load_all_residences(base: Path) -> list[Residence]:
     folder = base / "residences"
     return [load_residence(str(p), base) for p in sorted(folder.glob("*.yaml"))]
-
-
-def check_paths(paths: list[Path], base: Path) -> list[str]:
-    """Validate files (residences, policies or replay scenarios, told apart by folder and content)."""
-    from .replay.scenario import load_scenario  # replay builds on config, not the other way round
-
-    problems: list[str] = []
-    for p in paths:
-        try:
-            kind = _kind_of(p)
-            if kind == "policy":
-                load_policy(str(p), base)
-            elif kind == "scenario":
-                load_scenario(p)
-            else:
-                load_residence(str(p), base)
-        except ConfigError as e:
-            problems.append(str(e))
-    return problems
-
-
-def _kind_of(p: Path) -> str:
-    if p.parent.name == "policies":
-        return "policy"
-    if p.parent.name == "residences":
-        return "residence"
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except Exception:  # the real load reports it properly
-        return "residence"
-    if isinstance(data, dict) and "turns" in data:
-        return "scenario"
-    if isinstance(data, dict) and "model" not in data and ("continuation" in data or "retries" in data):
-        return "policy"
-    return "residence"
 
 
 def _named(name_or_path: str, folder: Path) -> Path:

@@ -1,15 +1,21 @@
-"""What each Claude model can do, in one table.
+"""What each Claude model can do, from a table that is data (`bot/models.yaml`).
 
-Continuation and delivery ask this table instead of matching model names themselves, so a new model
-is one row here and nowhere else.
+Continuation, context and config ask this table instead of matching model names themselves, so a
+new model is one row in the data file, or in the operator's `models:` overrides (read by
+`bot.config`), and nowhere else. Ids are matched on whole segments, so a prefix of a version number
+(`claude-opus-4-1` against `claude-opus-4-10`) never passes for the version.
 """
 from __future__ import annotations
 
-import logging
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from importlib import resources
+from typing import Any
 
-log = logging.getLogger(__name__)
+import yaml
+from rapidfuzz import fuzz, process
 
 
 @dataclass(frozen=True)
@@ -19,32 +25,121 @@ class ModelCaps:
     accepts_prefill: bool
 
 
-# (pattern over the model id, capabilities); first match wins, so specific rows come first.
-_TABLE: list[tuple[str, ModelCaps]] = [
-    (r"^claude-3-opus", ModelCaps("Claude 3 Opus", 4096, True)),
-    (r"^claude-3-sonnet", ModelCaps("Claude 3 Sonnet", 4096, True)),
-    (r"^claude-3-haiku", ModelCaps("Claude 3 Haiku", 4096, True)),
-    (r"^claude-3-5-(sonnet|haiku)", ModelCaps("Claude 3.5", 8192, True)),
-    (r"^claude-3-7-sonnet", ModelCaps("Claude 3.7 Sonnet", 64000, True)),
-    (r"^claude-opus-4-(0|1)\b|^claude-opus-4-20|^claude-opus-4-1", ModelCaps("Claude Opus 4/4.1", 32000, True)),
-    (r"^claude-opus-4$", ModelCaps("Claude Opus 4", 32000, True)),
-    (r"^claude-sonnet-4-20|^claude-sonnet-4$|^claude-sonnet-4-0", ModelCaps("Claude Sonnet 4", 64000, True)),
-    (r"^claude-(sonnet|haiku|opus)-4-5", ModelCaps("Claude 4.5", 64000, True)),
-    (r"^claude-(opus|sonnet)-4-([6-9]|\d\d)", ModelCaps("Claude 4.6 and later", 128000, False)),
-    (r"^claude-(opus|sonnet|haiku)-([5-9]|\d\d)", ModelCaps("Claude 5 and later", 128000, False)),
-]
-
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
-# cannot fail with a 400, and a generous ceiling, since the provider enforces the real one.
+# cannot fail with a 400. Its ceiling here only answers callers that ask; a residence with such a
+# model must state its own `output_ceiling` (bot.config), and max_tokens is checked against that.
 UNKNOWN = ModelCaps("unknown model", 128000, False)
+
+# Decorations providers add around a model id, taken off before matching (see bot/models.yaml).
+_BEDROCK_PREFIX = re.compile(r"^(?:[a-z]{2,6}\.)?anthropic\.")
+_DECORATIONS = (re.compile(r"@.*$"), re.compile(r"-v\d+(?::\d+)?$"), re.compile(r"-\d{8}$"), re.compile(r"-latest$"))
+_OPEN_END = re.compile(r"^(\d+)\+$")
+
+
+def base_id(model: str) -> str:
+    """The id without a Bedrock prefix or version, a Vertex version, a date or `-latest`."""
+    m = _BEDROCK_PREFIX.sub("", model.strip())
+    for pattern in _DECORATIONS:
+        m = pattern.sub("", m)
+    return m
+
+
+def _number(segment: str) -> int | None:
+    return int(segment) if segment.isascii() and segment.isdigit() else None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the table: an id (whole segments; a last segment `N+` is open-ended) and its caps."""
+    id: str
+    caps: ModelCaps
+
+    @cached_property
+    def _parts(self) -> tuple[tuple[str, ...], int | None]:
+        segs = tuple(base_id(self.id).split("-"))
+        m = _OPEN_END.match(segs[-1])
+        return (segs[:-1], int(m.group(1))) if m else (segs, None)
+
+    @property
+    def example(self) -> str:
+        """A concrete id this row covers: what a "did you mean" names."""
+        return self.id[:-1] if self.id.endswith("+") else self.id
+
+    def covers(self, segments: tuple[str, ...]) -> bool:
+        fixed, at_least = self._parts
+        if at_least is None:
+            return segments == fixed
+        rest = segments[len(fixed):]
+        numbers = [_number(s) for s in rest]
+        return (segments[:len(fixed)] == fixed and bool(rest) and None not in numbers
+                and (numbers[0] or 0) >= at_least)
+
+
+def row(model_id: str, family: str, output_ceiling: int, prefill: bool) -> Row:
+    """A checked row; ValueError says what is wrong with the id."""
+    if not model_id or model_id != model_id.strip() or any(c.isspace() for c in model_id):
+        raise ValueError("a model id is one word, without spaces")
+    segs = base_id(model_id).split("-")
+    if not all(segs) or any("+" in s for s in segs[:-1]) or ("+" in segs[-1] and not _OPEN_END.match(segs[-1])):
+        raise ValueError("a model id is segments joined by '-', and only the last may be `N+` (a number and up)")
+    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill))
+
+
+class ModelTable:
+    """Rows in the order they are tried: exact ids before open-ended ones, overrides before built-ins."""
+
+    def __init__(self, rows: Iterable[Row]) -> None:
+        rows = list(rows)
+        self.rows = [r for r in rows if not r.id.endswith("+")] + [r for r in rows if r.id.endswith("+")]
+
+    def with_overrides(self, rows: Iterable[Row]) -> "ModelTable":
+        return ModelTable([*ModelTable(rows).rows, *self.rows])
+
+    def lookup(self, model: str) -> ModelCaps | None:
+        segments = tuple(base_id(model).split("-"))
+        for r in self.rows:
+            if r.covers(segments):
+                return r.caps
+        return None
+
+    def nearest(self, model: str) -> str | None:
+        """The known id closest to an unknown one (a typo's likely intent), if any is close."""
+        ids = list(dict.fromkeys(r.example for r in self.rows))
+        found = process.extractOne(base_id(model), ids, scorer=fuzz.ratio, score_cutoff=75)
+        return found[0] if found else None
+
+
+def rows_from(data: Mapping[str, Any]) -> list[Row]:
+    """Rows from a `models:` mapping whose values are already checked (config validates the operator's)."""
+    return [row(k, v.get("family", ""), v["output_ceiling"], v.get("prefill", False)) for k, v in data.items()]
+
+
+def _builtin() -> ModelTable:
+    text = resources.files(__package__).joinpath("models.yaml").read_text(encoding="utf-8")
+    return ModelTable(rows_from(yaml.safe_load(text)["models"]))
+
+
+BUILTIN = _builtin()
+_active = BUILTIN
+
+
+def use(table: ModelTable) -> None:
+    """Make `table` (built-ins plus a project's overrides) the one `caps` and `known` answer from."""
+    global _active
+    _active = table
+
+
+def table() -> ModelTable:
+    return _active
 
 
 def caps(model: str) -> ModelCaps:
-    for pattern, c in _TABLE:
-        if re.search(pattern, model):
-            return c
-    return UNKNOWN
+    return _active.lookup(model) or UNKNOWN
 
 
 def known(model: str) -> bool:
-    return caps(model) is not UNKNOWN
+    return _active.lookup(model) is not None
+
+
+def nearest(model: str) -> str | None:
+    return _active.nearest(model)

@@ -9,7 +9,6 @@ within the policy's bound, and `bot.ledger.verify` finding nothing wrong.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sqlite3
@@ -21,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot import truth
+from bot import cli, truth
 from bot.config import Residence, build_residence
 from bot.delivery.plan import RECEIPT_PREFIX, split_text
 from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
@@ -29,7 +28,7 @@ from bot.generation.records import Generation
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.store import enc
-from bot.ledger.verify import _cover, add_verb, check, verify
+from bot.ledger.verify import _cover, check, verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
@@ -625,19 +624,15 @@ async def test_verify_reports_pending_generations_separately(tmp_path: Path) -> 
 
 def test_cli_verb_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     t = asyncio.run(_cut_ledger(tmp_path))
-    parser = argparse.ArgumentParser(prog="residents ledger")
-    add_verb(parser.add_subparsers(dest="ledger_verb"))
-    args = parser.parse_args(["verify", "--db", str(t.db)])
-    assert args.func(args) == 0
+    argv = ["ledger", "verify", "--db", str(t.db)]
+    assert cli.main(argv) == 0
     assert capsys.readouterr().out.startswith("ledger ok: 1 generation(s) checked")
     _tamper(t.db, "UPDATE posts SET kind='speech'")
-    assert args.func(args) == 1
+    assert cli.main(argv) == 1
     out = capsys.readouterr().out.splitlines()
     assert out and all(line.startswith(("generation ", "post ", "stump ", "attempt ")) for line in out)
-    from bot.cli import UsageError
-    missing = parser.parse_args(["verify", "--db", str(tmp_path / "none.db")])
-    with pytest.raises(UsageError):
-        missing.func(missing)
+    assert cli.main(["ledger", "verify", "--db", str(tmp_path / "none.db")]) == 2
+    assert "none.db" in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()
 
 

@@ -78,10 +78,11 @@ class Stump:
     created_at: float = field(default_factory=time.time)
     residence: str = ""
     stored: bool = field(default=False, compare=False)  # already written to the ledger
+    known_chars: int | None = field(default=None, compare=False)  # stored chars, when the text was not read
 
     @property
     def chars(self) -> int:
-        return len(self.text)
+        return self.known_chars if self.known_chars is not None else len(self.text)
 
     def meta(self) -> dict[str, Any]:
         return {"id": self.id, "generation_id": self.generation_id, "attempt_id": self.attempt_id,

@@ -261,6 +261,39 @@ class Ledger:
         params.append(limit)
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
+    async def list_stump_meta(self, residence: str | None = None, cause: str | None = None, *, limit: int = 50,
+                              before: str | None = None, channels: Iterable[str] | None = None) -> list[Stump]:
+        """Stumps newest first, without reading their text (each with text "" and its stored chars).
+
+        `before` pages on: only stumps older than that stump (none if it does not exist); `channels`
+        keeps only stumps of generations in those channels (an empty collection: none).
+        """
+        sql = ("SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+               " s.published, s.replaced_by, s.created_at FROM stumps s")
+        where: list[str] = []
+        params: list[Any] = []
+        if channels is not None:
+            chans = list(channels)
+            if not chans:
+                return []
+            sql += " JOIN generations g ON g.id = s.generation_id"
+            where.append(f"g.channel IN ({','.join('?' * len(chans))})")
+            params += chans
+        if residence:
+            where.append("s.residence=?")
+            params.append(residence)
+        if cause:
+            where.append("s.cause=?")
+            params.append(cause)
+        if before is not None:
+            where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+            params.append(before)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
+        params.append(limit)
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+
     async def get_stump(self, sid: str) -> Stump | None:
         rows = await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,))
         return _stump(rows[0]) if rows else None
@@ -361,11 +394,12 @@ def _stored(stumps: Iterable[Stump]) -> None:
 
 
 def _stump(r: Any) -> Stump:
+    """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
     s = _cols(r)
     return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
-                 text=dec(s["text"]), output_tokens=s["output_tokens"], scope=s["scope"],
+                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=s["scope"],
                  published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
-                 residence=s["residence"], stored=True)
+                 residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"])
 
 
 def _post(r: Any) -> Post:

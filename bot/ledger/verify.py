@@ -7,14 +7,10 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 """
 from __future__ import annotations
 
-import argparse
-import asyncio
 import logging
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .. import truth
@@ -344,45 +340,3 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     if head is not None and _FENCE.match(head):  # a chunk that is only a reopened and closed fence
         out.append(("", True))
     return out
-
-
-# ---------------------------------------------------------------- the CLI verb
-
-def add_verb(ledger_sub: Any) -> argparse.ArgumentParser:
-    """Register `verify` on the `residents ledger` subparsers (the action `add_subparsers` returned)."""
-    from ..cli import DEFAULT_DB
-    p = ledger_sub.add_parser("verify", help="check every invariant of the ledger; exit 1 on any violation")
-    p.add_argument("--db", default=DEFAULT_DB, help=f"SQLite ledger to check (default: {DEFAULT_DB})")
-    p.add_argument("--strict", action="store_true",
-                   help="count generations still pending (unsettled) as violations too")
-    p.set_defaults(func=cmd_ledger_verify)
-    return p
-
-
-def cmd_ledger_verify(args: argparse.Namespace) -> int:
-    """Exit 0 when clean (one summary line on stdout), 1 with one line per violation on stdout."""
-    from ..cli import UsageError
-    if args.db != ":memory:" and not Path(args.db).exists():
-        raise UsageError(f"{args.db}: no ledger there (run a replay or the bot first, or pass --db)")
-
-    async def go() -> Report:
-        ledger = await Ledger.open(args.db)
-        try:
-            return await check(ledger)
-        finally:
-            await ledger.close()
-
-    rep = asyncio.run(go())
-    lines = list(rep.violations)
-    if args.strict:
-        lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]
-    if lines:
-        for line in lines:
-            print(line)
-        return 1
-    if rep.unsettled:
-        print(f"{len(rep.unsettled)} generation(s) unsettled (pending): " + ", ".join(rep.unsettled[:10])
-              + (" …" if len(rep.unsettled) > 10 else ""), file=sys.stderr)
-    print(f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
-          f"{rep.undelivered} post(s) undelivered")
-    return 0

@@ -1,0 +1,92 @@
+"""`residents check`: validate residences, policies, scenarios and the project file without running."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from .. import models
+from ..config import PROJECT_FILE, ConfigError, Residence, load_policy, load_residence, read_project
+from .common import UsageError
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+def check(paths: tuple[Path, ...]) -> int:
+    """Validate residences, policies, scenarios and residents.yaml.
+
+    With no PATHS: residents.yaml (if present), policies/*.yaml and residences/*.yaml of the
+    current folder. Each problem is one line naming the file, the key and the line; any problem
+    exits 2. A model the table does not know is a warning (with the nearest known id) where the
+    residence states its output_ceiling, and an error where it does not.
+
+    \b
+    Example:
+      residents check residences/cairn.yaml scenarios/ceiling.yaml
+    """
+    base = Path.cwd()
+    project = [base / PROJECT_FILE] if (base / PROJECT_FILE).is_file() else []
+    found = list(paths) or project + sorted((base / "policies").glob("*.yaml")) + sorted((base / "residences").glob("*.yaml"))
+    if not found:
+        raise UsageError("nothing to check: no residences/*.yaml or policies/*.yaml here, and no paths given")
+    for p in found:
+        if not p.exists():
+            print(f"{p}: file not found", file=sys.stderr)
+            return 2
+    problems, warnings = check_paths(found, base)
+    for line in warnings + problems:
+        print(line, file=sys.stderr)
+    if problems:
+        return 2
+    print(f"{len(found)} file(s) valid")
+    return 0
+
+
+def check_paths(paths: list[Path], base: Path) -> tuple[list[str], list[str]]:
+    """Problems (one line each, no repeats) and warnings of files told apart by folder and content."""
+    from ..replay.scenario import load_scenario  # the local provider server comes with it: only when checking
+    problems: list[str] = []
+    warnings: list[str] = []
+    for p in paths:
+        try:
+            kind = _kind_of(p)
+            if kind == "project":
+                read_project(p)
+            elif kind == "policy":
+                load_policy(str(p), base)
+            elif kind == "scenario":
+                warnings += _model_warnings(p, "residence.model", load_scenario(p, base).residence)
+            else:
+                warnings += _model_warnings(p, "model", load_residence(str(p), base))
+        except ConfigError as e:
+            problems.append(str(e))
+    return list(dict.fromkeys(problems)), warnings
+
+
+def _model_warnings(path: Path, key: str, res: Residence) -> list[str]:
+    if models.known(res.model):
+        return []
+    hint = models.nearest(res.model)
+    return [f"{path}: {key}: warning: {res.model!r} is not in the model table"
+            + (f" (did you mean {hint!r}?)" if hint else "")
+            + f"; its stated output_ceiling {res.output_ceiling} is taken as given"]
+
+
+def _kind_of(p: Path) -> str:
+    if p.name == PROJECT_FILE:
+        return "project"
+    if p.parent.name == "policies":
+        return "policy"
+    if p.parent.name == "residences":
+        return "residence"
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except Exception:  # the real load reports it properly
+        return "residence"
+    if isinstance(data, dict) and "turns" in data:
+        return "scenario"
+    if isinstance(data, dict) and "model" not in data and ("continuation" in data or "retries" in data):
+        return "policy"
+    return "residence"
