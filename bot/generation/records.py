@@ -77,10 +77,12 @@ class Stump:
     created_at: float = field(default_factory=time.time)
     residence: str = ""
     stored: bool = field(default=False, compare=False)  # already written to the ledger
+    # Stored, not derived: a metadata-only read (`Ledger.list_stump_meta`) leaves `text` empty and keeps the count.
+    chars: int = -1
 
-    @property
-    def chars(self) -> int:
-        return len(self.text)
+    def __post_init__(self) -> None:
+        if self.chars < 0:
+            self.chars = len(self.text)
 
     def meta(self) -> dict[str, Any]:
         return {"id": self.id, "generation_id": self.generation_id, "attempt_id": self.attempt_id,

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, Iterable
 
 import aiosqlite
@@ -261,6 +262,39 @@ class Ledger:
         params.append(limit)
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
+    async def list_stump_meta(self, residence: str | None = None, cause: str | None = None, *, limit: int = 50,
+                              before: str | None = None, channels: Collection[str] | None = None) -> list[Stump]:
+        """Stumps' metadata, newest first, without reading their text (`text` is "", `chars` is the stored count).
+
+        `before` is a stump id: only stumps older than it (the next page). `channels`, when given, keeps only
+        stumps whose generation was in one of those channels (moderators see their own guild's records).
+        """
+        sql = ("SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+               " s.published, s.replaced_by, s.created_at FROM stumps s")
+        where: list[str] = []
+        params: list[Any] = []
+        if channels is not None:
+            wanted = list(dict.fromkeys(channels))
+            if not wanted:
+                return []
+            sql += " JOIN generations g ON g.id = s.generation_id"
+            where.append(f"g.channel IN ({','.join('?' * len(wanted))})")
+            params += wanted
+        if residence:
+            where.append("s.residence=?")
+            params.append(residence)
+        if cause:
+            where.append("s.cause=?")
+            params.append(cause)
+        if before is not None:
+            where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+            params.append(before)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
+        params.append(limit)
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+
     async def get_stump(self, sid: str) -> Stump | None:
         rows = await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,))
         return _stump(rows[0]) if rows else None
@@ -362,9 +396,9 @@ def _stored(stumps: Iterable[Stump]) -> None:
 def _stump(r: Any) -> Stump:
     s = _cols(r)
     return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
-                 text=dec(s["text"]), output_tokens=s["output_tokens"], scope=s["scope"],
+                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=s["scope"],
                  published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
-                 residence=s["residence"], stored=True)
+                 residence=s["residence"], stored=True, chars=s["chars"])
 
 
 def _post(r: Any) -> Post:
