@@ -23,6 +23,9 @@ def _add(sub) -> None:
     room.add_argument("--port", type=int, default=8765)
     room.add_argument("--channel", action="append", dest="channels", help="a text channel (repeatable; default: "
                                                                           "the channels residences name, or general)")
+    room.add_argument("--layout", metavar="LAYOUT.yaml", help="several guilds with channels, roles, members and "
+                                                              "permission overwrites (a file, or a bundled layout "
+                                                              "by name: two-guilds)")
     room.set_defaults(func=cmd_room)
 
 
@@ -37,19 +40,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 def room_channels(base: Path) -> list[str]:
     from ..config import ConfigError, load_all_residences
     try:
-        names = [c for r in load_all_residences(base) if r.discord for c in r.discord.channels if not c.isdigit()]
+        names = [c.rpartition("/")[2] for r in load_all_residences(base) if r.discord for c in r.discord.channels
+                 if not c.isdigit()]
     except ConfigError:
         names = []
     return list(dict.fromkeys(names)) or ["general"]
 
 
 def cmd_room(args: argparse.Namespace) -> int:
+    from ..localservers.room import LayoutError, RoomServer, load_layout
     from ..localservers.room.server import serve
-    channels = args.channels or room_channels(Path.cwd())
-    print(f"local room on http://{args.host}:{args.port} (channels: {', '.join(channels)}); "
-          f"bots: residents run --discord-api http://{args.host}:{args.port}", flush=True)
+    layout = None
+    if args.layout:
+        if args.channels:
+            raise UsageError("--channel and --layout: a layout names its guilds' channels itself")
+        try:
+            layout = load_layout(args.layout)
+        except LayoutError as e:
+            raise UsageError(str(e)) from None
+
+    def announce(server: RoomServer) -> None:
+        where = "; ".join(f"{g.name}: {', '.join(c.name for c in g.channels.values())}"
+                          for g in server.state.guilds.values())
+        print(f"local room on {server.url} ({where}); bots: residents run --discord-api {server.url}", flush=True)
+
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, channels))
+        asyncio.run(serve(args.host, args.port, args.channels or room_channels(Path.cwd()), layout=layout,
+                          announce=announce))
     return 0
 
 

@@ -310,12 +310,15 @@ class RoomServer:
 
 
 async def serve(host: str = "127.0.0.1", port: int = 8765, channels: Sequence[str] = ("general",),
-                guild_name: str = "residents", layout: Layout | None = None) -> None:
-    """Run a room until cancelled (the `residents room` command wraps this)."""
+                guild_name: str = "residents", layout: Layout | None = None,
+                announce: Callable[[RoomServer], None] | None = None) -> None:
+    """Run a room until cancelled (the `residents room` command wraps this); `announce` is told once it listens."""
     server = RoomServer(channels, guild_name, layout=layout)
     url = await server.start(host, port)
     log.info("point bots at %s (REST %s/api/v10, gateway %s); people post via %s/_room/",
              url, url, server.gateway_url(), url)
+    if announce is not None:
+        announce(server)
     try:
         await asyncio.Event().wait()
     finally:
