@@ -179,7 +179,7 @@ class RoomState:
         self.users[bot.id] = bot
         log.info("bot %s (%s) joined the room", name, bot.id)
         for g in self.guilds.values():
-            g.members[bot.id] = Member(bot, [g.role_named(BOTS_ROLE)])  # type: ignore[list-item]
+            g.members[bot.id] = Member(bot, [r for r in g.roles.values() if r.name == BOTS_ROLE])
             self.emit(RoomEvent("member_add", user=bot, guild=g))
         return bot
 
