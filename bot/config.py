@@ -9,10 +9,10 @@ import logging
 import re
 import unicodedata
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import models
 
@@ -90,9 +90,16 @@ class Policy(Strict):
     floor: Floor = Floor()
 
 
+def _channel_ref(ref: str) -> str:
+    if not re.fullmatch(r"[^/\s]+(/[^/\s]+)?", ref):
+        raise ValueError("a channel is a name, an id or guild/channel")
+    return ref
+
+
 class DiscordSettings(Strict):
     token_env: str = Field(min_length=1)
-    channels: list[str] = Field(default_factory=list)
+    # A channel's name, its id, or `guild/channel` (a bare name must be in only one of the bot's guilds).
+    channels: list[Annotated[str, AfterValidator(_channel_ref)]] = Field(default_factory=list)
 
 
 class Residence(Strict):

@@ -26,7 +26,7 @@ from bot.discord.app import ResidentBot
 from bot.discord.run import Deployment, run_bots
 from bot.ledger import Ledger
 from bot.localservers.provider import Call, ProviderServer, Responder
-from bot.localservers.room import RoomServer
+from bot.localservers.room import Layout, RoomServer
 
 try:
     from roomkit import error_guard, eventually, running_room
@@ -100,7 +100,7 @@ class Deployed:
         deadline = loop.time() + READY_TIMEOUT
         last = None
         while loop.time() < deadline:
-            now = (len(self.room.messages()), self.provider.arrived)
+            now = (sum(len(c.messages) for c in self.room.state.channels.values()), self.provider.arrived)
             if now == last:
                 return
             last = now
@@ -132,8 +132,10 @@ def opts(**options: Any) -> list[dict[str, Any]]:
 @contextlib.asynccontextmanager
 async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Sequence[Call] = (),
                    responder: Responder | None = None, channels: Sequence[str] = ("general",),
-                   expected_errors: Sequence[str] = (), **run_options: Any) -> AsyncIterator[Deployed]:
-    """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced.
+                   layout: Layout | None = None, expected_errors: Sequence[str] = (),
+                   **run_options: Any) -> AsyncIterator[Deployed]:
+    """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced
+    (in every guild of `layout`, when the room is built from one).
 
     `expected_errors`: substrings of ERROR lines the test provokes on purpose; `run_options` go to `run_bots`.
     """
@@ -153,7 +155,7 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
             self.add_listener(on_message)
 
     db = tmp_path / "ledger.db"
-    async with error_guard() as guard, running_room(channels) as room:
+    async with error_guard() as guard, running_room(channels, layout=layout) as room:
         guard.ignore.extend(lambda problem, e=e: e in problem for e in expected_errors)
         provider = GatedProvider(responder)
         await provider.start()
@@ -173,8 +175,15 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
                     task.result()
                     raise AssertionError("run_bots stopped before the bots were ready")
                 state = {b["name"]: b for b in room.snapshot()["bots"]}
-                return all(n in state and state[n]["connected"] and "stumps" in state[n]["commands"] for n in names) \
+                return all(n in state and state[n]["connected"] and synced(n) for n in names) \
                     and len(bots) == len(names) and all(b.is_ready() for b in bots)
+
+            def synced(name: str) -> bool:
+                """The bot's commands are synced in every guild of the room (on_ready syncs them one by one)."""
+                app = room.state.bot_by_name(name)
+                return app is not None and all(any(c.application_id == app.id and c.guild_id == g.id and c.name == "stumps"
+                                                   for c in room.state.commands.values())
+                                               for g in room.state.guilds.values())
 
             await eventually(ready, timeout=READY_TIMEOUT)
             ledger = await Ledger.open(db)

@@ -11,6 +11,7 @@ import discord
 from discord.ext import commands
 
 from ..resident import Resident
+from . import checks
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class ResidentBot(commands.Bot):
     async def setup_hook(self) -> None:
         for ext in COGS:
             await self.load_extension(ext)
+        self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
 
     async def on_ready(self) -> None:
         """Commands are synced per guild (immediate, unlike global ones); configured channels are checked."""
@@ -57,12 +59,21 @@ class ResidentBot(commands.Bot):
             self.synced.add(guild.id)
         settings = self.residence.discord
         if settings and settings.channels:
-            known = {c.name for g in self.guilds for c in g.text_channels} | \
-                    {str(c.id) for g in self.guilds for c in g.text_channels}
-            missing = [c for c in settings.channels if c not in known]
+            found = {e: [c for g in self.guilds for c in g.text_channels if names_channel(e, c)]
+                     for e in settings.channels}
+            missing = [e for e, cs in found.items() if not cs]
+            where = f"residences/{self.residence.name}.yaml: discord.channels"
+            ambiguous = [(e, cs) for e, cs in found.items() if len(cs) > 1]
             if missing:
-                self.startup_problem = (f"residences/{self.residence.name}.yaml: discord.channels: no channel named "
-                                        f"{', '.join(map(repr, missing))} in the bot's guilds")
+                self.startup_problem = f"{where}: no channel named {', '.join(map(repr, missing))} in the bot's guilds"
+            elif ambiguous:
+                e, cs = ambiguous[0]
+                guilds = list(dict.fromkeys(c.guild.name for c in cs))
+                self.startup_problem = (
+                    f"{where}: {e!r} is in guilds {' and '.join(guilds)}; write "
+                    f"{' or '.join(repr(f'{g}/{e}') for g in guilds)}" if len(guilds) > 1 else
+                    f"{where}: {e!r} names {len(cs)} channels in guild {guilds[0]}; write one's id")
+            if self.startup_problem:
                 log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
                 await self.close()
                 return
@@ -71,6 +82,15 @@ class ResidentBot(commands.Bot):
     def listens_in(self, channel: discord.abc.Messageable) -> bool:
         settings = self.residence.discord
         names = settings.channels if settings else []
-        if not names:
-            return True
-        return getattr(channel, "name", None) in names or str(getattr(channel, "id", "")) in names
+        return not names or any(names_channel(e, channel) for e in names)
+
+
+def names_channel(entry: str, channel: object) -> bool:
+    """A `discord.channels` entry names this channel: its id, `guild/channel`, or its bare name (which
+    start-up has checked is unambiguous)."""
+    if entry == str(getattr(channel, "id", "")):
+        return True
+    guild_name, slash, name = entry.rpartition("/")
+    if name != getattr(channel, "name", None):
+        return False
+    return not slash or getattr(getattr(channel, "guild", None), "name", None) == guild_name

@@ -12,6 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from collections.abc import Collection
 from typing import Any, Iterable
 
 import aiosqlite

@@ -1,8 +1,12 @@
 """Moderators' slash commands: inspect stumps and provenance, show a policy, ask for a continuation.
 
-Registered with `default_member_permissions` (Manage Messages) and checked again at run time, since
-a guild can override the default. Replies are ephemeral; a stump's text is shown only where its
-residence's policy lets moderators read stumps, and never reaches the room from here.
+Registered with `default_member_permissions` (Manage Messages) and checked again at run time by the
+cog's one `interaction_check` (`checks.moderator_check`), since a guild can override the default.
+Every lookup is scoped to the guild it is asked in and to the channels there where the member
+moderates (`checks.moderation_scope`): a record outside that scope gets the same answer as one that
+does not exist. Replies are ephemeral; a stump's text is shown only where its residence's policy
+lets moderators read stumps, and never reaches the room from here. Failures are answered by the
+tree's error handler (`checks.on_app_command_error`).
 """
 from __future__ import annotations
 
@@ -15,23 +19,17 @@ from discord import app_commands
 from discord.ext import commands
 
 from ...delivery import split_text
+from ...generation.records import Generation
 from ...ledger import views
-from ..app import ResidentBot
+from ..app import ResidentBot, names_channel
+from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
 
 log = logging.getLogger(__name__)
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
-
-
-def can_moderate(interaction: discord.Interaction) -> bool:
-    perms = interaction.permissions
-    return bool(perms.manage_messages or perms.administrator)
-
-
-async def refuse(interaction: discord.Interaction) -> None:
-    await interaction.response.send_message("This command needs the Manage Messages permission.", ephemeral=True)
+STUMPS_PER_PAGE = 20
 
 
 def fenced_pages(lines: list[str]) -> list[str]:
@@ -49,6 +47,9 @@ class Moderation(commands.Cog):
     def __init__(self, bot: ResidentBot) -> None:
         self.bot = bot
 
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:  # type: ignore[override]
+        return await moderator_check(interaction)
+
     @property
     def ledger(self):
         return self.bot.resident.ledger
@@ -59,27 +60,36 @@ class Moderation(commands.Cog):
         for page in rest:
             await interaction.followup.send(page, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
 
-    @stumps.command(name="list", description="Stumps of a resident (metadata only)")
-    @app_commands.describe(resident="resident name (default: this bot's)", cause="e.g. max_tokens, retry-abandoned")
+    async def _say(self, interaction: discord.Interaction, text: str) -> None:
+        await interaction.response.send_message(text, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
+
+    async def _generation(self, gid: str, scope: Scope) -> Generation | None:
+        """The generation, if it was made in a channel of the scope; None as for one that does not exist."""
+        g = await self.ledger.get_generation(gid) if gid else None
+        return g if g is not None and g.channel in scope else None
+
+    @stumps.command(name="list", description="Stumps of a resident, newest first (metadata only)")
+    @app_commands.describe(resident="resident name (default: this bot's)", cause="e.g. max_tokens, retry-abandoned",
+                           page=f"page of {STUMPS_PER_PAGE}, newest first (default 1)")
     async def stumps_list(self, interaction: discord.Interaction, resident: str | None = None,
-                          cause: str | None = None) -> None:
-        if not can_moderate(interaction):
-            return await refuse(interaction)
+                          cause: str | None = None, page: app_commands.Range[int, 1, 1000] = 1) -> None:
         name = resident or self.bot.residence.name
-        found = await self.ledger.list_stumps(name, cause, limit=50)
-        if not found:
-            await interaction.response.send_message(f"No stumps for {name}" + (f" with cause {cause}" if cause else "")
-                                                    + ".", ephemeral=True)
+        found = await self.ledger.list_stump_meta(name, cause, limit=page * STUMPS_PER_PAGE + 1,
+                                                  channels=moderation_scope(interaction).ids)
+        shown = found[(page - 1) * STUMPS_PER_PAGE:page * STUMPS_PER_PAGE]
+        if not shown:
+            await self._say(interaction, f"No stumps for {name}" + (f" with cause {cause}" if cause else "")
+                            + (f" on page {page}" if page > 1 else "") + ".")
             return
-        await self._send_pages(interaction, fenced_pages([views.stump_line(s) for s in found]))
+        more = len(found) > page * STUMPS_PER_PAGE
+        head = f"page {page}, newest first" + (f"; older: page:{page + 1}" if more else "")
+        await self._send_pages(interaction, fenced_pages([head] + [views.stump_line(s) for s in shown]))
 
     @stumps.command(name="show", description="One stump: its provenance, and its text where policy allows")
     async def stumps_show(self, interaction: discord.Interaction, id: str) -> None:
-        if not can_moderate(interaction):
-            return await refuse(interaction)
         s = await self.ledger.get_stump(id.strip())
-        if s is None:
-            await interaction.response.send_message(f"No stump {id}.", ephemeral=True)
+        if s is None or await self._generation(s.generation_id, moderation_scope(interaction)) is None:
+            await self._say(interaction, f"No stump {id}.")
             return
         head = [views.stump_line(s), f"generation {s.generation_id}, attempt {s.attempt_id}"]
         owner = self.bot.registry.get(s.residence)
@@ -94,28 +104,32 @@ class Moderation(commands.Cog):
     @generation.command(name="show", description="Provenance: attempts, segments, stop and discard reasons, counts")
     @app_commands.describe(ref="a generation id, or a link to one of its messages")
     async def generation_show(self, interaction: discord.Interaction, ref: str) -> None:
-        if not can_moderate(interaction):
-            return await refuse(interaction)
         gid = ref.strip()
         m = LINK.search(gid)
         if m or gid.isdigit():
             posts = await self.ledger.posts_by_message([m.group(1) if m else gid])
             post = next(iter(posts.values()), None)
             gid = post.generation_id if post and post.generation_id else ""
-        g = await self.ledger.get_generation(gid) if gid else None
+        g = await self._generation(gid, moderation_scope(interaction))
         if g is None:
-            await interaction.response.send_message(f"No generation found for {ref}.", ephemeral=True)
+            await self._say(interaction, f"No generation found for {ref}.")
             return
         await self._send_pages(interaction, fenced_pages(views.provenance(g)))
 
     @policy.command(name="show", description="A resident's policy as it is in force")
     async def policy_show(self, interaction: discord.Interaction, resident: str | None = None) -> None:
-        if not can_moderate(interaction):
-            return await refuse(interaction)
         name = resident or self.bot.residence.name
         r = self.bot.registry.get(name)
+        scope = moderation_scope(interaction)
+        # A resident is here when it listens in a channel of the scope (this bot listens wherever it is
+        # unless its residence names channels; another resident must name one of them).
+        if r is not None:
+            entries = r.residence.discord.channels if r.residence.discord else []
+            here = any(names_channel(e, c) for e in entries for c in scope.channels) if entries else \
+                (r is self.bot.resident and bool(scope.channels))
+            r = r if here else None
         if r is None:
-            await interaction.response.send_message(f"No resident {name} here.", ephemeral=True)
+            await self._say(interaction, f"No resident {name} here.")
             return
         dump = yaml.safe_dump(r.residence.policy.model_dump(), sort_keys=False)
         await self._send_pages(interaction, fenced_pages([f"# {name} ({r.residence.model})", dump]))
@@ -124,22 +138,19 @@ class Moderation(commands.Cog):
     @app_commands.default_permissions(manage_messages=True)
     @app_commands.guild_only()
     async def continue_(self, interaction: discord.Interaction, generation: str) -> None:
-        if not can_moderate(interaction):
-            return await refuse(interaction)
-        g = await self.ledger.get_generation(generation.strip())
+        scope = moderation_scope(interaction)
+        g = await self._generation(generation.strip(), scope)
         if g is None or g.residence != self.bot.residence.name:
-            await interaction.response.send_message(
-                f"No generation {generation} of {self.bot.residence.name}.", ephemeral=True)
+            await self._say(interaction, f"No generation {generation} of {self.bot.residence.name}.")
             return
         standing = self.bot.residence.policy.continuation.standing
         if standing != "on-request":
-            await interaction.response.send_message(
-                f"Not continued: the continuation standing of {g.residence} is {standing}, not on-request.",
-                ephemeral=True)
+            await self._say(interaction,
+                            f"Not continued: the continuation standing of {g.residence} is {standing}, not on-request.")
             return
-        channel = self.bot.get_channel(int(g.channel)) if g.channel.isdigit() else None
-        if channel is None:
-            await interaction.response.send_message(f"The channel of {g.id} is not reachable.", ephemeral=True)
+        channel = scope.channel(g.channel)
+        if channel is None:  # in scope, so in this guild: not reachable only if the bot cannot see it
+            await self._say(interaction, f"The channel of {g.id} is not reachable.")
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         reply = await self.bot.resident.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]

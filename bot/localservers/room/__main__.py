@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 
+from .layout import LayoutError, load_layout
 from .server import serve
 
 
@@ -17,12 +18,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--channel", action="append", dest="channels",
                         help="a text channel (repeatable; default: general)")
     parser.add_argument("--guild-name", default="residents")
+    parser.add_argument("--layout", help="a layout file (guilds, channels, roles, members, overwrites)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        layout = load_layout(args.layout) if args.layout else None
+    except LayoutError as e:
+        parser.exit(2, f"{e}\n")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port, args.channels or ["general"], args.guild_name))
+        asyncio.run(serve(args.host, args.port, args.channels or ["general"], args.guild_name, layout))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .state import ApiError, RoomEvent, RoomState, User
+from . import payloads
+from .model import ApiError, RoomEvent, User
+from .state import RoomState
 
 log = logging.getLogger(__name__)
 
@@ -198,10 +200,8 @@ class Gateway:
             await self._resume(conn, data or {})
         elif conn.session is None:
             await conn.close(4003, flush=True)  # not authenticated
-        elif op == OP_REQUEST_MEMBERS:
-            self._request_members(conn.session, data or {})
-        elif op in (OP_PRESENCE, OP_VOICE):
-            pass
+        elif op in (OP_PRESENCE, OP_VOICE, OP_REQUEST_MEMBERS):
+            pass  # GUILD_CREATE sends every member (member_count matches), so discord.py never needs to ask
         else:
             log.warning("unknown gateway op %r from %s", op, conn.session.bot.name)
             await conn.close(4001, flush=True)
@@ -228,9 +228,9 @@ class Gateway:
         self.identifies += 1
         ready: dict[str, Any] = {
             "v": 10,
-            "user": {**bot.payload(), "verified": True, "mfa_enabled": False, "email": None, "flags": 0,
+            "user": {**payloads.user(bot), "verified": True, "mfa_enabled": False, "email": None, "flags": 0,
                      "locale": "en-US"},
-            "guilds": [{"id": str(self.state.guild_id), "unavailable": True}],
+            "guilds": [{"id": str(g.id), "unavailable": True} for g in self.state.guilds.values()],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.gateway_url(),
@@ -241,7 +241,8 @@ class Gateway:
         if session.shard is not None:
             ready["shard"] = session.shard
         session.dispatch("READY", ready)
-        session.dispatch("GUILD_CREATE", self.state.guild_payload())
+        for guild in self.state.guilds.values():
+            session.dispatch("GUILD_CREATE", payloads.guild(guild))
         log.info("bot %s identified (session %s, intents %s)", bot.name, session.id, intents)
 
     async def _resume(self, conn: Connection, data: dict[str, Any]) -> None:
@@ -273,60 +274,37 @@ class Gateway:
         log.info("bot %s resumed session %s at seq %s (%d event(s) replayed)",
                  session.bot.name, session.id, seq, replayed)
 
-    def _request_members(self, session: Session, data: dict[str, Any]) -> None:
-        members = self.state.members()
-        wanted = data.get("user_ids")
-        not_found: list[str] = []
-        if wanted:
-            ids = {int(u) for u in (wanted if isinstance(wanted, list) else [wanted])}
-            not_found = [str(u) for u in ids if u not in self.state.users]
-            members = [m for m in members if m.id in ids]
-        else:
-            query = str(data.get("query") or "").lower()
-            members = [m for m in members if m.name.lower().startswith(query)]
-        limit = int(data.get("limit") or 0)
-        if limit:
-            members = members[:limit]
-        chunk: dict[str, Any] = {
-            "guild_id": str(self.state.guild_id),
-            "members": [self.state.member_payload(m) for m in members],
-            "chunk_index": 0, "chunk_count": 1, "not_found": not_found,
-        }
-        if data.get("nonce") is not None:
-            chunk["nonce"] = data["nonce"]
-        if data.get("presences"):
-            chunk["presences"] = []
-        session.dispatch("GUILD_MEMBERS_CHUNK", chunk)
-
     # ----- room events -> dispatches --------------------------------------------------------
 
     def _on_room_event(self, event: RoomEvent) -> None:
         state = self.state
-        guild_id = str(state.guild_id)
         sessions = self.live_sessions()
-        if event.kind in ("message_create", "message_update") and event.message is not None:
-            name = "MESSAGE_CREATE" if event.kind == "message_create" else "MESSAGE_UPDATE"
-            for session in sessions:
-                if session.wants(INTENT_GUILD_MESSAGES):
-                    session.dispatch(name, state.visible_payload(event.message, session.bot))
-        elif event.kind == "message_delete" and event.message is not None:
-            data = {"id": str(event.message.id), "channel_id": str(event.message.channel_id), "guild_id": guild_id}
-            for session in sessions:
-                if session.wants(INTENT_GUILD_MESSAGES):
+        msg = event.message
+        if event.kind in ("message_create", "message_update", "message_delete") and msg is not None:
+            seeing = [s for s in sessions if s.wants(INTENT_GUILD_MESSAGES)
+                      and state.permissions(s.bot, msg.channel).view_channel]
+            if event.kind == "message_delete":
+                data = {"id": str(msg.id), "channel_id": str(msg.channel.id), "guild_id": str(msg.guild.id)}
+                for session in seeing:
                     session.dispatch("MESSAGE_DELETE", data)
-        elif event.kind == "typing" and event.user is not None:
-            data = {"channel_id": str(event.channel_id), "guild_id": guild_id, "user_id": str(event.user.id),
-                    "timestamp": int(time.time()), "member": state.member_payload(event.user)}
+                return
+            name = "MESSAGE_CREATE" if event.kind == "message_create" else "MESSAGE_UPDATE"
+            for session in seeing:
+                session.dispatch(name, payloads.visible(msg, session.bot))
+        elif event.kind == "typing" and event.user is not None and event.channel is not None:
+            guild = event.channel.guild
+            data = {"channel_id": str(event.channel.id), "guild_id": str(guild.id), "user_id": str(event.user.id),
+                    "timestamp": int(time.time()), "member": payloads.member(guild.members[event.user.id])}
             for session in sessions:
-                if session.wants(INTENT_GUILD_MESSAGE_TYPING) and session.bot.id != event.user.id:
+                if session.wants(INTENT_GUILD_MESSAGE_TYPING) and session.bot.id != event.user.id \
+                        and state.permissions(session.bot, event.channel).view_channel:
                     session.dispatch("TYPING_START", data)
-        elif event.kind in ("member_add", "member_update") and event.user is not None:
+        elif event.kind in ("member_add", "member_update") and event.user is not None and event.guild is not None:
             name = "GUILD_MEMBER_ADD" if event.kind == "member_add" else "GUILD_MEMBER_UPDATE"
-            data = {**state.member_payload(event.user), "guild_id": guild_id}
+            data = {**payloads.member(event.guild.members[event.user.id]), "guild_id": str(event.guild.id)}
             for session in sessions:
                 if session.wants(INTENT_GUILD_MEMBERS) and session.bot.id != event.user.id:
                     session.dispatch(name, data)
         elif event.kind == "interaction_create" and event.interaction is not None:
-            payload = state.interaction_payload(event.interaction)
             for session in self.live_sessions(event.interaction.bot):
-                session.dispatch("INTERACTION_CREATE", payload)
+                session.dispatch("INTERACTION_CREATE", event.interaction.payload)

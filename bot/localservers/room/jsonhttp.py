@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from .state import ApiError
+from .model import ApiError
 
 log = logging.getLogger(__name__)
 

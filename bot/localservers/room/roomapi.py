@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
+from .faults import FaultPlan
 from .jsonhttp import json_response, read_body, require_dict
-from .state import ApiError
-
-if TYPE_CHECKING:
-    from .server import RoomServer
+from .model import ApiError
+from .state import RoomState
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +28,43 @@ STATIC = Path(__file__).resolve().parent / "static"
 MAX_ANNOTATION_IDS = 500
 
 
+# A channel in a path: its id, its name, or `guild/channel` (the slash may be written as is or as %2F).
+CHANNEL = "{channel:[^/]+(?:/[^/]+)?}"
+
+
+class Room(Protocol):
+    """What the API drives: the RoomServer (named structurally, so the server imports this module, not back)."""
+
+    state: RoomState
+    faults: FaultPlan
+
+    def snapshot(self) -> dict[str, Any]: ...
+    def messages(self, channel: str = ..., member: str | None = ...) -> list[dict[str, Any]]: ...
+    def post(self, channel: str, author: str, content: str, *, reply_to: int | str | None = ...,
+             mentions: Iterable[str] = ..., moderator: bool | None = ...,
+             allowed_mentions: dict[str, Any] | None = ...) -> dict[str, Any]: ...
+    async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = ...,
+                             options: list[dict[str, Any]] | None = ..., moderator: bool | None = ...,
+                             timeout: float = ..., settle: float = ...) -> dict[str, Any]: ...
+    async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
+    def faults_view(self) -> dict[str, Any]: ...
+    def fail_message_posts(self, status: int = ..., *, nth: int = ..., times: int = ..., retry_after: float = ...,
+                           is_global: bool = ..., after_create: bool = ...) -> None: ...
+    async def drop_gateway(self, *, hold: bool = ...) -> int: ...
+    def release_gateway(self) -> None: ...
+    def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
+    def unsubscribe_events(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None: ...
+
+
 class RoomApi:
-    def __init__(self, server: RoomServer) -> None:
+    def __init__(self, server: Room) -> None:
         self.server = server
 
     def add_routes(self, app: web.Application) -> None:
         r = app.router
         r.add_get("/_room/state", self.get_state)
-        r.add_get("/_room/channels/{channel}/messages", self.list_messages)
-        r.add_post("/_room/channels/{channel}/messages", self.post_message)
+        r.add_get(f"/_room/channels/{CHANNEL}/messages", self.list_messages)
+        r.add_post(f"/_room/channels/{CHANNEL}/messages", self.post_message)
         r.add_post("/_room/commands", self.invoke_command)
         r.add_get("/_room/faults", self.get_faults)
         r.add_post("/_room/faults", self.post_faults)
@@ -51,7 +79,8 @@ class RoomApi:
         return json_response(self.server.snapshot())
 
     async def list_messages(self, request: web.Request) -> web.Response:
-        return json_response(self.server.messages(request.match_info["channel"]))
+        """`?member=NAME`: as that person, who must be able to see the channel."""
+        return json_response(self.server.messages(request.match_info["channel"], request.query.get("member")))
 
     async def post_message(self, request: web.Request) -> web.Response:
         body = require_dict((await read_body(request))[0])
@@ -67,11 +96,14 @@ class RoomApi:
 
     async def invoke_command(self, request: web.Request) -> web.Response:
         body = require_dict((await read_body(request))[0])
-        for key in ("channel_id", "member", "name"):
+        channel = body.get("channel") or body.get("channel_id")  # an id, a name or guild/channel
+        if not channel:
+            raise ApiError(400, 50035, "\"channel\" (an id, a name or guild/channel) is required")
+        for key in ("member", "name"):
             if not body.get(key):
                 raise ApiError(400, 50035, f"\"{key}\" is required")
         result = await self.server.invoke_command(
-            str(body["channel_id"]), str(body["member"]), str(body["name"]), bot=body.get("bot"),
+            str(channel), str(body["member"]), str(body["name"]), bot=body.get("bot"),
             options=body.get("options"), moderator=body.get("moderator"),
             timeout=float(body.get("timeout", 10.0)), settle=float(body.get("settle", 0.25)),
         )
@@ -124,11 +156,9 @@ class RoomApi:
         return web.Response(body=att.data, content_type=att.content_type or "application/octet-stream")
 
     async def events(self, request: web.Request) -> web.StreamResponse:
-        """Every new/edited/deleted message (and typing, interaction answers): SSE, or a websocket."""
+        """Every new/edited/deleted message (and typing, members, interaction answers) as server-sent events."""
         queue = self.server.subscribe_events()
         try:
-            if request.headers.get("Upgrade", "").lower() == "websocket":
-                return await self._events_ws(request, queue)
             return await self._events_sse(request, queue)
         finally:
             self.server.unsubscribe_events(queue)
@@ -150,24 +180,3 @@ class RoomApi:
         except (ConnectionResetError, RuntimeError) as exc:
             log.debug("event stream closed: %r", exc)
         return resp
-
-    async def _events_ws(self, request: web.Request, queue: asyncio.Queue[dict[str, Any] | None]) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-
-        async def pump() -> None:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    await ws.close()
-                    return
-                await ws.send_str(json.dumps(item))
-
-        task = asyncio.create_task(pump())
-        try:
-            async for msg in ws:
-                if msg.type == WSMsgType.ERROR:
-                    break
-        finally:
-            task.cancel()
-        return ws

@@ -2,6 +2,8 @@
 
 The real discord.py client logs in to it after `point_at_local(url)`, so a person without a
 bot token can try the residents offline, and tests exercise the same code paths as on Discord.
+One guild by default; a layout (`residents room --layout`) builds several, with roles, members
+and channel permission overwrites.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from . import payloads
 from .faults import FaultPlan
 from .gateway import Gateway
+from .interactions import Interactions
 from .jsonhttp import error_middleware
+from .layout import Layout, default_layout
+from .model import ApiError, Interaction, RoomEvent
 from .rest import DiscordRest
 from .roomapi import RoomApi
-from .state import ApiError, Interaction, RoomEvent, RoomState
+from .state import RoomState
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +36,13 @@ Annotator = Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]]
 
 
 class RoomServer:
-    """One guild with text channels; any bot token logs in, people post through /_room/."""
+    """Guilds with text channels; any bot token logs in (and joins every guild), people post through /_room/."""
 
     def __init__(self, channels: Sequence[str] = ("general",), guild_name: str = "residents", *,
-                 interaction_deadline: float = 3.0) -> None:
-        self.state = RoomState(list(channels), guild_name, interaction_deadline=interaction_deadline)
+                 layout: Layout | None = None, interaction_deadline: float = 3.0) -> None:
+        self.state = RoomState(layout or default_layout(list(channels), guild_name),
+                               interaction_deadline=interaction_deadline)
+        self.desk = Interactions(self.state)
         self.faults = FaultPlan()
         self.gateway = Gateway(self.state, self.gateway_url)
         self.url = ""
@@ -49,7 +57,7 @@ class RoomServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on host:port (0 = any free port); returns the base URL `http://host:port`."""
         app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024 * 1024)
-        DiscordRest(self.state, self.faults, self.gateway_url).add_routes(app)
+        DiscordRest(self.state, self.desk, self.faults, self.gateway_url).add_routes(app)
         RoomApi(self).add_routes(app)
         app.router.add_get("/gateway", self.gateway.handle)
         app.router.add_get("/gateway/", self.gateway.handle)
@@ -62,8 +70,8 @@ class RoomServer:
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{shown}:{bound[1]}"
         self.state.base_url = self.url
-        log.info("local Discord room %r listening on %s (channels: %s)", self.state.guild_name, self.url,
-                 ", ".join(c.name for c in self.state.channels.values()))
+        log.info("local Discord room listening on %s (%s)", self.url, "; ".join(
+            f"{g.name}: {', '.join(c.name for c in g.channels.values())}" for g in self.state.guilds.values()))
         return self.url
 
     async def stop(self) -> None:
@@ -76,14 +84,6 @@ class RoomServer:
             self._runner = None
         log.info("local Discord room stopped")
 
-    async def __aenter__(self) -> RoomServer:
-        if not self.url:
-            await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     def gateway_url(self) -> str:
         return self.url.replace("http://", "ws://", 1) + "/gateway/"
 
@@ -91,34 +91,54 @@ class RoomServer:
 
     @property
     def guild_id(self) -> str:
+        """The first guild's id (the only guild of a room without a layout)."""
         return str(self.state.guild_id)
 
     def channel_id(self, name: str = "general") -> str:
+        """A channel's id by name, `guild/channel` or id."""
         return str(self.state.channel_by_ref(name).id)
 
     def snapshot(self) -> dict[str, Any]:
         """GET /_room/state."""
         state = self.state
+        guilds = list(state.guilds.values())
         return {
             "url": self.url,
             "gateway_url": self.gateway_url(),
             "guild": {"id": str(state.guild_id), "name": state.guild_name},
-            "channels": [{"id": str(c.id), "name": c.name} for c in state.channels.values()],
+            "guilds": [{
+                "id": str(g.id), "name": g.name,
+                "channels": [{"id": str(c.id), "name": c.name, "ref": c.ref} for c in g.channels.values()],
+                "roles": [{"id": str(r.id), "name": r.name, "permissions": [n for n, on in r.permissions if on]}
+                          for r in g.roles.values()],
+                "members": [{"name": m.user.name, "bot": m.user.bot, "roles": [r.name for r in m.roles]}
+                            for m in g.members.values()],
+            } for g in guilds],
+            "channels": [{"id": str(c.id), "name": c.name, "guild": c.guild.name, "ref": c.ref}
+                         for c in state.channels.values()],
             "bots": [{"id": str(b.id), "name": b.name, "application_id": str(b.application_id),
                       "connected": self.gateway.connected(b),
                       "commands": sorted({c.name for c in state.commands.values()
                                           if c.application_id == b.application_id})}
                      for b in state.bots()],
-            "people": [{"id": str(p.id), "name": p.name, "moderator": p.moderator}
+            "people": [{"id": str(p.id), "name": p.name, "moderator": state.is_moderator(p),
+                        "guilds": {g.name: [r.name for r in g.members[p.id].roles] for g in guilds if p.id in g.members}}
                        for p in state.people_by_name.values()],
             "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
             "annotator": self._annotator is not None,
         }
 
-    def messages(self, channel: str = "general") -> list[dict[str, Any]]:
-        """Every live message in the channel, oldest first, as /_room/ renders it."""
+    def messages(self, channel: str = "general", member: str | None = None) -> list[dict[str, Any]]:
+        """Every live message in the channel, oldest first, as /_room/ renders it.
+
+        With `member` (a person's name), only if that member may see the channel (403 otherwise).
+        """
         ch = self.state.channel_by_ref(channel)
-        return [self.state.room_view(m) for m in ch.messages if not m.deleted]
+        if member is not None:
+            user = self.state.people_by_name.get(member)
+            if user is None or not self.state.permissions(user, ch).view_channel:
+                raise ApiError(403, 50001, f"{member} cannot see {ch.ref}")
+        return [payloads.room_view(m) for m in ch.messages if not m.deleted]
 
     @property
     def resumes(self) -> int:
@@ -151,22 +171,27 @@ class RoomServer:
         ch = self.state.channel_by_ref(channel)
         msg = self.state.post_as_person(ch, author, content, reply_to=reply_to, mentions=mentions,
                                         moderator=moderator, allowed_mentions=allowed_mentions)
-        return self.state.room_view(msg)
+        return payloads.room_view(msg)
 
     async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = None,
                              options: list[dict[str, Any]] | None = None, moderator: bool | None = None,
                              timeout: float = 10.0, settle: float = 0.25) -> dict[str, Any]:
-        """Run /name as `member`; wait for the callback and follow-ups (quiet for `settle` s)."""
+        """Run /name as `member` in `channel`; wait for the callback and follow-ups (quiet for `settle` s).
+
+        The member's roles in the channel's guild, with the channel's overwrites, decide the permissions
+        the bot is told; `moderator` is the default room's shortcut for its `moderator` role.
+        """
         ch = self.state.channel_by_ref(channel)
-        command = self.state.find_command(name, bot)
+        command = self.state.find_command(name, bot, ch.guild)
         owner = self.state.users[command.application_id]
         if not self.gateway.live_sessions(owner):
             raise ApiError(409, 0, f"bot {owner.name!r} has no gateway session")
-        inter = self.state.create_interaction(ch, member, command, options, moderator=moderator)
+        inter = self.desk.create(ch, member, command, options, moderator=moderator)
         timed_out = await self._await_responses(inter, timeout, settle)
         return {
             "interaction_id": str(inter.id), "command": command.name, "bot": owner.name,
-            "member": inter.user.name, "moderator": inter.user.moderator,
+            "member": inter.user.name, "moderator": self.state.is_moderator(inter.user, ch.guild),
+            "channel": ch.ref, "permissions": [n for n, on in self.state.permissions(inter.user, ch) if on],
             "responses": list(inter.responses), "timed_out": timed_out,
         }
 
@@ -178,7 +203,7 @@ class RoomServer:
             now = loop.time()
             if len(inter.responses) != last_count:
                 last_count, last_change = len(inter.responses), now
-            complete = any(r["kind"] != "callback" or r["type"] in (4, 9) for r in inter.responses)
+            complete = any(r["kind"] != "callback" or r["type"] == 4 for r in inter.responses)
             if complete and now - last_change >= settle:
                 return False
             if now >= deadline:
@@ -192,9 +217,9 @@ class RoomServer:
                                timeout: float = 5.0) -> dict[str, Any]:
         """The first message (room view) matching `predicate`, waiting up to `timeout` s for it."""
         def check() -> dict[str, Any] | None:
-            names = [channel] if channel else [c.name for c in self.state.channels.values()]
-            for name in names:
-                for view in self.messages(name):
+            refs = [channel] if channel else [str(c.id) for c in self.state.channels.values()]
+            for ref in refs:
+                for view in self.messages(ref):
                     if predicate(view):
                         return view
             return None
@@ -268,29 +293,32 @@ class RoomServer:
                 self._event_queues.discard(queue)
 
     def _event_item(self, event: RoomEvent) -> dict[str, Any] | None:
-        state = self.state
         if event.kind in ("message_create", "message_update", "message_delete") and event.message is not None:
-            return {"type": event.kind, "message": state.room_view(event.message)}
-        if event.kind == "typing" and event.user is not None:
-            return {"type": "typing", "channel_id": str(event.channel_id), "user": event.user.name,
+            return {"type": event.kind, "message": payloads.room_view(event.message)}
+        if event.kind == "typing" and event.user is not None and event.channel is not None:
+            return {"type": "typing", "channel_id": str(event.channel.id), "user": event.user.name,
                     "time": time.time()}
         if event.kind == "interaction_response" and event.interaction is not None:
             return {"type": "interaction_response", "interaction_id": str(event.interaction.id),
                     "command": event.interaction.command.name, "member": event.interaction.user.name,
-                    "channel_id": str(event.interaction.channel_id), "response": event.response}
-        if event.kind in ("member_add", "member_update") and event.user is not None:
+                    "channel_id": str(event.interaction.channel.id), "response": event.response}
+        if event.kind in ("member_add", "member_update") and event.user is not None and event.guild is not None:
             return {"type": event.kind, "user": {"id": str(event.user.id), "name": event.user.name,
-                                                 "bot": event.user.bot, "moderator": event.user.moderator}}
+                                                 "bot": event.user.bot, "guild": event.guild.name,
+                                                 "moderator": self.state.is_moderator(event.user, event.guild)}}
         return None
 
 
 async def serve(host: str = "127.0.0.1", port: int = 8765, channels: Sequence[str] = ("general",),
-                guild_name: str = "residents") -> None:
-    """Run a room until cancelled (the `residents room` command wraps this)."""
-    server = RoomServer(channels, guild_name)
+                guild_name: str = "residents", layout: Layout | None = None,
+                announce: Callable[[RoomServer], None] | None = None) -> None:
+    """Run a room until cancelled (the `residents room` command wraps this); `announce` is told once it listens."""
+    server = RoomServer(channels, guild_name, layout=layout)
     url = await server.start(host, port)
     log.info("point bots at %s (REST %s/api/v10, gateway %s); people post via %s/_room/",
              url, url, server.gateway_url(), url)
+    if announce is not None:
+        announce(server)
     try:
         await asyncio.Event().wait()
     finally:

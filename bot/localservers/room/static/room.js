@@ -1,6 +1,8 @@
 /* The room's web page: messages as Discord shows them, each with its kind from
  * /_room/annotations, a box to post as a person, and a moderator panel that runs slash
- * commands through POST /_room/commands. Live through the /_room/events SSE stream. */
+ * commands through POST /_room/commands. Live through the /_room/events SSE stream.
+ * A room built from a layout has several guilds: a selector picks one, and channels are
+ * named guild/channel in the address. */
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
@@ -9,6 +11,7 @@ const KIND_RETRIES = [300, 800, 2000, 5000];  // the ledger records a post just 
 
 const room = {
   state: null,           // GET /_room/state
+  guild: null,           // the guild shown (its name)
   channelId: null,
   names: new Map(),      // user id -> name
   messages: [],          // room views of the current channel, oldest first
@@ -33,19 +36,34 @@ async function api(method, path, body) {
 
 async function loadState() {
   room.state = await api("GET", "/_room/state");
-  $("#guild").textContent = room.state.guild.name;
+  if (!room.guild || !guildOf(room.guild)) room.guild = room.state.guilds[0].name;
   for (const u of [...room.state.bots, ...room.state.people]) room.names.set(u.id, u.name);
+  renderGuilds();
   renderChannels();
   renderMembers();
   renderBotPicker();
+  renderModNames();
+}
+
+const multiGuild = () => room.state.guilds.length > 1;
+const guildOf = (name) => room.state.guilds.find((g) => g.name === name);
+const channelHash = (c) => (multiGuild() ? c.ref : c.name);
+
+function renderGuilds() {
+  $("#guild").textContent = room.guild;
+  const select = $("#guild-select");
+  select.hidden = !multiGuild();
+  select.replaceChildren(...room.state.guilds.map((g) => Object.assign(document.createElement("option"),
+    {value: g.name, textContent: g.name})));
+  select.value = room.guild;
 }
 
 function renderChannels() {
   const ul = $("#channels");
-  ul.replaceChildren(...room.state.channels.map((c) => {
+  ul.replaceChildren(...room.state.channels.filter((c) => c.guild === room.guild).map((c) => {
     const li = document.createElement("li");
     const a = document.createElement("a");
-    a.href = `#${c.name}`;
+    a.href = `#${channelHash(c)}`;
     a.textContent = c.name;
     a.dataset.channelId = c.id;
     a.className = c.id === room.channelId ? "active" : "";
@@ -56,19 +74,36 @@ function renderChannels() {
 }
 
 function renderMembers() {
-  const items = [
-    ...room.state.bots.map((b) => ({name: b.name, bot: true, on: b.connected})),
-    ...room.state.people.map((p) => ({name: p.name, bot: false, on: true, mod: p.moderator})),
-  ];
+  const bots = new Map(room.state.bots.map((b) => [b.name, b]));
+  const items = guildOf(room.guild).members.map((m) => ({
+    name: m.name, bot: m.bot, on: m.bot ? Boolean(bots.get(m.name) && bots.get(m.name).connected) : true,
+    roles: m.roles.filter((r) => r !== "bots"),
+  }));
   $("#members").replaceChildren(...items.map((m) => {
     const li = document.createElement("li");
     li.className = m.on ? "online" : "offline";
     li.append(avatar(m.name, m.bot), Object.assign(document.createElement("span"), {textContent: m.name}));
     if (m.bot) li.append(botTag());
-    if (m.mod) li.title = "moderator";
+    if (m.roles.length) li.title = m.roles.join(", ");
     return li;
   }));
 }
+
+/* Who the panel may act as: the guild's people, those whose roles let them moderate first. */
+function renderModNames() {
+  const g = guildOf(room.guild);
+  const strong = new Set(g.roles.filter((r) => r.permissions.includes("manage_messages")
+    || r.permissions.includes("administrator")).map((r) => r.name));
+  const people = g.members.filter((m) => !m.bot);
+  const mods = people.filter((m) => m.roles.some((r) => strong.has(r)));
+  $("#mod-members").replaceChildren(...[...mods, ...people.filter((m) => !mods.includes(m))].map((m) =>
+    Object.assign(document.createElement("option"), {value: m.name})));
+  const input = $("#mod-name");
+  if (!hasModeratorRole() && mods.length && !people.some((m) => m.name === input.value)) input.value = mods[0].name;
+}
+
+/* The default room's shortcut: its `moderator` role is given to whoever the panel acts as. */
+const hasModeratorRole = () => guildOf(room.guild).roles.some((r) => r.name === "moderator");
 
 function renderBotPicker() {
   const select = $("#mod-bot");
@@ -94,9 +129,15 @@ function refreshStateSoon() {
 async function openChannel(id) {
   room.channelId = id;
   const ch = room.state.channels.find((c) => c.id === id);
+  if (ch && ch.guild !== room.guild) {
+    room.guild = ch.guild;
+    renderGuilds();
+    renderMembers();
+    renderModNames();
+  }
   $("#channel-name").textContent = ch ? ch.name : id;
   $("#content").placeholder = `Message #${ch ? ch.name : ""} — @name mentions a resident`;
-  history.replaceState(null, "", `#${ch ? ch.name : id}`);
+  history.replaceState(null, "", `#${ch ? channelHash(ch) : id}`);
   renderChannels();
   room.messages = [];  // events that arrive while the history loads are merged, not lost
   const fetched = await api("GET", `/_room/channels/${id}/messages`);
@@ -375,8 +416,8 @@ async function runCommand(label, name, options) {
   try {
     if (!bot) throw new Error("no resident bot is in the room");
     const out = await api("POST", "/_room/commands", {
-      channel_id: room.channelId, member: $("#mod-name").value.trim() || "moderator", moderator: true,
-      bot, name, options, timeout: 15,
+      channel: room.channelId, member: $("#mod-name").value.trim() || "moderator",
+      moderator: hasModeratorRole() ? true : undefined, bot, name, options, timeout: 15,
     });
     const shown = new Map();  // message id -> content; an edit replaces what it edits
     out.responses.forEach((r, i) => {
@@ -422,10 +463,14 @@ async function start() {
     runGenerationShow($("#generation-ref").value.trim());
   });
   $("#mod-out").addEventListener("click", onPanelClick);
+  $("#guild-select").addEventListener("change", (ev) => {
+    const first = room.state.channels.find((c) => c.guild === ev.target.value);
+    if (first) openChannel(first.id);
+  });
   try {
     await loadState();
     const wanted = decodeURIComponent(location.hash.slice(1));
-    const ch = room.state.channels.find((c) => c.name === wanted) || room.state.channels[0];
+    const ch = room.state.channels.find((c) => c.ref === wanted || c.name === wanted) || room.state.channels[0];
     connectEvents();
     await openChannel(ch.id);
     document.body.dataset.ready = "1";
