@@ -25,7 +25,7 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
     Bots log in to it with `residents run --discord-api URL`; people post through its web page.
 
     \b
-    Examples:
+    Example:
       residents room --port 8765 --channel general --channel dock
       residents room --layout two-guilds
     """
