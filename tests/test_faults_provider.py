@@ -352,8 +352,9 @@ async def test_refusal_with_stop_details(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     stream = body(text) + sse.tail("refusal", 12, {"type": "refusal", "category": "cyber", "explanation": None})
     t = await run_turn(tmp_path, [Call(sse=stream)])
+    held = "its text is held as a stump" if text else "no text was generated"  # only what is true
     check_turn(t, Expect("refused", text, [("refused", text)], [("refusal", text)] if text else [],
-                         "Provider declined this reply (stop reason: refusal); its text is held as a stump.",
+                         f"Provider declined this reply (stop reason: refusal); {held}.",
                          stop_reason="refusal", output_tokens=12))
     assert not [p for p in t.posts if p.kind in ("speech", "partial")]
 
@@ -596,7 +597,8 @@ async def _violations(db: Path, **kw: bool) -> list[str]:
     ("UPDATE stumps SET chars=chars+1 WHERE scope='output'", "chars"),
     ("UPDATE generations SET chars=chars-1", "chars"),
     ("UPDATE generations SET status='completed'", "status completed"),
-    ("INSERT INTO attempt_chunks SELECT id, 0, text FROM attempts WHERE outcome='abandoned'", "attempt_chunks"),
+    ("INSERT INTO attempt_chunks (attempt_id, seq, text) SELECT id, 0, text FROM attempts WHERE outcome='abandoned'",
+     "attempt_chunks"),
     ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE seq=1", "do not cover"),
     ("DELETE FROM posts WHERE seq=2", "never posted"),
     ("UPDATE posts SET kind='notice' WHERE kind='receipt'", "where a receipt is due"),
