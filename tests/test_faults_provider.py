@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -552,6 +553,83 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
         await reader.close()
         await ledger.close()
         await server.stop()
+
+
+async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path: Path) -> None:
+    """800 characters arrive, then the provider stalls: they reach disk within the 250 ms bound (and
+    load slack), long before the stall ends; no later delta is needed to write them."""
+    text = text_of(800)
+    db = tmp_path / "ledger.db"
+    res = make_residence(max_attempts=1, timeout=10.0)
+    server = ProviderServer()
+    await server.start()
+    server.reset([Call(sse=body(text), end="stall", stall_seconds=2.5)])
+    ledger, reader = await Ledger.open(db), await Ledger.open(db)
+    client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
+    loop = asyncio.get_running_loop()
+    try:
+        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        room = CollectingRoom(res.name)
+        m = room.say("alice", "Say a little, then wait.")
+        task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
+        began, seen = loop.time(), ""
+        while seen != text and loop.time() - began < 1.2:
+            await asyncio.sleep(0.05)
+            rows = await reader.db.execute_fetchall("SELECT id FROM attempts WHERE outcome='streaming'")
+            seen = await reader.streamed_text(rows[0][0]) if rows else ""
+        assert not task.done(), "the stall should still be holding the stream open"
+        assert seen == text, f"{len(text) - len(seen)} of {len(text)} characters still off disk after " \
+                             f"{loop.time() - began:.2f} s of a stall"
+        reply = await asyncio.wait_for(task, TURN_TIMEOUT)
+        assert reply.generation is not None and reply.generation.text == text
+        assert await verify(reader) == []
+    finally:
+        await client.close()
+        await reader.close()
+        await ledger.close()
+        await server.stop()
+
+
+# ---------------------------------------------------------------- text that cannot leave as it is
+
+
+async def test_a_lone_surrogate_never_poisons_the_channel(tmp_path: Path) -> None:
+    """A lone surrogate from the provider is kept exactly; the next turn's request carries it as U+FFFD
+    (valid UTF-8), counted on the attempt, and the turn completes instead of failing before the call."""
+    odd = "Tide at nine \ud83d and the ferry after."
+    stream = sse.head(MODEL) + raw_delta(odd[:14]) + raw_delta(odd[14:]) + sse.tail("end_turn", 12)
+    async with Session(tmp_path, make_residence()) as s:
+        first, _, _ = await s.say([Call(sse=stream)])
+        assert first.generation is not None and first.generation.status == "completed"
+        reply, posts, calls = await s.say([ok()], "And then?")
+        g = reply.generation
+        assert g is not None and calls == 1
+        assert (g.status, [a.outcome for a in g.attempts]) == ("completed", ["completed"])
+        assert g.attempts[0].request_replacements == 1
+        sent = json.dumps(s.server.requests[0], ensure_ascii=False)
+        assert odd.replace("\ud83d", "\ufffd") in sent
+        assert not any("Provider error" in p.content for p in posts)
+        kept = await s.ledger.get_generation(first.generation.id)
+        assert kept is not None and enc(kept.text) == enc(odd)  # the ledger keeps the exact text
+        assert (await s.ledger.get_generation(g.id)).attempts[0].request_replacements == 1  # type: ignore[union-attr]
+        assert await verify(s.ledger) == []
+
+
+async def test_a_failure_before_the_provider_call_is_not_a_provider_error(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request this process cannot send (here: a parameter the SDK does not take) fails as the project's
+    own error: named as internal, not retried, no provider call made, and never worded as a provider error."""
+    monkeypatch.setattr(logging.getLogger("bot.provider.stream"), "disabled", True)  # its ERROR is expected
+    async with Session(tmp_path, make_residence()) as s:
+        s.server.reset([ok()])
+        request = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}],
+                   "not_a_parameter": True}
+        g = await s.resident.generator.generate(s.res, "faults", request)
+        assert len(s.server.requests) == 0
+        assert (g.status, [(a.outcome, a.error) for a in g.attempts]) == ("failed", [("failed", "internal-TypeError")])
+        line = truth.notice(g.ending())
+        assert line == "Internal error (TypeError) stopped this output; no text was generated."
+        assert "Provider" not in line
 
 
 async def live_generation(ledger: Ledger) -> Generation:
