@@ -327,6 +327,33 @@ async def test_malformed_data_line(tmp_path: Path, k: int) -> None:
     assert t.generation.attempts[0].error == "malformed-stream"
 
 
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.parametrize("bad", [
+    _event("content_block_delta", "a bare string"),
+    _event("content_block_delta", [1, 2]),
+    _event("content_block_delta", None),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": 7}}),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 5,
+                                   "delta": {"type": "text_delta", "text": "a block that never started"}}),
+    _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
+    _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
+], ids=["string", "array", "null", "no-text", "text-not-a-string", "unstarted-block", "restarted-block",
+        "delta-not-an-object"])
+async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
+    """Data that is not an object, or not the protocol's shape, fails the attempt as `malformed-stream`
+    (retryable), never as an internal error, and never lets text of an unstarted block through."""
+    frag = text_of(257)
+    calls, e = _abandoned_then_retry(frag, [Call(sse=body(frag) + bad + sse.tail("end_turn", 9))])
+    t = await run_turn(tmp_path, calls)
+    check_turn(t, e)
+    assert t.generation.attempts[0].error == "malformed-stream"
+
+
 @pytest.mark.parametrize("k", CUTS)
 async def test_stream_ends_without_stop_reason(tmp_path: Path, k: int) -> None:
     text = text_of(k)
@@ -591,6 +618,20 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
 
 
 # ---------------------------------------------------------------- text that cannot leave as it is
+
+
+@pytest.mark.parametrize("raw, sent, count", [
+    ("plain é 漢字 🌊", "plain é 漢字 🌊", 0),
+    ("half \ud83d of a pair", "half \ufffd of a pair", 1),
+    ("x\ud83d\ude00y", "x😀y", 0),  # the two halves of a pair split across deltas: the character they spell
+    ("\ude00\ud83d", "\ufffd\ufffd", 2),  # in the wrong order: no pair
+    ("kept \ufffd as it was \udfff", "kept \ufffd as it was \ufffd", 1),
+])
+def test_outbound_text_is_valid_utf8_and_counts_its_replacements(raw: str, sent: str, count: int) -> None:
+    from bot.text import outbound
+    out, n = outbound(raw)
+    assert (out, n) == (sent, count)
+    out.encode("utf-8")
 
 
 async def test_a_lone_surrogate_never_poisons_the_channel(tmp_path: Path) -> None:
