@@ -17,6 +17,9 @@ from typing import Any
 import pytest
 
 from bot import cli
+from bot.localservers import sse
+from bot.localservers.provider import Call, ProviderServer
+from bot.provider import ListSink, make_client, stream_once
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"
@@ -168,3 +171,51 @@ def test_an_event_whose_data_is_not_an_object_is_a_malformed_stream_retried(work
     assert second["outcome"] == "completed" and g["status"] == "completed" and turn["provider_calls"] == 2
     assert [(s["cause"], s["text"]) for s in result["stumps"]] == [("retry-abandoned", "The tide turns at ")]
     assert [p["kind"] for p in turn["posts"]] == ["speech"]
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+async def test_each_block_keeps_its_content_as_given_over_the_real_sdk():
+    """Redacted reasoning keeps its data; a text block may begin in its start event; a delta of a type
+    not known here is kept as given beside its block; a tool call keeps its start and its input as
+    streamed; a stop with no content block at all gives an attempt with none."""
+    def delta(i: int, d: dict[str, Any]) -> bytes:
+        return _event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
+
+    def start(i: int, block: dict[str, Any]) -> bytes:
+        return _event("content_block_start", {"type": "content_block_start", "index": i, "content_block": block})
+
+    raw = (_event("message_start", {"type": "message_start", "message": {
+               "id": "msg_blocks", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 1}}})
+           + start(0, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw=="})
+           + start(1, {"type": "text", "text": "Begun in the start. "})
+           + delta(1, {"type": "text_delta", "text": "Then a delta."})
+           + delta(1, {"type": "future_delta", "payload": {"x": 1}})
+           + start(2, {"type": "tool_use", "id": "toolu_01", "name": "tides", "input": {}})
+           + delta(2, {"type": "input_json_delta", "partial_json": '{"port": '})
+           + delta(2, {"type": "input_json_delta", "partial_json": '"harbour"}'})
+           + sse.tail("tool_use", 40))
+    server = ProviderServer()
+    await server.start()
+    client = make_client(server.url, "test-key", timeout=5)
+    try:
+        server.reset([Call(sse=raw)])
+        sink = ListSink()
+        end = await stream_once(client, {"model": "claude-sonnet-4-5", "max_tokens": 64,
+                                         "messages": [{"role": "user", "content": "Tides?"}]}, sink)
+    finally:
+        await client.close()
+        await server.stop()
+    assert end.failure is None and end.stop_reason == "tool_use"
+    blocks = sink.blocks()
+    assert [(b.index, b.type, b.content) for b in blocks] == [
+        (0, "redacted_thinking", "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw=="),
+        (1, "text", "Begun in the start. Then a delta."),
+        (2, "tool_use", '{"port": "harbour"}')]
+    assert blocks[1].extras == [{"type": "future_delta", "payload": {"x": 1}}]
+    assert blocks[2].start == {"id": "toolu_01", "name": "tides", "input": {}}
+    assert blocks[0].start is None and blocks[1].start is None  # nothing but their type and content
+    assert sink.text() == "Begun in the start. Then a delta." and blocks[1].offset == 0

@@ -73,25 +73,24 @@ def _feeds(btype: str) -> frozenset[str]:
     return _ANY_CONTENT
 
 
-def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A block's content as its start event gives it, and the rest of the start object.
+def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """A block's content as its start event gives it, and the rest of the start object (less its type,
+    which is a column of its own; None when nothing else is left).
 
     Text and reasoning may begin in the start event; redacted reasoning's data and a server tool's
     result come whole in it. A tool call's input is its streamed JSON, so its start keeps `input`.
     """
+    rest = {k: v for k, v in start.items() if k != "type"}
     key = {"text": "text", "thinking": "thinking", "redacted_thinking": "data"}.get(btype)
-    if key is None and btype.endswith("tool_result") and "content" in start:
-        rest = dict(start)
-        return json.dumps(rest.pop("content"), ensure_ascii=False, separators=(",", ":")), rest
-    if key is None or key not in start:
-        return "", start
-    rest = dict(start)
-    value = rest.pop(key)
-    if value is None:
-        return "", rest
-    if not isinstance(value, str):
-        raise TypeError(f"a {btype} block whose {key} is not a string")
-    return value, rest
+    content = ""
+    if key is None and btype.endswith("tool_result") and "content" in rest:
+        content = json.dumps(rest.pop("content"), ensure_ascii=False, separators=(",", ":"))
+    elif key is not None and key in rest:
+        value = rest.pop(key)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"a {btype} block whose {key} is not a string")
+        content = value or ""
+    return content, rest or None
 
 
 class _Open:
