@@ -31,8 +31,9 @@ class Block:
     block, a tool call's input JSON as streamed, a redacted block's data as given, a server tool
     result's content (as JSON); for a type this project does not know, the text its deltas carried.
     Only text blocks are ever posted. `start` is the `content_block` object of its start event, as
-    given (less the field its content came from); `extras` are its other deltas as given (a
-    thinking block's signature, citations, a delta of a type not known here).
+    given, less its type and the field its content came from (None when nothing else is left);
+    `extras` are its other deltas as given (a thinking block's signature, citations, a delta of a
+    type not known here).
     """
     index: int
     type: str
@@ -51,13 +52,15 @@ class Block:
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index, "type": self.type, "chars": self.chars}
+        # the content under the name the protocol gives it: text, a tool call's input JSON, redacted data
         if self.type in ("text", "thinking"):
             out["text"] = self.content
         elif self.type.endswith("tool_use"):
             out["input_json"] = self.content
         elif self.type == "redacted_thinking":
             out["data"] = self.content
-        out["content"] = self.content
+        else:
+            out["content"] = self.content
         if self.offset is not None:
             out["span"] = [self.offset, self.offset + self.chars]
         if self.start:
