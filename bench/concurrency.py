@@ -14,7 +14,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import bot.generation.attempts as attempts_mod
@@ -35,26 +34,33 @@ DELAYS: list[float] = []
 SINKS: dict[str, "TimedSink"] = {}
 
 
-@dataclass
 class TimedSink(LedgerSink):
     """A LedgerSink that notes when each delta arrived and when the write holding it committed."""
-    arrivals: list[float] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        SINKS[self.attempt_id] = self
+    def __init__(self, ledger: Ledger, attempt_id: str) -> None:
+        super().__init__(ledger, attempt_id)
+        self.arrivals: list[float] = []
+        self.settled = 0  # arrivals whose write has committed
+        self._upto = 0  # arrivals taken by the write in progress
+        SINKS[attempt_id] = self
 
     def add(self, text: str) -> bool:
         self.arrivals.append(time.perf_counter())
         return super().add(text)
 
+    def _take(self) -> list[Any]:
+        self._upto = len(self.arrivals)  # a write takes every piece pending, of every block
+        return super()._take()
+
     async def flush(self) -> None:
-        start = self._flushed
         await super().flush()
-        self.settle(start, self._flushed)
+        # No other task ran between the write's commit and here: `_upto` is this flush's own.
+        self.settle(self.settled, max(self.settled, self._upto))
 
     def settle(self, start: int, end: int) -> None:
         now = time.perf_counter()
         DELAYS.extend(now - t for t in self.arrivals[start:end])
+        self.settled = end
 
 
 class TimedLedger(Ledger):
@@ -64,7 +70,7 @@ class TimedLedger(Ledger):
         await super().finish_attempt(a, stumps)
         sink = SINKS.pop(a.id, None)
         if sink is not None:
-            sink.settle(sink._flushed, len(sink.parts))
+            sink.settle(sink.settled, len(sink.arrivals))
 
 
 def _status_kib(field_name: str) -> int:

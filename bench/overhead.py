@@ -64,14 +64,14 @@ async def pipeline(gen: Generator, res: Residence, req: dict[str, Any]) -> str:
 class _NoLedger:
     """A ledger that takes chunks and does nothing: the sink's own bookkeeping, alone."""
 
-    async def add_chunk(self, attempt_id: str, seq: int, text: str) -> None:
+    async def add_chunks(self, attempt_id: str, rows: list[Any]) -> None:
         return None
 
 
 class _PauseLedger:
     """A ledger whose chunk write is only a short wait: what stopping the stream costs, with no write."""
 
-    async def add_chunk(self, attempt_id: str, seq: int, text: str) -> None:
+    async def add_chunks(self, attempt_id: str, rows: list[Any]) -> None:
         await asyncio.sleep(0.0002)
 
 
@@ -81,7 +81,7 @@ def _variants(sdk: anthropic.AsyncAnthropic, client: anthropic.AsyncAnthropic, g
     async def provider() -> str:
         sink = ListSink()
         await stream_once(client, req, sink)
-        return "".join(sink.parts)
+        return sink.text()
 
     def sink_on(ledger: Any) -> Callable[[], Awaitable[str]]:
         async def run() -> str:
@@ -89,7 +89,10 @@ def _variants(sdk: anthropic.AsyncAnthropic, client: anthropic.AsyncAnthropic, g
             if isinstance(ledger, Ledger):
                 await ledger.start_attempt(a)
             sink = LedgerSink(ledger, a.id)
-            await stream_once(client, req, sink)
+            try:
+                await stream_once(client, req, sink)
+            finally:
+                await sink.close()
             return sink.text()
         return run
 

@@ -67,6 +67,32 @@ def stump_cause(status: Status, stop_reason: str | None) -> str | None:
     return stop_reason or NO_STOP_REASON
 
 
+def block_stump_cause(attempt_cause: str | None, block_type: str) -> str | None:
+    """Why a non-text block an attempt stopped in is a stump: its attempt's own cause, or None.
+
+    Only text is ever posted, so a reasoning or tool-input block is never speech; it becomes a stump
+    when the output stopped inside it (a ceiling reached during reasoning, a tool call's input cut,
+    an attempt set aside for a retry), so the cut content stays inspectable. Text blocks are already
+    held by the attempt's or the output's stump.
+    """
+    if attempt_cause is None or block_type == "text":
+        return None
+    return attempt_cause
+
+
+# A failure of this process (not of the provider) while calling it: the error kind `internal-<Type>`.
+INTERNAL = "internal"
+
+
+def internal_error(type_name: str) -> str:
+    return f"{INTERNAL}-{type_name}"
+
+
+def is_internal(error: str | None) -> bool:
+    """An error kind this process caused; never reported as the provider's."""
+    return error is not None and error.startswith(INTERNAL + "-")
+
+
 def text_kind(status: Status) -> PostKind | None:
     """How a generation's own text is posted: completed → speech; refused → never posted."""
     if status == "completed":
@@ -96,6 +122,9 @@ class Ending:
     continuation_ended: str = "not-needed"
     attempts: int = 1
     error: str | None = None  # the last failure's kind, for failed generations
+    cut_in: str | None = None  # declared type of the last content block of the output's final attempt
+    other_content: bool = False  # that attempt produced content outside text blocks (reasoning, tool input)
+    kept_chars: int | None = None  # characters of text kept (a stump), where `chars` counts only visible text
 
 
 # The process (not the model or provider) stopped mid-output; recovery settles such a generation at
@@ -103,10 +132,9 @@ class Ending:
 INTERRUPTED_SENTENCE = "Process stopped before this output was finished; the remainder was not generated."
 
 
-def ceiling_sentence(tokens: int | None) -> str:
-    if tokens is None:
-        return "Output ceiling reached; the remainder was not generated."
-    return f"Output ceiling reached at {fmt_tokens(tokens)} tokens; the remainder was not generated."
+def ceiling_sentence(tokens: int | None, during: str = "", tail: str = "the remainder was not generated") -> str:
+    at = f" at {fmt_tokens(tokens)} tokens" if tokens is not None else ""
+    return f"Output ceiling reached{at}{during}; {tail}."
 
 
 _CONT_REASON = {
@@ -118,6 +146,17 @@ _CONT_REASON = {
     "error": "continuation stopped on a provider error",
 }
 
+REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def _during(e: Ending) -> str:
+    """Where a cut with no reply text landed, when that was in a block of another kind."""
+    if e.cut_in in REASONING_BLOCKS:
+        return " during reasoning"
+    if e.cut_in is not None and e.cut_in.endswith("tool_use"):
+        return " during a tool call's input"
+    return ""
+
 
 def receipt(e: Ending) -> str | None:
     """The one boundary line posted after a cut or interrupted output, or None when none is due.
@@ -125,6 +164,14 @@ def receipt(e: Ending) -> str | None:
     The cause is stated as a fact about the model or provider: never as anyone's conduct, never in
     the second person, never quoting the text.
     """
+    return _boundary(e, None)
+
+
+def _boundary(e: Ending, nothing: str | None) -> str | None:
+    """The boundary line; `nothing` replaces its tail where no text was generated to post."""
+    cut = nothing or "the remainder was not generated"
+    maybe = nothing or "the output may be incomplete"
+    during = _during(e) if nothing else ""
     parts: list[str] = []
     if e.status == "completed":
         if e.segments <= 1:
@@ -132,37 +179,47 @@ def receipt(e: Ending) -> str | None:
         parts.append(f"Output assembled from {e.segments} segments after the output ceiling; it ended normally.")
     elif e.status == "truncated":
         if e.stop_reason == "model_context_window_exceeded":
-            parts.append("Model context window filled; the remainder was not generated.")
+            parts.append(f"Model context window filled{during}; {cut}.")
         else:
-            parts.append(ceiling_sentence(e.output_tokens))
+            parts.append(ceiling_sentence(e.output_tokens, during, cut))
         if e.segments > 1:
             parts.append(f"{e.segments} segments.")
         if e.continuation_ended in _CONT_REASON:
             parts.append(_CONT_REASON[e.continuation_ended].capitalize() + ".")
     elif e.status == "failed":
-        what = f" ({e.error})" if e.error else ""
-        parts.append(f"Provider error{what} after {e.attempts} attempt{'s' if e.attempts != 1 else ''}; "
-                     "the remainder was not generated.")
+        if is_internal(e.error):
+            assert e.error is not None
+            parts.append(f"Internal error ({e.error[len(INTERNAL) + 1:]}) stopped this output; {cut}.")
+        else:
+            what = f" ({e.error})" if e.error else ""
+            parts.append(f"Provider error{what} after {e.attempts} attempt{'s' if e.attempts != 1 else ''}; "
+                         f"{cut}.")
     elif e.status == "incomplete":
         if e.stop_reason == INTERRUPTED:
-            parts.append(INTERRUPTED_SENTENCE)
+            parts.append(INTERRUPTED_SENTENCE if nothing is None else
+                         f"Process stopped before this output was finished; {cut}.")
         elif e.stop_reason is None:
-            parts.append("Provider stream ended without a stop reason; the output may be incomplete.")
+            parts.append(f"Provider stream ended without a stop reason; {maybe}.")
         else:
-            parts.append(f"Provider stopped with an unhandled reason ({e.stop_reason}); the output may be incomplete.")
+            parts.append(f"Provider stopped with an unhandled reason ({e.stop_reason}); {maybe}.")
     else:
         return None
     return _compact(" ".join(parts))
 
 
+def _nothing(e: Ending) -> str:
+    """What was generated, where no reply text was: nothing at all, or only reasoning or tool input."""
+    return "no reply text was generated" if e.other_content else "no text was generated"
+
+
 def notice(e: Ending) -> str | None:
     """The factual line for an outcome whose text is not posted at all (a refusal, or no text)."""
     if e.status == "refused":
-        return "Provider declined this reply (stop reason: refusal); its text is held as a stump."
+        kept = e.kept_chars if e.kept_chars is not None else e.chars
+        held = "its text is held as a stump" if kept else _nothing(e)
+        return f"Provider declined this reply (stop reason: refusal); {held}."
     if e.chars == 0 and e.status in ("failed", "incomplete", "truncated"):
-        line = receipt(e) or ""
-        return _compact(line.replace("the remainder was not generated", "no text was generated")
-                        .replace("the output may be incomplete", "no text was generated"))
+        return _boundary(e, _nothing(e))
     return None
 
 

@@ -25,13 +25,18 @@ from typing import Any
 import pytest
 
 from bot import truth
-from bot.generation.attempts import FLUSH_CHARS
+from bot.config import build_residence
+from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
 from bot.generation.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.generation.recovery import RoomUnavailable, Seen, resume_delivery, settle_interrupted
+from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
+from bot.provider import make_client
+from bot.replay.run import CollectingRoom
+from bot.resident import Resident
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roomkit import error_guard, eventually, running_room  # noqa: E402
@@ -218,6 +223,92 @@ async def test_recovery_is_idempotent_and_leaves_other_residences_alone(ledger: 
     assert await ledger.get_generation(mine.id) == first
     other = await ledger.get_generation(theirs.id)
     assert other is not None and other.status == "pending" and other.attempts[0].outcome == "streaming"
+
+
+REASONING = "The harbour charter came first; then the quay, the dredging, the railway. " * 8
+
+
+def _reasoning_stream(reply: str) -> bytes:
+    """A stream of a reasoning block (and, when `reply`, a text block after it) that then stalls."""
+    out = sse.event("message_start", {"type": "message_start", "message": {
+        "id": "msg_stall", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 1}}})
+    out += sse.event("content_block_start", {"type": "content_block_start", "index": 0,
+                                             "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
+    out += b"".join(sse.event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                      "delta": {"type": "thinking_delta", "thinking": p}})
+                    for p in sse.pieces(REASONING, 40))
+    if reply:
+        out += sse.event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        out += sse.event("content_block_start", {"type": "content_block_start", "index": 1,
+                                                 "content_block": {"type": "text", "text": ""}})
+        out += b"".join(sse.event("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                                          "delta": {"type": "text_delta", "text": p}})
+                        for p in sse.pieces(reply, 12))
+    return out
+
+
+@pytest.mark.parametrize("reply", ["", "The charter came first, then the quay and the dredging company, then the ra"])
+async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(tmp_path: Path, reply: str) -> None:
+    """The provider stalls inside a reasoning block (or the text after it). Within the 250 ms bound every
+    block's content is on disk with its type, so a SIGKILL at that instant loses nothing that arrived:
+    recovery, run over a copy of the file as the kill would leave it, rebuilds the blocks and settles."""
+    db, copy = tmp_path / "ledger.db", tmp_path / "at-the-kill.db"
+    res = build_residence({"name": "cairn", "model": MODEL, "max_tokens": 4096,
+                           "policy": {"retries": {"max_attempts": 1, "backoff_seconds": 0}}}, "<test>", None, ROOT)
+    server = ProviderServer()
+    await server.start()
+    server.reset([Call(sse=_reasoning_stream(reply), end="stall", stall_seconds=2.5)])
+    ledger, reader = await Ledger.open(db), await Ledger.open(db)
+    client = make_client(server.url, "test-key", timeout=10)
+    loop = asyncio.get_running_loop()
+    try:
+        room = CollectingRoom("cairn")
+        m = room.say("alice", "The whole history, please.")
+        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        task = asyncio.create_task(resident.respond(room, "100", list(room.history), trigger=m.id))
+        began, blocks = loop.time(), []
+        want = [("thinking", REASONING)] + ([("text", reply)] if reply else [])
+        while [(b.type, b.content) for b in blocks] != want and loop.time() - began < 1.2:
+            await asyncio.sleep(0.05)
+            rows = await reader.db.execute_fetchall("SELECT id FROM attempts WHERE outcome='streaming'")
+            blocks = await reader.streamed_blocks(rows[0][0]) if rows else []
+        assert not task.done()
+        assert [(b.type, b.content) for b in blocks] == want, "content that arrived is not on disk yet"
+        src = sqlite3.connect(db)  # the file exactly as a kill at this instant would leave it
+        dst = sqlite3.connect(copy)
+        try:
+            src.backup(dst)
+        finally:
+            src.close()
+            dst.close()
+        await asyncio.wait_for(task, 10)
+    finally:
+        await client.close()
+        await reader.close()
+        await ledger.close()
+        await server.stop()
+
+    after = await Ledger.open(copy)
+    try:
+        rec = await settle_interrupted(after, {"cairn"})
+        (gid,) = rec.interrupted
+        g = await after.get_generation(gid)
+        assert g is not None and (g.status, g.stop_reason, g.text) == ("incomplete", truth.INTERRUPTED, reply)
+        (a,) = g.attempts
+        assert [(b.index, b.type, b.content) for b in a.blocks] == [(i, t, c) for i, (t, c) in enumerate(want)]
+        if reply:
+            assert [(s.scope, s.cause, s.text) for s in g.stumps] == [("output", truth.INTERRUPTED, reply)]
+            assert [(p.kind, p.content) for p in g.posts] == [("partial", reply),
+                                                              ("receipt", "-# " + truth.INTERRUPTED_SENTENCE)]
+        else:  # stopped inside the reasoning: it is the stump, and no reply text exists to post
+            assert [(s.scope, s.cause, s.text, s.block_type) for s in g.stumps] == [
+                ("block", truth.INTERRUPTED, REASONING, "thinking")]
+            assert [(p.kind, p.content) for p in g.posts] == [
+                ("notice", "-# Process stopped before this output was finished; no reply text was generated.")]
+        assert await verify(after) == []
+    finally:
+        await after.close()
 
 
 class FakeRoom:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -325,6 +326,33 @@ async def test_malformed_data_line(tmp_path: Path, k: int) -> None:
     assert t.generation.attempts[0].error == "malformed-stream"
 
 
+def _event(name: str, data: Any) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.parametrize("bad", [
+    _event("content_block_delta", "a bare string"),
+    _event("content_block_delta", [1, 2]),
+    _event("content_block_delta", None),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": 7}}),
+    _event("content_block_delta", {"type": "content_block_delta", "index": 5,
+                                   "delta": {"type": "text_delta", "text": "a block that never started"}}),
+    _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
+    _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
+], ids=["string", "array", "null", "no-text", "text-not-a-string", "unstarted-block", "restarted-block",
+        "delta-not-an-object"])
+async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
+    """Data that is not an object, or not the protocol's shape, fails the attempt as `malformed-stream`
+    (retryable), never as an internal error, and never lets text of an unstarted block through."""
+    frag = text_of(257)
+    calls, e = _abandoned_then_retry(frag, [Call(sse=body(frag) + bad + sse.tail("end_turn", 9))])
+    t = await run_turn(tmp_path, calls)
+    check_turn(t, e)
+    assert t.generation.attempts[0].error == "malformed-stream"
+
+
 @pytest.mark.parametrize("k", CUTS)
 async def test_stream_ends_without_stop_reason(tmp_path: Path, k: int) -> None:
     text = text_of(k)
@@ -351,8 +379,9 @@ async def test_refusal_with_stop_details(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     stream = body(text) + sse.tail("refusal", 12, {"type": "refusal", "category": "cyber", "explanation": None})
     t = await run_turn(tmp_path, [Call(sse=stream)])
+    held = "its text is held as a stump" if text else "no text was generated"  # only what is true
     check_turn(t, Expect("refused", text, [("refused", text)], [("refusal", text)] if text else [],
-                         "Provider declined this reply (stop reason: refusal); its text is held as a stump.",
+                         f"Provider declined this reply (stop reason: refusal); {held}.",
                          stop_reason="refusal", output_tokens=12))
     assert not [p for p in t.posts if p.kind in ("speech", "partial")]
 
@@ -552,6 +581,97 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
         await server.stop()
 
 
+async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path: Path) -> None:
+    """800 characters arrive, then the provider stalls: they reach disk within the 250 ms bound (and
+    load slack), long before the stall ends; no later delta is needed to write them."""
+    text = text_of(800)
+    db = tmp_path / "ledger.db"
+    res = make_residence(max_attempts=1, timeout=10.0)
+    server = ProviderServer()
+    await server.start()
+    server.reset([Call(sse=body(text), end="stall", stall_seconds=2.5)])
+    ledger, reader = await Ledger.open(db), await Ledger.open(db)
+    client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
+    loop = asyncio.get_running_loop()
+    try:
+        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        room = CollectingRoom(res.name)
+        m = room.say("alice", "Say a little, then wait.")
+        task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
+        began, seen = loop.time(), ""
+        while seen != text and loop.time() - began < 1.2:
+            await asyncio.sleep(0.05)
+            rows = await reader.db.execute_fetchall("SELECT id FROM attempts WHERE outcome='streaming'")
+            seen = await reader.streamed_text(rows[0][0]) if rows else ""
+        assert not task.done(), "the stall should still be holding the stream open"
+        assert seen == text, f"{len(text) - len(seen)} of {len(text)} characters still off disk after " \
+                             f"{loop.time() - began:.2f} s of a stall"
+        reply = await asyncio.wait_for(task, TURN_TIMEOUT)
+        assert reply.generation is not None and reply.generation.text == text
+        assert await verify(reader) == []
+    finally:
+        await client.close()
+        await reader.close()
+        await ledger.close()
+        await server.stop()
+
+
+# ---------------------------------------------------------------- text that cannot leave as it is
+
+
+@pytest.mark.parametrize("raw, sent, count", [
+    ("plain é 漢字 🌊", "plain é 漢字 🌊", 0),
+    ("half \ud83d of a pair", "half \ufffd of a pair", 1),
+    ("x\ud83d\ude00y", "x😀y", 0),  # the two halves of a pair split across deltas: the character they spell
+    ("\ude00\ud83d", "\ufffd\ufffd", 2),  # in the wrong order: no pair
+    ("kept \ufffd as it was \udfff", "kept \ufffd as it was \ufffd", 1),
+])
+def test_outbound_text_is_valid_utf8_and_counts_its_replacements(raw: str, sent: str, count: int) -> None:
+    from bot.text import outbound
+    out, n = outbound(raw)
+    assert (out, n) == (sent, count)
+    out.encode("utf-8")
+
+
+async def test_a_lone_surrogate_never_poisons_the_channel(tmp_path: Path) -> None:
+    """A lone surrogate from the provider is kept exactly; the next turn's request carries it as U+FFFD
+    (valid UTF-8), counted on the attempt, and the turn completes instead of failing before the call."""
+    odd = "Tide at nine \ud83d and the ferry after."
+    stream = sse.head(MODEL) + raw_delta(odd[:14]) + raw_delta(odd[14:]) + sse.tail("end_turn", 12)
+    async with Session(tmp_path, make_residence()) as s:
+        first, _, _ = await s.say([Call(sse=stream)])
+        assert first.generation is not None and first.generation.status == "completed"
+        reply, posts, calls = await s.say([ok()], "And then?")
+        g = reply.generation
+        assert g is not None and calls == 1
+        assert (g.status, [a.outcome for a in g.attempts]) == ("completed", ["completed"])
+        assert g.attempts[0].request_replacements == 1
+        sent = json.dumps(s.server.requests[0], ensure_ascii=False)
+        assert odd.replace("\ud83d", "\ufffd") in sent
+        assert not any("Provider error" in p.content for p in posts)
+        kept = await s.ledger.get_generation(first.generation.id)
+        assert kept is not None and enc(kept.text) == enc(odd)  # the ledger keeps the exact text
+        assert (await s.ledger.get_generation(g.id)).attempts[0].request_replacements == 1  # type: ignore[union-attr]
+        assert await verify(s.ledger) == []
+
+
+async def test_a_failure_before_the_provider_call_is_not_a_provider_error(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request this process cannot send (here: a parameter the SDK does not take) fails as the project's
+    own error: named as internal, not retried, no provider call made, and never worded as a provider error."""
+    monkeypatch.setattr(logging.getLogger("bot.provider.stream"), "disabled", True)  # its ERROR is expected
+    async with Session(tmp_path, make_residence()) as s:
+        s.server.reset([ok()])
+        request = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}],
+                   "not_a_parameter": True}
+        g = await s.resident.generator.generate(s.res, "faults", request)
+        assert len(s.server.requests) == 0
+        assert (g.status, [(a.outcome, a.error) for a in g.attempts]) == ("failed", [("failed", "internal-TypeError")])
+        line = truth.notice(g.ending())
+        assert line == "Internal error (TypeError) stopped this output; no text was generated."
+        assert "Provider" not in line
+
+
 async def live_generation(ledger: Ledger) -> Generation:
     rows = await ledger.db.execute_fetchall("SELECT id FROM generations")
     g = await ledger.get_generation(rows[0][0])
@@ -595,7 +715,8 @@ async def _violations(db: Path, **kw: bool) -> list[str]:
     ("UPDATE stumps SET chars=chars+1 WHERE scope='output'", "chars"),
     ("UPDATE generations SET chars=chars-1", "chars"),
     ("UPDATE generations SET status='completed'", "status completed"),
-    ("INSERT INTO attempt_chunks SELECT id, 0, text FROM attempts WHERE outcome='abandoned'", "attempt_chunks"),
+    ("INSERT INTO attempt_chunks (attempt_id, seq, text) SELECT id, 0, text FROM attempts WHERE outcome='abandoned'",
+     "attempt_chunks"),
     ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE seq=1", "do not cover"),
     ("DELETE FROM posts WHERE seq=2", "never posted"),
     ("UPDATE posts SET kind='notice' WHERE kind='receipt'", "where a receipt is due"),

@@ -66,6 +66,7 @@ async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
         a = Attempt(id="a-x", generation_id="g-x", segment=1, index=1)
         await ledger.start_attempt(a)
         sink = LedgerSink(ledger, a.id)
+        sink.start(0, "text", "", None)
         sent = ""
         for i in range(3000):
             piece = f"{i}é👍 "
@@ -81,6 +82,7 @@ async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
                 assert sent.startswith(on_disk)
                 assert len(sent) - len(on_disk) < FLUSH_CHARS + len(piece)
         await sink.flush()  # what settlement writes last: then every character is on disk, in order
+        await sink.close()
         assert await ledger.streamed_text("a-x") == sent
     finally:
         await ledger.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -69,6 +70,11 @@ ENDINGS = [
     Ending("incomplete", None, None, 100),
     Ending("incomplete", "pause_turn", None, 100),
     Ending("refused", "refusal", 37, 140),
+    Ending("refused", "refusal", 3, 0),
+    Ending("truncated", "max_tokens", 1024, 0, cut_in="thinking", other_content=True),
+    Ending("truncated", "max_tokens", 256, 0, cut_in="tool_use", other_content=True),
+    Ending("failed", None, None, 0, error="internal-UnicodeEncodeError"),
+    Ending("incomplete", truth.INTERRUPTED, None, 0, cut_in="thinking", other_content=True),
 ]
 
 
@@ -96,6 +102,43 @@ def test_refusal_gets_a_notice_not_a_receipt():
 
 def test_a_failure_with_no_text_says_nothing_was_generated():
     assert "no text was generated" in truth.notice(Ending("failed", None, None, 0, attempts=3, error="api_error"))
+
+
+def test_a_cut_with_no_reply_text_says_where_it_landed_and_that_no_reply_text_was_generated():
+    reasoning = Ending("truncated", "max_tokens", 1024, 0, cut_in="thinking", other_content=True)
+    assert truth.notice(reasoning) == \
+        "Output ceiling reached at 1,024 tokens during reasoning; no reply text was generated."
+    tool = Ending("truncated", "max_tokens", 256, 0, cut_in="tool_use", other_content=True)
+    assert truth.notice(tool) == \
+        "Output ceiling reached at 256 tokens during a tool call's input; no reply text was generated."
+    stopped = Ending("incomplete", truth.INTERRUPTED, None, 0, cut_in="thinking", other_content=True)
+    assert truth.notice(stopped) == "Process stopped before this output was finished; no reply text was generated."
+    # with reply text, the receipt is the plain one, whatever block the cut landed in
+    assert truth.receipt(Ending("truncated", "max_tokens", 1024, 80, cut_in="thinking", other_content=True)) == \
+        "Output ceiling reached at 1,024 tokens; the remainder was not generated."
+
+
+def test_a_refusal_notice_claims_a_stump_only_where_one_exists():
+    assert truth.notice(Ending("refused", "refusal", 37, 140)).endswith("its text is held as a stump.")
+    assert truth.notice(Ending("refused", "refusal", 3, 0)) == \
+        "Provider declined this reply (stop reason: refusal); no text was generated."
+    # whitespace only: nothing visible to post, but the text exists and is the stump
+    assert truth.notice(Ending("refused", "refusal", 3, 0, kept_chars=2)).endswith("its text is held as a stump.")
+
+
+def test_an_internal_failure_is_never_worded_as_the_providers():
+    e = Ending("failed", None, None, 0, error=truth.internal_error("UnicodeEncodeError"))
+    assert truth.notice(e) == "Internal error (UnicodeEncodeError) stopped this output; no text was generated."
+    assert "Provider" not in truth.receipt(replace(e, chars=10))
+    assert truth.is_internal(e.error) and not truth.is_internal("overloaded_error")
+
+
+@pytest.mark.parametrize("cause, btype, expect", [
+    ("max_tokens", "thinking", "max_tokens"), ("max_tokens", "tool_use", "max_tokens"),
+    ("retry-abandoned", "redacted_thinking", "retry-abandoned"), ("max_tokens", "text", None), (None, "thinking", None),
+])
+def test_a_non_text_block_an_output_stopped_in_is_a_stump_with_its_attempts_cause(cause, btype, expect):
+    assert truth.block_stump_cause(cause, btype) == expect
 
 
 def test_context_notes_state_the_cut_without_second_person():

@@ -7,11 +7,12 @@ stump, and linked to the attempt that replaced it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
@@ -19,54 +20,119 @@ import anthropic
 from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
-from ..provider import stream_once
-from .records import Attempt, Generation, Stump, new_id
+from ..provider import BlockSink, stream_once
+from .records import Attempt, Generation, Stump, join_text, new_id
 
 log = logging.getLogger(__name__)
 
-# Streaming text reaches the ledger at least every FLUSH_CHARS characters: the most a crash can lose.
+# Streaming content reaches the ledger at least every FLUSH_CHARS characters, and content that has
+# waited FLUSH_SECONDS is written even when no further delta arrives: together, what a crash can lose.
 FLUSH_CHARS = 2048
 FLUSH_SECONDS = 0.25
-CLOCK_EVERY = 4
 
 Sleep = Callable[[float], Awaitable[Any]]
 
 
-@dataclass
-class LedgerSink:
-    """Collects an attempt's deltas and writes them to the ledger in bounded pieces."""
-    ledger: Ledger
-    attempt_id: str
-    parts: list[str] = field(default_factory=list)
-    _flushed: int = 0
-    _pending: int = 0
-    _seq: int = 0
-    _since_clock: int = 0
-    _last: float = field(default_factory=time.monotonic)
+class LedgerSink(BlockSink):
+    """Collects an attempt's content blocks and writes them to the ledger in bounded pieces.
+
+    By size: when FLUSH_CHARS characters are unwritten the stream waits for the write. By time: the
+    first piece after a write arms one timer (no clock read per delta); when it fires, whatever is
+    pending is written by a small task, so a stalled provider cannot keep text off disk. Writes of
+    one attempt run one at a time, in order.
+    """
+
+    def __init__(self, ledger: Ledger, attempt_id: str) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.attempt_id = attempt_id
+        self._pending = 0  # characters not yet handed to a write
+        self._inflight = 0  # characters in a write not yet committed
+        self._new_block = False  # a block started that has not reached a write yet
+        self._seq = 0
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
+        self._new_block = True
+        due = super().start(index, btype, content, start)
+        if self._timer is None:
+            self._timer = self._loop.call_later(FLUSH_SECONDS, self._due)
+        return due
 
     def add(self, text: str) -> bool:
-        """Keep a delta; True when a flush is due (by size at once, by time checked every CLOCK_EVERY deltas)."""
-        self.parts.append(text)
+        """Keep a piece of the current block; True when a flush is due by size."""
+        self._cur.parts.append(text)  # type: ignore[union-attr]
         self._pending += len(text)
-        if self._pending >= FLUSH_CHARS:
+        if self._pending + self._inflight >= FLUSH_CHARS:
             return True
-        self._since_clock += 1
-        if self._since_clock >= CLOCK_EVERY:  # reading the clock on every delta cost ~2.5% (bench/)
-            self._since_clock = 0
-            return self._pending > 0 and time.monotonic() - self._last >= FLUSH_SECONDS
+        if self._timer is None:
+            self._timer = self._loop.call_later(FLUSH_SECONDS, self._due)
         return False
 
-    async def flush(self) -> None:
-        if not self._pending:
-            return
-        chunk = "".join(self.parts[self._flushed:])
-        self._flushed, self._pending = len(self.parts), 0
-        self._last = time.monotonic()
-        await self.ledger.add_chunk(self.attempt_id, self._seq, chunk)
-        self._seq += 1
+    def _due(self) -> None:
+        """The timer: what has waited FLUSH_SECONDS is written now, by a task of its own."""
+        self._timer = None
+        if self._pending or self._new_block:
+            task = self._loop.create_task(self.flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._timed_done)
 
-    def text(self) -> str:
-        return "".join(self.parts)
+    def _timed_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("attempt %s: a timed ledger write failed (the text stays in memory and is written "
+                        "when the attempt settles): %s", self.attempt_id, task.exception())
+
+    def _take(self) -> list[tuple[int, int, str, str, str | None]]:
+        """The pending pieces as chunk rows (seq, block, type, text, start of a block's first chunk)."""
+        rows = []
+        for b in self._open:
+            n = len(b.parts)
+            if b.written < n or not b.on_disk:
+                start = json.dumps(b.start, ensure_ascii=False) if b.start and not b.on_disk else None
+                rows.append((self._seq, b.index, b.type, "".join(b.parts[b.written:n]), start))
+                self._seq += 1
+                b.written, b.on_disk = n, True
+        return rows
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if not self._pending and not self._new_block:
+                return
+            rows, n = self._take(), self._pending
+            self._pending, self._new_block, self._inflight = 0, False, self._inflight + n
+            try:
+                await self.ledger.add_chunks(self.attempt_id, rows)
+            finally:
+                self._inflight -= n
+
+    async def close(self) -> None:
+        """Stop the timer and wait for a timed write in flight: nothing may land after settlement."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
+def block_stumps(g: Generation, a: Attempt, cause: str | None) -> list[Stump]:
+    """The stump of the non-text block an attempt stopped in, where `bot.truth` gives it a cause.
+
+    Not twice: a block already held as a stump of this generation gets none.
+    """
+    b = a.cut_block()
+    why = truth.block_stump_cause(cause, b.type) if b is not None else None
+    if b is None or why is None or any(s.attempt_id == a.id and s.block == b.index for s in g.stumps):
+        return []
+    return [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=why, text=b.content,
+                  output_tokens=a.output_tokens, scope="block", residence=g.residence, block=b.index,
+                  block_type=b.type)]
 
 
 def backoff(index: int, retry_after: float | None, policy: Retries) -> float:
@@ -102,9 +168,14 @@ class AttemptRunner:
                         s.replaced_by = a.id
             await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
             sink = LedgerSink(self.ledger, a.id)
-            end = await stream_once(self.client, request, sink, timeout=policy.timeout_seconds)
-            a.text, a.stop_reason, a.output_tokens = sink.text(), end.stop_reason, end.output_tokens
+            try:
+                end = await stream_once(self.client, request, sink, timeout=policy.timeout_seconds)
+            finally:
+                await sink.close()
+            a.blocks = sink.blocks()
+            a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
             a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
+            a.request_replacements = end.request_replacements
             f = end.failure
             if f is not None:
                 a.error = f.kind
@@ -114,6 +185,7 @@ class AttemptRunner:
                     stumps = [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=truth.RETRY_ABANDONED,
                                     text=a.text, output_tokens=a.output_tokens, scope="attempt",
                                     residence=g.residence)] if a.text else []
+                    stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
                     await self.ledger.finish_attempt(a, stumps)
                     wait = backoff(index, f.retry_after, policy)

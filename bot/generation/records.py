@@ -21,6 +21,77 @@ def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:12]}"
 
 
+TEXT_JOIN = "\n\n"  # between two text blocks of one message: a paragraph break, never glued
+
+
+@dataclass
+class Block:
+    """One content block of an attempt, exactly as the provider streamed it.
+
+    `content` is the block's own content: the text of a text block, the reasoning of a thinking
+    block, a tool call's input JSON as streamed, a redacted block's data as given, a server tool
+    result's content (as JSON); for a type this project does not know, the text its deltas carried.
+    Only text blocks are ever posted. `start` is the `content_block` object of its start event, as
+    given, less its type and the field its content came from (None when nothing else is left);
+    `extras` are its other deltas as given (a thinking block's signature, citations, a delta of a
+    type not known here).
+    """
+    index: int
+    type: str
+    content: str = ""
+    start: dict[str, Any] | None = None
+    extras: list[dict[str, Any]] = field(default_factory=list)
+    offset: int | None = None  # text blocks: where this block's text begins in the attempt's text
+
+    @property
+    def chars(self) -> int:
+        return len(self.content)
+
+    @property
+    def is_text(self) -> bool:
+        return self.type == "text"
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": self.index, "type": self.type, "chars": self.chars}
+        # the content under the name the protocol gives it: text, a tool call's input JSON, redacted data
+        if self.type in ("text", "thinking"):
+            out["text"] = self.content
+        elif self.type.endswith("tool_use"):
+            out["input_json"] = self.content
+        elif self.type == "redacted_thinking":
+            out["data"] = self.content
+        else:
+            out["content"] = self.content
+        if self.offset is not None:
+            out["span"] = [self.offset, self.offset + self.chars]
+        if self.start:
+            out["start"] = self.start
+        if self.extras:
+            out["extras"] = self.extras
+        return out
+
+
+def join_text(blocks: list[Block]) -> str:
+    """An attempt's text: its text blocks, in order, joined by a paragraph break; sets each one's span.
+
+    Empty text blocks add nothing (no separator for them); each block's exact text is
+    `text[b.offset:b.offset + b.chars]`.
+    """
+    out: list[str] = []
+    pos = 0
+    for b in blocks:
+        if b.type != "text":
+            continue
+        if b.content and out:
+            out.append(TEXT_JOIN)
+            pos += len(TEXT_JOIN)
+        b.offset = pos
+        if b.content:
+            out.append(b.content)
+            pos += len(b.content)
+    return "".join(out)
+
+
 @dataclass
 class Attempt:
     id: str
@@ -38,17 +109,31 @@ class Attempt:
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     stop_details: dict[str, Any] | None = None
+    blocks: list[Block] = field(default_factory=list)  # every content block, in the order streamed
+    request_replacements: int = 0  # lone surrogates replaced by U+FFFD in the request body sent
 
     @property
     def chars(self) -> int:
         return len(self.text)
+
+    def content_blocks(self) -> list[Block]:
+        """The blocks, or for an attempt recorded before blocks were kept, its text as one text block."""
+        if self.blocks or not self.text:
+            return self.blocks
+        return [Block(0, "text", self.text, offset=0)]
+
+    def cut_block(self) -> Block | None:
+        """The block the stream stopped in (its last), when that is not text and holds content."""
+        last = self.blocks[-1] if self.blocks else None
+        return last if last is not None and not last.is_text and last.content else None
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "segment": self.segment, "stop_details": self.stop_details, "index": self.index, "outcome": self.outcome,
                 "stop_reason": self.stop_reason, "discard_reason": self.discard_reason, "error": self.error,
                 "chars": self.chars, "output_tokens": self.output_tokens, "request_id": self.request_id,
                 "replaced_by": self.replaced_by, "started_at": self.started_at, "ended_at": self.ended_at,
-                "text": self.text}
+                "request_replacements": self.request_replacements,
+                "text": self.text, "blocks": [b.as_json() for b in self.content_blocks()]}
 
 
 @dataclass
@@ -72,13 +157,16 @@ class Stump:
     cause: str
     text: str
     output_tokens: int | None
-    scope: str = "attempt"  # "output": the generation's own text; "attempt": a text set aside
+    scope: str = "attempt"  # "output": the generation's own text; "attempt": a text set aside; "block": see below
     published: bool = False
     replaced_by: str | None = None
     created_at: float = field(default_factory=time.time)
     residence: str = ""
     stored: bool = field(default=False, compare=False)  # already written to the ledger
     known_chars: int | None = field(default=None, compare=False)  # stored chars, when the text was not read
+    # scope "block": a non-text content block an output stopped in (reasoning, a tool call's input)
+    block: int | None = None
+    block_type: str | None = None
 
     @property
     def chars(self) -> int:
@@ -88,7 +176,7 @@ class Stump:
         return {"id": self.id, "generation_id": self.generation_id, "attempt_id": self.attempt_id,
                 "scope": self.scope, "cause": self.cause, "chars": self.chars, "output_tokens": self.output_tokens,
                 "published": self.published, "replaced_by": self.replaced_by, "created_at": self.created_at,
-                "residence": self.residence}
+                "residence": self.residence, "block": self.block, "block_type": self.block_type}
 
 
 @dataclass
@@ -146,12 +234,19 @@ class Generation:
 
     def ending(self) -> truth.Ending:
         last = self.attempts[-1] if self.attempts else None
+        # the attempt whose text stands last in the canonical output (a set-aside segment may follow it)
+        final = next((a for a in self.attempts if a.id == self.segments[-1].attempt_id), last) \
+            if self.segments else last
+        blocks = final.blocks if final is not None else []
         return truth.Ending(status=self.status, stop_reason=self.stop_reason,
                             output_tokens=self.last_segment_tokens if self.segments else None,
                             chars=self.chars, segments=max(1, len(self.segments)),
                             continuation_ended=self.continuation_ended,
                             attempts=sum(1 for a in self.attempts if a.segment == (last.segment if last else 1)),
-                            error=last.error if last else None)
+                            error=last.error if last else None,
+                            cut_in=blocks[-1].type if blocks else None,
+                            other_content=any(b.content for b in blocks if not b.is_text),
+                            kept_chars=self.chars)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "residence": self.residence, "channel": self.channel, "model": self.model,

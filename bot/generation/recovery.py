@@ -37,6 +37,7 @@ from ..delivery import plan
 from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
 from ..text import outbound
+from .attempts import block_stumps
 from .records import Attempt, Generation, Post, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,16 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         out.text, out.output_tokens = g.text, g.output_tokens
         stumps.append(out)
     g.stumps += stumps
+    # the reasoning or tool-input block each cut attempt stopped in, kept like its text
+    for a in later:
+        if a.outcome != "abandoned":
+            cut_blocks = block_stumps(g, a, truth.INTERRUPTED)
+            g.stumps += cut_blocks
+            stumps += cut_blocks
+    if final is not None and final.outcome != "abandoned":
+        cut_blocks = block_stumps(g, final, cause)
+        g.stumps += cut_blocks
+        stumps += cut_blocks
     posts = _posts(g, [(p.kind, p.content) for p in plan(g.ending(), g.text)])
     await ledger.recover_generation(g, cut, stumps, posts)
     log.warning("generation %s (%s) settled after a stop: %s, %d characters kept, %d post(s) planned",
@@ -172,6 +183,8 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     now = time.time()
     cut = _interrupt(g.attempts, now)
     stumps = [_stump(g, a, truth.INTERRUPTED, "attempt") for a in cut if a.text]
+    for a in cut:
+        stumps += block_stumps(g, a, truth.INTERRUPTED)
     line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
                                       chars=g.chars))
     calls = sorted({a.segment for a in cut})

@@ -15,7 +15,7 @@ from .. import truth
 from ..config import Residence
 from ..context import continuation_request
 from ..continuation import judge_segment
-from .attempts import AttemptRunner
+from .attempts import AttemptRunner, block_stumps
 from .records import Attempt, Generation, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ class Generator:
         if a.text and cause:
             g.stumps.append(Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=a.text,
                                   output_tokens=a.output_tokens, scope="attempt", residence=g.residence))
+        g.stumps += block_stumps(g, a, cause)
 
     async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None,
                       last_attempt: Attempt | None = None) -> None:
@@ -147,4 +148,9 @@ class Generator:
                         text=g.text, output_tokens=g.output_tokens, scope="output", residence=g.residence)
             g.stumps.append(out)
             new.append(out)
+        final = next((a for a in g.attempts if g.segments and a.id == g.segments[-1].attempt_id), None)
+        if final is not None:  # a reasoning or tool-input block the output stopped in
+            cut = block_stumps(g, final, cause)
+            g.stumps += cut
+            new += cut
         await self.ledger.finish_generation(g, new, replaced, last_attempt)

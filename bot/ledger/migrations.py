@@ -134,6 +134,35 @@ BEGIN
 END;
 """)
 
+# Every content block of every attempt, in order (`pos`), with the provider's index and declared
+# type and its exact content; a text block's `text_offset` is where its text begins in the attempt's
+# text (text blocks joined by a paragraph break). While an attempt streams, its chunks name their
+# block, so recovery can rebuild the blocks from what reached disk. A stump of scope 'block' is the
+# content of a non-text block an output stopped in.
+step("m009_blocks", """
+CREATE TABLE attempt_blocks (
+  attempt_id TEXT NOT NULL REFERENCES attempts(id),
+  pos INTEGER NOT NULL,
+  idx INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  content BLOB NOT NULL,
+  chars INTEGER NOT NULL,
+  text_offset INTEGER,
+  start TEXT,                   -- the start event's content_block, JSON as given (less its content field)
+  extras TEXT,                  -- its other deltas (signature, citations, unknown), JSON as given
+  PRIMARY KEY (attempt_id, pos)
+);
+ALTER TABLE attempt_chunks ADD COLUMN block INTEGER;        -- NULL: text of a ledger before m009
+ALTER TABLE attempt_chunks ADD COLUMN block_type TEXT;
+ALTER TABLE attempt_chunks ADD COLUMN block_start TEXT;     -- on a block's first chunk
+ALTER TABLE stumps ADD COLUMN block INTEGER;                -- scope 'block': the block's provider index
+ALTER TABLE stumps ADD COLUMN block_type TEXT;
+""")
+
+step("m009_request_replacements", """
+ALTER TABLE attempts ADD COLUMN request_replacements INTEGER NOT NULL DEFAULT 0;  -- lone surrogates sent as U+FFFD
+""")
+
 # Content goes to the room as valid Unicode (`bot.text.outbound`): the post keeps its exact text, and
 # this says how many lone surrogates the room got as U+FFFD instead. NULL: recorded before the count.
 step("m013_post_replacements", """

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import aiosqlite
 
-from ..generation.records import Attempt, Generation, Post, Segment, Stump
+from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump, join_text
 from . import migrations
 
 log = logging.getLogger(__name__)
@@ -124,11 +124,25 @@ class Ledger:
             stmts += self._replaced(replaces.id, a.id)
         await self._tx(stmts)
 
-    async def add_chunk(self, attempt_id: str, seq: int, text: str) -> None:
-        """Streaming text, flushed in pieces so a crash loses at most the unflushed tail."""
-        async with self._lock:
-            await self.db.execute("INSERT INTO attempt_chunks (attempt_id, seq, text) VALUES (?,?,?)",
-                                  (attempt_id, seq, enc(text)))
+    async def add_chunk(self, attempt_id: str, seq: int, text: str, block: int | None = None,
+                        block_type: str | None = None, block_start: str | None = None) -> None:
+        """Streaming content, flushed in pieces so a crash loses at most the unflushed tail.
+
+        `block`: the content block the piece belongs to (None: the attempt's text, as before blocks)."""
+        await self.add_chunks(attempt_id, [(seq, block, block_type, text, block_start)])
+
+    _CHUNK = ("INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start)"
+              " VALUES (?,?,?,?,?,?)")
+
+    async def add_chunks(self, attempt_id: str, rows: list[tuple[int, int | None, str | None, str, str | None]]) -> None:
+        """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
+        if len(rows) == 1:  # the common case: one statement, one trip, no transaction around it
+            seq, block, btype, text, start = rows[0]
+            async with self._lock:
+                await self.db.execute(self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
+            return
+        await self._tx([(self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
+                        for seq, block, btype, text, start in rows])
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
         stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps]
@@ -137,14 +151,29 @@ class Ledger:
 
     @staticmethod
     def _attempt_settle(a: Attempt, only_if_streaming: bool = False) -> list[tuple[str, tuple[Any, ...]]]:
-        """An attempt's settlement; `only_if_streaming` leaves one a live process settled meanwhile alone."""
+        """An attempt's settlement with its blocks; `only_if_streaming` leaves one a live process settled
+        meanwhile alone (its blocks are written only while it is still streaming, before the update)."""
         guard = " AND outcome='streaming'" if only_if_streaming else ""
-        return [("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=? WHERE id=?" + guard,
-                  (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
-                   a.request_id, a.replaced_by, a.ended_at,
-                   json.dumps(a.stop_details) if a.stop_details is not None else None, a.id)),
-                 ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
+        if only_if_streaming:
+            block_sql = ("INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                         " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
+                         " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')")
+        else:
+            block_sql = ("INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                         " start, extras) VALUES (?,?,?,?,?,?,?,?,?)")
+        stmts = [(block_sql, (a.id, pos, b.index, b.type, enc(b.content), b.chars, b.offset,
+                              json.dumps(b.start, ensure_ascii=False) if b.start else None,
+                              json.dumps(b.extras, ensure_ascii=False) if b.extras else None)
+                  + ((a.id,) if only_if_streaming else ()))
+                 for pos, b in enumerate(a.content_blocks())]
+        return stmts + [
+                ("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+                 " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
+                 " WHERE id=?" + guard,
+                 (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
+                  a.request_id, a.replaced_by, a.ended_at,
+                  json.dumps(a.stop_details) if a.stop_details is not None else None, a.request_replacements, a.id)),
+                ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
 
     @staticmethod
     def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
@@ -159,9 +188,10 @@ class Ledger:
     @staticmethod
     def _stump_insert(s: Stump) -> tuple[str, tuple[Any, ...]]:
         return ("INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
-                " output_tokens, published, replaced_by, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                " output_tokens, published, replaced_by, created_at, block, block_type)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, enc(s.text), s.chars,
-                 s.output_tokens, int(s.published), s.replaced_by, s.created_at))
+                 s.output_tokens, int(s.published), s.replaced_by, s.created_at, s.block, s.block_type))
 
     async def finish_generation(self, g: Generation, new_stumps: list[Stump],
                                 replaced_output: tuple[str, str] | None = None,
@@ -219,24 +249,55 @@ class Ledger:
         return g
 
     async def _attempts(self, gid: str) -> list[Attempt]:
+        blocks: dict[str, list[Block]] = {}
+        for r in await self.db.execute_fetchall(
+                "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
+                " ORDER BY b.attempt_id, b.pos", (gid,)):
+            b = _cols(r)
+            blocks.setdefault(b["attempt_id"], []).append(
+                Block(b["idx"], b["type"], dec(b["content"]), json.loads(b["start"]) if b["start"] else None,
+                      json.loads(b["extras"]) if b["extras"] else [], b["text_offset"]))
         out = []
         for r in await self.db.execute_fetchall("SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid",
                                                 (gid,)):
             a = _cols(r)
             text = dec(a["text"])
+            own = blocks.get(a["id"], [])
             if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
-                text = await self.streamed_text(a["id"])
+                own = await self.streamed_blocks(a["id"])
+                text = join_text(own)
             out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
                                outcome=a["outcome"], stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
                                error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
                                replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"],
-                               stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None))
+                               stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
+                               blocks=own, request_replacements=a["request_replacements"]))
         return out
 
+    async def streamed_blocks(self, attempt_id: str) -> list[Block]:
+        """An unsettled attempt's blocks as far as they reached disk, in the order they began.
+
+        Chunks written before blocks were kept (no block named) are the attempt's one text block."""
+        rows = await self.db.execute_fetchall(
+            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
+            (attempt_id,))
+        parts: dict[int, list[str]] = {}
+        out: dict[int, Block] = {}
+        for block, btype, start, text in rows:
+            key = 0 if block is None else block
+            if key not in out:
+                out[key] = Block(key, btype or "text", start=json.loads(start) if start else None)
+                parts[key] = []
+            parts[key].append(dec(text))
+        for key, b in out.items():
+            b.content = "".join(parts[key])
+        blocks = list(out.values())
+        join_text(blocks)
+        return blocks
+
     async def streamed_text(self, attempt_id: str) -> str:
-        rows = await self.db.execute_fetchall("SELECT text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
-                                              (attempt_id,))
-        return "".join(dec(r[0]) for r in rows)
+        """An unsettled attempt's text (its text blocks) as far as it reached disk."""
+        return join_text(await self.streamed_blocks(attempt_id))
 
     async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         sql = ("SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended,"
@@ -400,7 +461,8 @@ def _stump(r: Any) -> Stump:
     return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
                  text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=s["scope"],
                  published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
-                 residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"])
+                 residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"],
+                 block=s.get("block"), block_type=s.get("block_type"))
 
 
 def _post(r: Any) -> Post:

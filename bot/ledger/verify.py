@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import truth
 from ..delivery.plan import LIMIT, RECEIPT_PREFIX
+from ..generation.records import Block, join_text
 from .store import Ledger, dec
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,9 @@ async def check(ledger: Ledger) -> Report:
             d = dict(r)
             by_gen[d["generation_id"]][table].append(d)
     chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
+    blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
+        blocks[r["attempt_id"]].append(dict(r))
     rep = Report(generations=len(gens))
     v = rep.violations
     known = {g["id"] for g in gens}
@@ -85,6 +89,7 @@ async def check(ledger: Ledger) -> Report:
         t = by_gen[g["id"]]
         rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
         _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], t["posts"], chunks)
+        _check_blocks(v, g, t["attempts"], t["segments"], t["stumps"], blocks)
     return rep
 
 
@@ -128,6 +133,38 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
     _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps)
     _check_output_stump(v, where, g, text, stumps, posts)
     _check_posts(v, where, g, text, attempts, segments, stumps, posts)
+
+
+def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], segments: list[dict[str, Any]],
+                  stumps: list[dict[str, Any]], blocks: dict[str, list[dict[str, Any]]]) -> None:
+    """An attempt's text is its text blocks joined; a block stump is its block's content; the non-text
+    block a cut attempt stopped in is kept as a stump."""
+    where = f"generation {g['id']}"
+    final = segments[-1]["attempt_id"] if segments else None
+    for a in attempts:
+        own = blocks.get(a["id"], [])
+        if a["outcome"] == "streaming" or not own:
+            continue  # a ledger from before blocks were kept has none
+        recs = [Block(b["idx"], b["type"], dec(b["content"])) for b in own]
+        for b, rec in zip(own, recs):
+            if b["chars"] != rec.chars:
+                v.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
+        if join_text(recs) != a["text"]:
+            v.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
+        for b, rec in zip(own, recs):
+            if rec.is_text and b["text_offset"] != rec.offset:
+                v.append(f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
+                         f"not {rec.offset}")
+        cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
+        due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
+        held = [s for s in stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
+        for s in held:
+            match = [r for r in recs if r.index == s["block"]]
+            if not match or match[0].content != s["text"]:
+                v.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
+        if cut is not None and due and not any(s["block"] == cut.index for s in held):
+            v.append(f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
+                     f"({cut.chars} characters), which is kept as no stump")
 
 
 def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, attempts: list[dict[str, Any]],

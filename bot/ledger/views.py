@@ -5,7 +5,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from ..generation.records import Generation, Stump
+from ..generation.records import Block, Generation, Stump
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,20 @@ def generation_table(rows: list[dict[str, Any]]) -> str:
 
 def stump_line(s: Stump) -> str:
     return (f"{s.id}  {s.cause:<16} {s.chars:>7,} chars  {tokens(s.output_tokens):>7} tokens  "
-            f"{'published' if s.published else 'unpublished':<11}  {when(s.created_at)}  {s.residence}"
+            + (f"{s.block_type} block #{s.block}  " if s.scope == "block" else "")
+            + f"{'published' if s.published else 'unpublished':<11}  {when(s.created_at)}  {s.residence}"
             + (f"  replaced by {s.replaced_by}" if s.replaced_by else ""))
 
 
 def stump_table(stumps: list[Stump]) -> str:
     return "\n".join(stump_line(s) for s in stumps) if stumps else "no stumps"
+
+
+def block_list(blocks: list[Block]) -> str:
+    """An attempt's content blocks by index, type and size (and a text block's span), never their content."""
+    return " · ".join(f"#{b.index} {b.type} {b.chars:,} chars"
+                      + (f" [{b.offset:,}–{b.offset + b.chars:,}]" if b.offset is not None and b.is_text else "")
+                      for b in blocks)
 
 
 def provenance(g: Generation) -> list[str]:
@@ -53,7 +61,12 @@ def provenance(g: Generation) -> list[str]:
         lines.append(f"  {a.id} seg {a.segment} #{a.index} {a.outcome:<10} {why:<16} {a.chars:>7,} chars "
                      f"{tokens(a.output_tokens):>7} tokens" + (f" error {a.error}" if a.error and a.error != why else "")
                      + (f" → {a.replaced_by}" if a.replaced_by else "")
-                     + (f" ({a.stop_details.get('category')})" if a.stop_details and a.stop_details.get("category") else ""))
+                     + (f" ({a.stop_details.get('category')})" if a.stop_details and a.stop_details.get("category") else "")
+                     + (f" · request: {a.request_replacements} lone surrogate(s) sent as U+FFFD"
+                        if a.request_replacements else ""))
+        blocks = a.content_blocks()
+        if len(blocks) > 1 or any(not b.is_text for b in blocks):
+            lines.append("    blocks: " + block_list(blocks))
     if g.segments:
         lines.append("segments:")
         for s in g.segments:

@@ -1,4 +1,4 @@
 """The provider: one SDK stream per attempt, classified into plain data."""
-from .stream import Failure, ListSink, StreamEnd, make_client, stream_once
+from .stream import BlockSink, Failure, ListSink, StreamEnd, make_client, stream_once
 
-__all__ = ["Failure", "ListSink", "StreamEnd", "make_client", "stream_once"]
+__all__ = ["BlockSink", "Failure", "ListSink", "StreamEnd", "make_client", "stream_once"]

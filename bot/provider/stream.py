@@ -1,8 +1,12 @@
-"""One provider call: the SDK's raw stream events → text, stop reason, tokens, or a classified failure.
+"""One provider call: the SDK's raw stream events → content blocks, stop reason, tokens, or a classified failure.
 
 Built on `messages.create(stream=True)` (the SDK's leanest path) with the SDK's own retries off, so
 every call is one attempt the generation layer can name, keep and retry itself. Every way a stream
 can end is caught here and turned into plain data; nothing escapes as an exception.
+
+Every content block is kept, in order, with its declared type: only a block whose start said
+`text` is reply text, whatever deltas other blocks carry. What leaves in the request body is valid
+UTF-8 (`bot.text.outbound`).
 """
 from __future__ import annotations
 
@@ -10,12 +14,14 @@ import email.utils
 import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import anthropic
 import httpx2
 
+from .. import truth
+from ..generation.records import Block, join_text
 from ..text import outbound_json
 
 log = logging.getLogger(__name__)
@@ -27,7 +33,7 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 @dataclass
 class Failure:
-    kind: str  # e.g. overloaded_error, http-529, connection-cut, read-timeout, malformed-stream
+    kind: str  # e.g. overloaded_error, http-529, connection-cut, read-timeout, malformed-stream, internal-…
     retryable: bool
     message: str
     status_code: int | None = None
@@ -41,27 +47,126 @@ class StreamEnd:
     output_tokens: int | None = None
     request_id: str | None = None
     failure: Failure | None = None
+    request_replacements: int = 0  # lone surrogates replaced by U+FFFD in the body sent
 
 
-class TextSink(Protocol):
-    """Where deltas go as they arrive: `add` says cheaply whether a flush is due; `flush` may await."""
-
-    def add(self, text: str) -> bool: ...
-
-    async def flush(self) -> None: ...
+class MalformedEvent(Exception):
+    """An event the provider sent whose data is not the shape the protocol gives it."""
 
 
-@dataclass
-class ListSink:
-    """A sink that only collects: for callers with no ledger (benchmarks of the bare path, tests)."""
-    parts: list[str] = field(default_factory=list)
+# The delta type that carries a block's content, and the delta's field holding it.
+_DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+_ANY_CONTENT = frozenset(_DELTA_FIELD)
+
+
+def _feeds(btype: str) -> frozenset[str]:
+    """Which deltas are a block's content. Only a declared text block takes text; a type not known
+    here keeps whatever content its deltas carry, as its own (never as reply text)."""
+    if btype == "text":
+        return frozenset({"text_delta"})
+    if btype == "thinking":
+        return frozenset({"thinking_delta"})
+    if btype.endswith("tool_use"):
+        return frozenset({"input_json_delta"})
+    if btype == "redacted_thinking" or btype.endswith("tool_result"):
+        return frozenset()
+    return _ANY_CONTENT
+
+
+def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+    """A block's content as its start event gives it, and the rest of the start object (less its type,
+    which is a column of its own; None when nothing else is left).
+
+    Text and reasoning may begin in the start event; redacted reasoning's data and a server tool's
+    result come whole in it. A tool call's input is its streamed JSON, so its start keeps `input`.
+    """
+    rest = {k: v for k, v in start.items() if k != "type"}
+    key = {"text": "text", "thinking": "thinking", "redacted_thinking": "data"}.get(btype)
+    content = ""
+    if key is None and btype.endswith("tool_result") and "content" in rest:
+        content = json.dumps(rest.pop("content"), ensure_ascii=False, separators=(",", ":"))
+    elif key is not None and key in rest:
+        value = rest.pop(key)
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"a {btype} block whose {key} is not a string")
+        content = value or ""
+    return content, rest or None
+
+
+class _Open:
+    """A content block while it streams: its content in the pieces it arrived in."""
+    __slots__ = ("index", "type", "start", "parts", "extras", "feeds", "written", "on_disk")
+
+    def __init__(self, index: int, btype: str, start: dict[str, Any] | None) -> None:
+        self.index, self.type, self.start = index, btype, start
+        self.parts: list[str] = []
+        self.extras: list[dict[str, Any]] = []
+        self.feeds = _feeds(btype)
+        self.written = 0  # pieces already handed to a ledger write
+        self.on_disk = False  # its first piece (with its type and start) handed to a write
+
+
+class BlockSink:
+    """Where a stream's content blocks go as they arrive.
+
+    `start` opens a block, `select` makes a started block current, `add` appends text to the
+    current (text) block and `delta` takes any other delta; each says cheaply whether a flush is
+    due, and `flush` may await. This base only collects; the ledger's sink also writes.
+    """
+
+    def __init__(self) -> None:
+        self._open: list[_Open] = []
+        self._at: dict[int, _Open] = {}
+        self._cur: _Open | None = None
+
+    def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
+        if index in self._at:
+            raise ValueError(f"content block {index} started twice")
+        b = _Open(index, btype, start)
+        self._open.append(b)
+        self._at[index] = b
+        self._cur = b
+        return self.add(content) if content else False
+
+    def select(self, index: int) -> bool:
+        """Make block `index` current; True when it is a text block."""
+        b = self._at.get(index)
+        if b is None:
+            raise KeyError(f"a delta for content block {index!r}, which never started")
+        self._cur = b
+        return b.type == "text"
 
     def add(self, text: str) -> bool:
-        self.parts.append(text)
+        self._cur.parts.append(text)  # type: ignore[union-attr]
+        return False
+
+    def delta(self, d: Any) -> bool:
+        """Any delta but text to a text block: the block's content if its type takes it, else kept as given."""
+        b = self._cur
+        assert b is not None
+        dt = d.type
+        if dt in b.feeds:
+            x = getattr(d, _DELTA_FIELD[dt])
+            if x.__class__ is not str:
+                raise TypeError(f"a {dt} without its {_DELTA_FIELD[dt]}")
+            return self.add(x)
+        b.extras.append(_as_given(d))
         return False
 
     async def flush(self) -> None:
         return None
+
+    def blocks(self) -> list[Block]:
+        out = [Block(b.index, b.type, "".join(b.parts), b.start, list(b.extras)) for b in self._open]
+        join_text(out)
+        return out
+
+    def text(self) -> str:
+        return join_text(self.blocks())
+
+
+class ListSink(BlockSink):
+    """A sink that only collects: for callers with no ledger (benchmarks of the bare path, tests)."""
 
 
 def make_client(base_url: str | None, api_key: str | None, timeout: float = 600.0) -> anthropic.AsyncAnthropic:
@@ -75,13 +180,16 @@ def call_timeout(seconds: float) -> httpx2.Timeout:
     return httpx2.Timeout(seconds, connect=min(seconds, 10.0))
 
 
-async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: TextSink,
+async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: BlockSink,
                       timeout: float | None = None) -> StreamEnd:
     """One call; `timeout` (the residence's `retries.timeout_seconds`) overrides the client's for this call."""
     end = StreamEnd()
     try:
+        request, end.request_replacements = outbound_json(request)
+        if end.request_replacements:
+            log.warning("request body carried %d lone surrogate(s); sent as U+FFFD", end.request_replacements)
         # Sampling settings the installed SDK's signature may not name travel in the body as they are.
-        params = outbound_json({k: v for k, v in request.items() if k != "temperature"})[0]  # valid UTF-8 leaves
+        params = {k: v for k, v in request.items() if k != "temperature"}
         extra: dict[str, Any] = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)
@@ -92,24 +200,61 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
         return end
     end.request_id = stream.response.headers.get("request-id")
     stopped = False
+    cur: Any = None  # index of the current block, and whether it is a text block
+    is_text = False
     try:
         async for ev in stream:
-            t = ev.type
-            if t == "content_block_delta":
-                d = ev.delta
-                if d.type == "text_delta":
-                    if sink.add(d.text):
-                        await sink.flush()
-            elif t == "message_delta":
-                end.stop_reason = ev.delta.stop_reason
-                details = getattr(ev.delta, "stop_details", None)
-                if details is not None:
-                    end.stop_details = details if isinstance(details, dict) else _as_dict(details)
-                usage = getattr(ev, "usage", None)
-                tokens = getattr(usage, "output_tokens", None) if usage is not None else None
-                end.output_tokens = tokens if isinstance(tokens, int) else None
-            elif t == "message_stop":
-                stopped = True
+            try:
+                t = ev.type
+                if t == "content_block_delta":
+                    i = ev.index
+                    if i != cur:
+                        is_text = sink.select(i)
+                        cur = i
+                    d = ev.delta
+                    if is_text and d.type == "text_delta":
+                        x = d.text
+                        if x.__class__ is not str:
+                            raise TypeError("a text_delta without its text")
+                        if not sink.add(x):
+                            continue
+                    elif not sink.delta(d):
+                        continue
+                elif t == "content_block_start":
+                    cur = ev.index
+                    if cur.__class__ is not int:
+                        raise TypeError(f"a content_block_start with index {cur!r}")
+                    given = _as_given(ev.content_block)
+                    btype = given.get("type")
+                    if not isinstance(btype, str):
+                        raise TypeError("a content block with no type")
+                    content, rest = _initial(btype, given)
+                    is_text = btype == "text"
+                    if not sink.start(cur, btype, content, rest):
+                        continue
+                elif t == "message_delta":
+                    dl = ev.delta
+                    reason = dl.stop_reason
+                    if reason is not None and reason.__class__ is not str:
+                        raise TypeError(f"a stop reason that is not a string: {reason!r}")
+                    end.stop_reason = reason
+                    details = getattr(dl, "stop_details", None)
+                    if details is not None:
+                        end.stop_details = details if isinstance(details, dict) else _as_dict(details)
+                    usage = getattr(ev, "usage", None)
+                    tokens = getattr(usage, "output_tokens", None) if usage is not None else None
+                    end.output_tokens = tokens if isinstance(tokens, int) else None
+                    continue
+                elif t == "message_stop":
+                    stopped = True
+                    continue
+                else:
+                    continue
+            except (AttributeError, TypeError, KeyError, ValueError) as e:
+                what = "an event whose data is not a JSON object" if not hasattr(ev, "type") else \
+                    f"a {getattr(ev, 'type', '?')} event of the wrong shape"
+                raise MalformedEvent(f"{what}: {e}") from None
+            await sink.flush()
     except Exception as e:
         end.failure = _classify(e)
         # A figure from a message_delta that preceded the failure is still the provider's figure;
@@ -145,10 +290,14 @@ def _classify(e: BaseException) -> Failure:
         return Failure("connection-error", True, type(e).__name__)
     if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
         return Failure("malformed-stream", True, f"{type(e).__name__}: {e}")
+    if isinstance(e, MalformedEvent):
+        return Failure("malformed-stream", True, str(e))
     if isinstance(e, anthropic.APIError):
         return Failure("api-error", False, str(e))
-    log.exception("unexpected failure while streaming", exc_info=e)
-    return Failure(f"unexpected-{type(e).__name__}", False, str(e))
+    # Not the provider's: a failure of this process while calling it (building the request, keeping
+    # the stream). It is named as such, never as a provider error, and not retried.
+    log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
+    return Failure(truth.internal_error(type(e).__name__), False, str(e))
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -177,3 +326,11 @@ def _request_id(e: BaseException) -> str | None:
 def _as_dict(obj: Any) -> dict[str, Any]:
     dump = getattr(obj, "model_dump", None)
     return dump() if callable(dump) else {"value": str(obj)}
+
+
+def _as_given(obj: Any) -> dict[str, Any]:
+    """An SDK object as the provider sent it: only the keys it gave, under their API names."""
+    to_dict = getattr(obj, "to_dict", None)
+    if not callable(to_dict):
+        raise TypeError(f"expected an object, got {type(obj).__name__}")
+    return to_dict(mode="json", warnings=False)

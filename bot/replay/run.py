@@ -119,6 +119,11 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
             lines.append(f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
                          f"{len(g['attempts'])} attempt(s), {len(g['segments'])} segment(s), continuation "
                          f"{g['continuation']['ended']}; provider calls {turn['provider_calls']}")
+            for a in g["attempts"]:
+                blocks = a.get("blocks") or []
+                if len(blocks) > 1 or any(b["type"] != "text" for b in blocks):
+                    lines.append(f"    attempt {a['id']} blocks: " + " · ".join(
+                        f"#{b['index']} {b['type']} {b['chars']:,} chars" for b in blocks))
         lines.append("")
     if result["stumps"]:
         lines.append("stumps:")
