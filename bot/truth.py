@@ -212,6 +212,15 @@ def _nothing(e: Ending) -> str:
     return "no reply text was generated" if e.other_content else "no text was generated"
 
 
+def no_text_line_kind(status: Status) -> PostKind:
+    """The kind of the one line posted for an outcome with no text to post.
+
+    A cut is a cut even when it landed before any reply text (inside reasoning, say): its line is the
+    output's receipt. A refusal, or a failure with nothing emitted, is told in a notice.
+    """
+    return "receipt" if status == "truncated" else "notice"
+
+
 def notice(e: Ending) -> str | None:
     """The factual line for an outcome whose text is not posted at all (a refusal, or no text)."""
     if e.status == "refused":

@@ -119,7 +119,7 @@ def test_a_ceiling_inside_the_reasoning_posts_no_partial_and_keeps_the_reasoning
     assert (g["status"], g["stop_reason"], g["text"], g["output_tokens"]) == ("truncated", "max_tokens", "", 1024)
     assert [(b["type"], b["text"]) for b in g["attempts"][0]["blocks"]] == [("thinking", thinking)]
     assert kinds(turn) == [
-        ("notice", "-# Output ceiling reached at 1,024 tokens during reasoning; no reply text was generated.")]
+        ("receipt", "-# Output ceiling reached at 1,024 tokens during reasoning; no reply text was generated.")]
     (stump,) = result["stumps"]
     assert (stump["cause"], stump["text"], stump["published"], stump["scope"], stump["block"],
             stump["block_type"]) == ("max_tokens", thinking, False, "block", 0, "thinking")

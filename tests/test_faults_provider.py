@@ -210,7 +210,7 @@ def check_turn(t: Turn, e: Expect) -> None:
         assert lines == []
     else:
         assert len(lines) == 1, kinds  # exactly once
-        want = "receipt" if text_kind else "notice"
+        want = "receipt" if text_kind else truth.no_text_line_kind(e.status)
         assert lines[0].kind == want and lines[0].content == RECEIPT_PREFIX + e.line
         assert t.posts[-1] is lines[0]  # the boundary comes last
     assert t.violations == []

@@ -159,7 +159,7 @@ def plan(e: truth.Ending, text: str) -> list[Planned]:
         line = truth.receipt(e)
         return out + ([Planned("receipt", RECEIPT_PREFIX + line)] if line else [])
     line = truth.notice(e if text.strip() else replace(e, chars=0))
-    return [Planned("notice", RECEIPT_PREFIX + line)] if line else []
+    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line)] if line else []
 
 
 def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
