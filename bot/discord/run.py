@@ -17,7 +17,8 @@ import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..generation.attempts import AttemptRunner
-from ..generation.recovery import resume_delivery, settle_interrupted
+from ..delivery.outbox import Backoff, Outbox
+from ..generation.recovery import settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
@@ -67,15 +68,22 @@ def provider_settings(env: dict[str, str] | None = None) -> tuple[str | None, st
     return base_url, key or "local"
 
 
-async def start_bot(bot: ResidentBot, token: str) -> None:
-    """`bot.start`, with the residence's undelivered posts delivered between login and connect."""
+async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
+    """`bot.start`, with the residence's undelivered posts tried once between login and connect.
+
+    What cannot be delivered yet stays first in its channel's queue and is retried with backoff;
+    nothing planned later overtakes it.
+    """
     await bot.login(token)
-    await resume_delivery(bot.resident.ledger, bot.residence.name, DiscordResumeRoom(bot))
+    outbox.register(bot.residence.name, DiscordResumeRoom(bot))
+    await outbox.resume(bot.residence.name)
     await bot.connect()
 
 
 async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
-                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None) -> None:
+                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None,
+                   backoff: Backoff | None = None) -> None:
+    """Run every residence's bot until `stop` (or a signal); `backoff` paces redelivery after a room failure."""
     ledger = await Ledger.open(db)
     try:
         # Before any bot connects: what a stopped process left open is settled and planned.
@@ -86,10 +94,11 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
     client = make_client(base_url, api_key)
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
+    outbox = Outbox(ledger, backoff)
     try:
         generator = Generator(AttemptRunner(client, ledger))
         for r in dep.residences:
-            registry[r.name] = Resident(r, generator, ledger)
+            registry[r.name] = Resident(r, generator, ledger, outbox)
         for r in dep.residences:
             bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
         stop = stop or asyncio.Event()
@@ -99,8 +108,8 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread, or not supported here
                 pass
-        tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name]), name=f"bot:{b.residence.name}")
-                 for b in bots]
+        tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name], outbox),
+                                     name=f"bot:{b.residence.name}") for b in bots]
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait(tasks + [stopper], return_when=asyncio.FIRST_COMPLETED)
         problem = None
@@ -125,6 +134,7 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         if problem and not stop.is_set():
             raise StartupError(problem)
     finally:
+        await outbox.close()
         await client.close()
         await ledger.close()
 
