@@ -298,7 +298,7 @@ async def assert_one_reply_in_order(d, g) -> None:
 
 
 async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(tmp_path):
-    """A double click on /continue: the second waits for the first, then continues from where it left off."""
+    """Two moderators (or a double click) at once: the second waits for the first, then continues from there."""
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}
     calls = [Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(SECOND, "max_tokens", 600)),
              Call(sse=sse.stream(THIRD, "end_turn", 20))]
@@ -308,7 +308,7 @@ async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(t
         await d.quiet(0.1)
         [g] = await d.generations()
         one, two = await asyncio.gather(d.command("moddy", "continue", opts(generation=g.id)),
-                                        d.command("moddy", "continue", opts(generation=g.id)))
+                                        d.command("mona", "continue", opts(generation=g.id)))
         answers = sorted([contents(one)[-1], contents(two)[-1]])
         assert answers == [f"Continued {g.id}: now completed, 3 segment(s), continuation completed.",
                            f"Continued {g.id}: now truncated, 2 segment(s), continuation disabled."], answers

@@ -98,7 +98,10 @@ class Outbox:
             if post.message_id is not None:
                 continue
             entry = _Entry(residence, post, True, asyncio.get_running_loop().create_future())
-            self._channel(post.channel).queue.append(entry)
+            if self.closed:  # the process is stopping: the post waits in the ledger for the next start
+                entry.done.set_result(False)
+            else:
+                self._channel(post.channel).queue.append(entry)
             futures.append(entry.done)
         for channel in {p.channel for p in posts}:
             self._kick(channel)

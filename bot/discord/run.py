@@ -125,6 +125,7 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                 problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
             else:
                 problem = b.startup_problem or f"{b.residence.name}: the bot stopped"
+        await outbox.close()  # before the bots' HTTP sessions: what waits stays in the ledger for the next start
         for b in bots:
             await b.close()
         for t in tasks:

@@ -152,7 +152,10 @@ class ConnectionOutage:
                     self.refused_requests += 1
                     transport.abort()
                     return web.Response(status=503)  # never reaches the peer
-                self.rest[id(transport)] = transport
+                if id(transport) not in self.rest:
+                    for key in [k for k, t in self.rest.items() if t.is_closing()]:
+                        del self.rest[key]  # forget connections that are gone
+                    self.rest[id(transport)] = transport
             elif request.path.startswith("/gateway"):
                 self.rest.pop(id(transport), None)  # a kept-alive connection upgraded to a websocket
         return await handler(request)
@@ -165,11 +168,11 @@ class ConnectionOutage:
         self.until = max(self.until or 0.0, loop.time() + seconds)
         if self._reopen is None:
             self._runner, self._address = runner, (host, port)
-            for site in list(runner.sites):
-                await site.stop()
+            self._reopen = asyncio.create_task(self._listen_again(), name="room-outage")
             self.outages += 1
             log.info("fault injection: refusing connections on port %d for %.1fs", port, seconds)
-            self._reopen = asyncio.create_task(self._listen_again(), name="room-outage")
+            for site in list(runner.sites):
+                await site.stop()
         for transport in list(self.rest.values()):
             transport.abort()
         self.rest.clear()
@@ -178,7 +181,11 @@ class ConnectionOutage:
         loop = asyncio.get_running_loop()
         while self.until is not None and loop.time() < self.until:
             await asyncio.sleep(self.until - loop.time())
-        await self.end()
+        try:
+            await self.end()
+        except OSError as e:  # the port was taken meanwhile: say so, the room stays unreachable
+            log.error("fault injection: could not listen again on port %s: %s",
+                      self._address[1] if self._address else "?", e)
 
     async def end(self) -> None:
         """Listen again now (also what clearing the faults does)."""
