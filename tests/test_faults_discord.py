@@ -63,6 +63,15 @@ class Rig:
         finally:
             await led.close()
 
+    async def delivered(self, timeout: float = 10.0) -> list[Generation]:
+        """The generations once every post has its message id (a post is in the room a moment before)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            gens = await self.generations()
+            if all(p.message_id for g in gens for p in g.posts) or time.monotonic() > deadline:
+                return gens
+            await asyncio.sleep(0.05)
+
     async def verified(self) -> None:
         led = await Ledger.open(self.db)
         try:
@@ -119,7 +128,7 @@ async def cut_reply(r: Rig, text: str, ask: str = "Describe the harbour, @cairn"
     r.room.post("general", "alice", ask, mentions=["cairn"])
     await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"],
                                   timeout=20)
-    gens = await r.generations()
+    gens = await r.delivered()
     assert [p.kind for p in gens[-1].posts] == ["partial", "partial", "partial", "receipt"]
     return gens
 
@@ -175,7 +184,7 @@ async def test_a_gateway_drop_during_a_generation_resumes_and_every_post_lands_o
         await r.room.wait_for_message(lambda m: m["author"] == "cairn" and m["content"] == "The second answer, whole.",
                                       timeout=20)
         assert r.room.resumes >= 1
-        gens = await r.generations()
+        gens = await r.delivered()
         assert [g.status for g in gens] == ["truncated", "completed"]
         assert gens[0].text == first
         assert_delivered_once_in_order(r, gens)
@@ -191,7 +200,7 @@ async def test_a_post_discord_refuses_mid_delivery_is_delivered_later_in_order(t
         r.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
         await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"],
                                       timeout=20)
-        gens = await r.generations()
+        gens = await r.delivered()
         assert r.room.faults.hits == 1
         assert_delivered_once_in_order(r, gens)
         await r.verified()
@@ -247,7 +256,7 @@ async def test_an_outage_mid_delivery_completes_the_reply_first_in_order_exactly
         await eventually(lambda: not r.room.outage.refusing, timeout=10)
         back = time.monotonic()
         await r.room.wait_for_message(lambda m: m["content"] == "Cairn's second answer.", timeout=20)
-        gens = await r.generations()
+        gens = await r.delivered()
         first = next(g for g in gens if g.residence == "cairn" and g.status == "truncated")
         done = [m for m in r.room.messages("general") if m["bot"]]
         # Strict FIFO in the channel: the cut reply whole, then what was planned during the outage, in order.

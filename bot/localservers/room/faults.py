@@ -194,11 +194,11 @@ class ConnectionOutage:
             task.cancel()
         if self.until is None:
             return
-        self.until = None
         if self._runner is not None and self._address is not None:
             host, port = self._address
             await web.TCPSite(self._runner, host, port, reuse_address=True).start()
             log.info("fault injection: listening again on port %d", port)
+        self.until = None  # only now: whoever sees the outage over can connect
 
     async def cancel(self) -> None:
         """The room is stopping: no listening again."""
