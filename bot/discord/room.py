@@ -92,6 +92,7 @@ class DiscordResumeRoom:
         assert me is not None  # set by login()
         after: discord.abc.Snowflake | dt.datetime = (
             discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.timezone.utc))
+
         async def read() -> list[Seen]:
             ch = await self._channel(channel)
             return [Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)

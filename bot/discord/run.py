@@ -16,8 +16,8 @@ from pathlib import Path
 import discord
 
 from ..config import ConfigError, Residence, load_all_residences
-from ..generation.attempts import AttemptRunner
 from ..delivery.outbox import Backoff, Outbox
+from ..generation.attempts import AttemptRunner
 from ..generation.recovery import settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
