@@ -1,10 +1,15 @@
 """A resident's turn, end to end: room → context → generation → ledger → delivery plan → room.
 
 The Discord cog and `residents replay` both call this; the only thing that differs between them is
-the Room adapter that sends a post.
+the Room adapter that sends a post — and, under `residents run`, the process's outbox, through which
+every post goes out in per-channel order whatever room a caller names.
+
+Work on one resident in one channel is serialised here (a turn, a /continue, a declined /continue):
+two requests never number posts of one generation at once, and their posts never interleave.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +20,7 @@ from .context import RoomMessage, compile_request
 from .context.compile import ledger_message_ids, own_generation_ids
 from .delivery import Planned, plan, plan_continuation
 from .delivery.keys import KeyRejections
+from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.send import Room, deliver
 from .generation.records import Generation, Post, new_id
@@ -33,11 +39,20 @@ class Reply:
 
 class Resident:
     def __init__(self, residence: Residence, generator: Generator, ledger: Ledger,
-                 key_rejections: KeyRejections | None = None) -> None:
+                 outbox: Outbox | None = None, key_rejections: KeyRejections | None = None) -> None:
         self.residence = residence
         self.generator = generator
         self.ledger = ledger
+        self.outbox = outbox
         self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
+        self._busy: dict[str, asyncio.Lock] = {}
+
+    def busy(self, channel: str) -> asyncio.Lock:
+        """Held while this resident works in `channel`: generating, recording or delivering a reply."""
+        lock = self._busy.get(channel)
+        if lock is None:
+            lock = self._busy[channel] = asyncio.Lock()
+        return lock
 
     @property
     def name(self) -> str:
@@ -49,7 +64,14 @@ class Resident:
         return compile_request(self.residence, history, posts, gens)
 
     async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,
-                      superseded: Callable[[], bool] = never) -> Reply:
+                      superseded: Callable[[], bool] = never,
+                      queued: Callable[[list[Post]], None] | None = None) -> Reply:
+        """One turn. `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
+        async with self.busy(channel):
+            return await self._respond(room, channel, history, trigger, superseded, queued)
+
+    async def _respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None,
+                       superseded: Callable[[], bool], queued: Callable[[list[Post]], None] | None) -> Reply:
         request = await self.compile(history)
         g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
                                           seen_upto=history[-1].id if history else None)
@@ -60,12 +82,21 @@ class Resident:
         if set_aside and self.residence.policy.notices.retry_abandoned:
             planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))
         posts = await self._record(g, planned, channel)
-        await deliver(self.ledger, room, posts)
+        await self._deliver(room, posts, queued)
         return Reply(g, posts)
 
     async def continue_generation(self, room: Room, channel: str, generation_id: str | None,
                                   superseded: Callable[[], bool] = never) -> Reply:
-        """A moderator asked for more of a cut output: one segment at most, under the standing."""
+        """A moderator asked for more of a cut output: one segment at most, under the standing.
+
+        Waits for any turn or continuation of this resident in `channel`, then reads the generation
+        afresh: a second /continue on one generation runs after the first, or is declined with the reason.
+        """
+        async with self.busy(channel):
+            return await self._continue(room, channel, generation_id, superseded)
+
+    async def _continue(self, room: Room, channel: str, generation_id: str | None,
+                        superseded: Callable[[], bool]) -> Reply:
         g = (await self.ledger.get_generation(generation_id) if generation_id
              else await self.ledger.latest_generation(self.name, channel))
         if g is None or g.residence != self.name:
@@ -76,16 +107,31 @@ class Resident:
             return await self._decline(room, channel, g, result.refused)
         planned = plan_continuation(g.ending(), result.added)
         posts = await self._record(g, planned, channel)
-        await deliver(self.ledger, room, posts)
+        await self._deliver(room, posts)
         return Reply(g, posts)
 
     async def _decline(self, room: Room, channel: str, g: Generation | None, reason: str) -> Reply:
         posts = await self._record(g, [notice_post(truth.declined_continue(reason))], channel)
-        await deliver(self.ledger, room, posts)
+        await self._deliver(room, posts)
         return Reply(g, posts, declined=reason)
 
+    async def _deliver(self, room: Room, posts: list[Post],
+                       queued: Callable[[list[Post]], None] | None = None) -> None:
+        """Through the outbox when the process has one (in order behind anything still waiting), else directly."""
+        if self.outbox is None:
+            if queued is not None:
+                queued(posts)
+            await deliver(self.ledger, room, posts)
+            return
+        waiting = self.outbox.enqueue(self.name, posts)
+        if queued is not None:
+            queued(posts)  # in the same step as the enqueue: floor control never sees the reply in neither place
+        if not await self.outbox.wait(waiting):
+            log.warning("%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
+                        self.name, sum(1 for p in posts if p.message_id is None))
+
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
-        start = (max((p.seq for p in g.posts), default=0) + 1) if g is not None else 1
+        start = await self.ledger.next_post_seq(g.id) if g is not None else 1
         posts = [Post(id=new_id("p-"), generation_id=g.id if g else None, seq=start + i, kind=p.kind,
                       content=p.content, channel=channel) for i, p in enumerate(planned)]
         await self.ledger.add_posts(posts)

@@ -11,6 +11,7 @@ import pytest
 from bot.cli import main as cli_main
 from bot.context.compile import CONTINUE_NOTE, QUIET_NOTE
 from bot.discord.run import Deployment, StartupError, run_bots
+from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 
@@ -283,6 +284,75 @@ async def test_continue_on_request_posts_one_more_segment_and_no_text_twice(tmp_
         assert [p.message_id for p in posts] == [m["id"] for m in d.bot_messages()]
 
 
+SECOND = ("Beyond the breakwater the channel bends twice, and pilots count the buoys aloud: "
+          "red to port, green to starboard, the bell buoy last of all before the open sea.")
+THIRD = " And at dusk the harbour master lights the lamp on the mole, and the day's work ends."
+
+
+async def assert_one_reply_in_order(d, g) -> None:
+    """Posts numbered 1..n from the ledger, each its own room message, in order; the ledger clean (--strict)."""
+    posts = sorted(g.posts, key=lambda p: p.seq)
+    assert [p.seq for p in posts] == list(range(1, len(posts) + 1))
+    await posts_match_room(d, g)
+    assert await verify(d.ledger, unsettled_as_violations=True) == []
+
+
+async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(tmp_path):
+    """Two moderators (or a double click) at once: the second waits for the first, then continues from there."""
+    policy = {"continuation": {"standing": "on-request", **BOUNDS}}
+    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(SECOND, "max_tokens", 600)),
+             Call(sse=sse.stream(THIRD, "end_turn", 20))]
+    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=calls) as d:
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        [g] = await d.generations()
+        one, two = await asyncio.gather(d.command("moddy", "continue", opts(generation=g.id)),
+                                        d.command("mona", "continue", opts(generation=g.id)))
+        answers = sorted([contents(one)[-1], contents(two)[-1]])
+        assert answers == [f"Continued {g.id}: now completed, 3 segment(s), continuation completed.",
+                           f"Continued {g.id}: now truncated, 2 segment(s), continuation disabled."], answers
+        await d.quiet(0.1)
+        [g] = await d.generations()
+        assert (g.status, len(g.segments), len(d.provider.requests)) == ("completed", 3, 3)
+        assert g.text.endswith(THIRD) and squash(SECOND) in squash(g.text)
+        assert [m["id"] for m in d.bot_messages()] == [p.message_id for p in sorted(g.posts, key=lambda p: p.seq)]
+        await assert_one_reply_in_order(d, g)
+
+
+async def test_a_continue_during_a_turn_waits_for_it(tmp_path):
+    """/continue while the resident is writing in that channel: it runs after the turn, posts after its reply."""
+    policy = {"continuation": {"standing": "on-request", **BOUNDS}}
+    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("end-turn.sse")),
+             Call(sse=sse.stream(SECOND, "end_turn", 40))]
+    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=calls) as d:
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        n = len(d.bot_messages())
+        [g] = await d.generations()
+        d.provider.hold()
+        d.room.post("general", "alice", "and a summary, @cairn", mentions=["cairn"])
+        await eventually(lambda: d.provider.arrived == 2)
+        events = d.room.subscribe_events()
+        asked = asyncio.create_task(d.command("moddy", "continue", opts(generation=g.id)))
+        while (await asyncio.wait_for(events.get(), timeout=10) or {}).get("type") != "interaction_response":
+            pass  # the command was deferred: it is running, and waits for the turn
+        await asyncio.sleep(0.5)
+        assert d.provider.arrived == 2  # nothing is asked of the provider beside the turn being written
+        d.provider.release()
+        out = await asked
+        assert contents(out)[-1] == f"Continued {g.id}: now completed, 2 segment(s), continuation completed."
+        await d.quiet(0.1)
+        g, turn = await d.generations()
+        added = d.bot_messages()[n:]
+        assert [m["content"] for m in added][0] == END_TEXT  # the turn's reply first, then the continuation
+        assert [m["id"] for m in added] == [turn.posts[0].message_id] + \
+            [p.message_id for p in sorted(g.posts, key=lambda p: p.seq)[n:]]
+        await assert_one_reply_in_order(d, g)
+        await assert_one_reply_in_order(d, turn)
+
+
 # ---------------------------------------------------------------------------------------------- 5
 
 
@@ -312,6 +382,58 @@ async def test_two_residents_do_not_loop(tmp_path):
         await d.quiet(0.3)
         again = [m for m in d.messages()[n + 1:]]
         assert all(m["bot"] for m in again) and 1 <= resident_turns(again) <= 3
+
+
+def slow(text: str, seconds: float) -> Call:
+    raw = sse.stream(text, "end_turn", 7)
+    return Call(sse=raw, chunk_bytes=max(1, len(raw) // 10), chunk_delay=seconds / 10)
+
+
+async def longest_resident_run(d) -> int:
+    """The most resident replies the room shows in a row between two messages from people (ledger: message → generation)."""
+    msgs = d.messages()
+    posts = await d.ledger.posts_by_message([m["id"] for m in msgs if m["bot"]])
+    best, run = 0, set()
+    for m in msgs:
+        if not m["bot"]:
+            run = set()
+            continue
+        run.add(posts[m["id"]].generation_id)
+        best = max(best, len(run))
+    return best
+
+
+async def test_floor_counts_replies_so_a_queued_turn_cannot_stretch_the_run(tmp_path):
+    """max_resident_run 3, two residents answering everything: cairn's queued turn puts two of its replies
+    side by side, and the room still shows three resident replies after a person, not four."""
+    answered: dict[str, int] = {}
+
+    def responder(body: dict) -> Call:
+        who = re.search(r"You are (\w+)", body["system"]).group(1)
+        answered[who] = answered.get(who, 0) + 1
+        text = f"{who} says a short thing ({answered[who]})."
+        return slow(text, 1.0) if (who, answered[who]) == ("Cairn", 1) else Call(sse=sse.stream(text, "end_turn", 7))
+
+    floor = {"reply_to": "all", "max_resident_run": 3}
+    residents = [res("cairn", policy={"floor": {**floor, "cooldown_seconds": 0}}),
+                 res("sill", policy={"floor": {**floor, "cooldown_seconds": 3.0}})]
+    async with deployed(tmp_path, residents, responder=responder) as d:
+        ch = int(d.room.channel_id())
+        cairn, sill = d.bot("cairn").get_cog("ResidentCog"), d.bot("sill").get_cog("ResidentCog")
+        d.room.post("general", "alice", "hello both of you")
+        # sill answers at once; cairn, still writing, queues a turn for it, taken as soon as its reply is out
+        s1 = await d.room.wait_for_message(lambda m: m["author"] == "sill", timeout=10)
+        await eventually(lambda: cairn.queued[ch], timeout=5)
+        await d.room.wait_for_message(lambda m: m["content"] == "Cairn says a short thing (2).", timeout=10)
+        # sill's cooldown ends: its turn (queued for cairn's replies) is checked against the floor again
+        await eventually(lambda: not sill.locks[ch].locked() and not sill.queued[ch], timeout=10)
+        await d.quiet(0.3)
+        authors = [m["author"] for m in d.bot_messages()]
+        assert authors == ["sill", "cairn", "cairn"], authors
+        c1, c2 = await d.generations("cairn")
+        assert c2.trigger == s1["id"]  # the queued turn
+        assert await longest_resident_run(d) == 3
+        assert len(d.provider.requests) == 3  # every generation spoke: none was made only to be dropped
 
 
 # ---------------------------------------------------------------------------------------------- 6-7

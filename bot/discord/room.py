@@ -2,6 +2,9 @@
 
 Every post goes out with `AllowedMentions.none()` (an output can never ping anyone) and with its
 post id as Discord's nonce, so a retried send after a lost response cannot post it twice.
+
+Whatever stops a send — connection refused or reset, a TLS error or timeout, a 5xx or 429 discord.py
+gave up on, a 403 — becomes one error, `RoomUnavailable`, for the outbox to retry (`ROOM_ERRORS`).
 """
 from __future__ import annotations
 
@@ -23,10 +26,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# When discord.py gives up on a post at run time, the rest are delivered again this often, this many
-# times (here, not in the cog: discord.py loads each bot's extensions as separate module objects).
-REDELIVER_SECONDS = 30.0
-REDELIVER_TRIES = 10
+# Every way a REST call to Discord can fail that is not a bug here: HTTP errors (discord.py has already
+# retried 5xx and waited out 429s), a rate limit too long to wait, the network, a timeout.
+ROOM_ERRORS: tuple[type[BaseException], ...] = (discord.HTTPException, discord.RateLimited, aiohttp.ClientError,
+                                                OSError, asyncio.TimeoutError)
+
+# A REST call that has not returned after this long counts as failed (a send may still land: the nonce,
+# and the outbox's look at the channel before trying again, keep it from being posted twice).
+SEND_TIMEOUT = 15.0
+
+
+def unavailable(e: BaseException) -> RoomUnavailable:
+    return RoomUnavailable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
 
 class DiscordRoom:
@@ -34,8 +45,14 @@ class DiscordRoom:
         self.channel = channel
 
     async def send(self, post: Post) -> str:
-        message = await self.channel.send(outbound(post.content)[0], nonce=post.id,  # valid UTF-8 leaves
-                                          allowed_mentions=discord.AllowedMentions.none())
+        """Post it (valid UTF-8: lone surrogates leave as U+FFFD); any failure to do so raises RoomUnavailable."""
+        try:
+            message = await asyncio.wait_for(
+                self.channel.send(outbound(post.content)[0], nonce=post.id,
+                                  allowed_mentions=discord.AllowedMentions.none()),
+                timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
         return str(message.id)
 
 
@@ -55,10 +72,10 @@ SCAN_LIMIT = 200  # room messages read after a generation's last recorded post w
 
 
 class DiscordResumeRoom:
-    """Discord's side of crash recovery: read the bot's own recent messages, send a post (REST only).
+    """A bot's room for the outbox: send a post to the channel it names, read the bot's own recent messages.
 
-    Used after login and before the gateway connects, so resumed posts precede any new turn, and
-    again later when a delivery failed while the bot was running.
+    REST only, so it works after login and before the gateway connects (crash recovery), and for every
+    post while the bot runs; a post whose send failed is looked for here before it is sent again.
     """
 
     def __init__(self, bot: "ResidentBot") -> None:
@@ -77,16 +94,21 @@ class DiscordResumeRoom:
         assert me is not None  # set by login()
         after: discord.abc.Snowflake | dt.datetime = (
             discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.timezone.utc))
-        try:
+
+        async def read() -> list[Seen]:
             ch = await self._channel(channel)
             return [Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)
                     async for m in ch.history(limit=SCAN_LIMIT, after=after, oldest_first=True)
                     if m.author.id == me.id]
-        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e
+
+        try:
+            return await asyncio.wait_for(read(), timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
 
     async def send(self, post: Post) -> str:
         try:
-            return await DiscordRoom(await self._channel(post.channel)).send(post)
-        except (discord.HTTPException, aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise RoomUnavailable(f"{type(e).__name__}: {e}") from e
+            channel = await asyncio.wait_for(self._channel(post.channel), timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+        return await DiscordRoom(channel).send(post)

@@ -20,8 +20,9 @@ import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
+from ..delivery.outbox import Backoff, Outbox
 from ..generation.attempts import AttemptRunner
-from ..generation.recovery import resume_delivery, settle_interrupted
+from ..generation.recovery import settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
@@ -105,20 +106,25 @@ async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = T
         log.warning("the provider key could not be checked at start-up (%s); starting anyway", type(e).__name__)
 
 
-async def start_bot(bot: ResidentBot, token: str) -> None:
-    """`bot.start`, with the residence's undelivered posts delivered between login and connect."""
+async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
+    """`bot.start`, with the residence's undelivered posts tried once between login and connect.
+
+    What cannot be delivered yet stays first in its channel's queue and is retried with backoff;
+    nothing planned later overtakes it.
+    """
     await bot.login(token)
-    await resume_delivery(bot.resident.ledger, bot.residence.name, DiscordResumeRoom(bot))
+    outbox.register(bot.residence.name, DiscordResumeRoom(bot))
+    await outbox.resume(bot.residence.name)
     await bot.connect()
 
 
 async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                    guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None,
-                   key_rejections: KeyRejections | None = None) -> None:
+                   key_rejections: KeyRejections | None = None, backoff: Backoff | None = None) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
     `key_rejections` is shared by every resident (one notice per channel, whoever failed); a test
-    passes its own to control the clock.
+    passes its own to control the clock. `backoff` paces redelivery after a room failure.
     """
     client = make_client(base_url, api_key)
     try:
@@ -137,10 +143,11 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
     key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
+    outbox = Outbox(ledger, backoff)
     try:
         generator = Generator(AttemptRunner(client, ledger))
         for r in dep.residences:
-            registry[r.name] = Resident(r, generator, ledger, key_rejections)
+            registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
         for r in dep.residences:
             bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
         stop = stop or asyncio.Event()
@@ -150,8 +157,8 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread, or not supported here
                 pass
-        tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name]), name=f"bot:{b.residence.name}")
-                 for b in bots]
+        tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name], outbox),
+                                     name=f"bot:{b.residence.name}") for b in bots]
         stopper = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait(tasks + [stopper], return_when=asyncio.FIRST_COMPLETED)
         problem = None
@@ -167,6 +174,7 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                 problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
             else:
                 problem = b.startup_problem or f"{b.residence.name}: the bot stopped"
+        await outbox.close()  # before the bots' HTTP sessions: what waits stays in the ledger for the next start
         for b in bots:
             await b.close()
         for t in tasks:
@@ -176,6 +184,7 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         if problem and not stop.is_set():
             raise StartupError(problem)
     finally:
+        await outbox.close()
         await client.close()
         await ledger.close()
 

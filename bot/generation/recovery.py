@@ -10,9 +10,10 @@ nothing may be posted twice:
   its streamed text; the generation becomes `incomplete` with stop reason `interrupted` (so
   `bot.truth` gives the `interrupted` stump cause and the wording of its receipt), its text kept
   as an output stump, and its posts (partial + receipt) are planned in the same transaction.
-- `resume_delivery` (after a bot logs in, before its gateway connects, so no new turn can
-  interleave) delivers every undelivered post of its residence, oldest generation first, each in
-  `seq` order.
+- `resume_delivery` delivers every undelivered post of a residence, oldest generation first, each
+  in `seq` order. `residents run` does the same through its outbox (`bot.delivery.outbox`) after a
+  bot logs in and before its gateway connects: those posts go first in their channel's queue, ahead
+  of any new turn, and what the room refuses then is retried with backoff (`resume_generation`).
 
 Posting twice is prevented by reading the room before sending. `deliver` records a message id
 before it sends the next post, so at most one post per generation can have reached the room without
@@ -54,7 +55,9 @@ class Seen:
 
 
 class RoomUnavailable(Exception):
-    """The room could not be read or written now; the posts wait, in order, for the next start."""
+    """The room could not be read or written now (any failure: network, timeout, 5xx, 429, 403).
+
+    The posts wait, in order: the outbox retries them with backoff, or the next start does."""
 
 
 class ResumeRoom(Protocol):
@@ -240,7 +243,7 @@ async def resume_delivery(ledger: Ledger, residence: str, room: ResumeRoom) -> i
         if g is None:  # pragma: no cover - posts reference their generation
             continue
         try:
-            done += await _resume_generation(ledger, room, g, group)
+            done += await resume_generation(ledger, room, g, group)
         except RoomUnavailable as e:
             blocked.add(channel)
             log.warning("%s: posts of generation %s not delivered yet (channel %s): %s; they wait for the next "
@@ -250,7 +253,11 @@ async def resume_delivery(ledger: Ledger, residence: str, room: ResumeRoom) -> i
     return done
 
 
-async def _resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, group: list[Post]) -> int:
+async def resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, group: list[Post]) -> int:
+    """Deliver `group` (undelivered posts of `g`, one channel) in order, adopting any already in the room.
+
+    Also how the outbox (`bot.delivery.outbox`) retries a post whose send failed while running.
+    """
     group = sorted(group, key=lambda p: p.seq)
     earlier = [p for p in g.posts if p.message_id is not None and p.seq < group[0].seq]
     anchor = earlier[-1].message_id if earlier else None
@@ -264,8 +271,8 @@ async def _resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, gr
             k = next((i for i in range(j, len(fresh)) if _same(fresh[i], p)), None)
             if k is not None:
                 await ledger.mark_delivered(p, fresh[k].id)
-                log.warning("post %s (generation %s) had reached the room as message %s before the stop: "
-                            "recorded, not sent again", p.id, g.id, fresh[k].id)
+                log.warning("post %s (generation %s) had reached the room as message %s though its send never "
+                            "returned (a stop or a lost answer): recorded, not sent again", p.id, g.id, fresh[k].id)
                 j, done = k + 1, done + 1
                 continue
             adopting = False  # what was never sent before cannot be followed by something that was

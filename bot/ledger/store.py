@@ -213,6 +213,12 @@ class Ledger:
     async def add_posts(self, posts: list[Post]) -> None:
         await self._tx([self._post_insert(p) for p in posts])
 
+    async def next_post_seq(self, generation_id: str) -> int:
+        """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
+        rows = await self.db.execute_fetchall("SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?",
+                                              (generation_id,))
+        return int(rows[0][0])
+
     async def mark_delivered(self, post: Post, message_id: str) -> None:
         post.message_id, post.delivered_at = message_id, time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.

@@ -2,38 +2,50 @@
 
 Floor control keeps several residents from talking over each other or looping: one generation at
 a time per channel (a message arriving meanwhile queues at most one more turn and marks any
-continuation superseded), a cooldown, and a limit on resident turns before a person speaks again,
-counted across every resident of the process (`..floor`), turns still being written included.
+continuation superseded), a cooldown, and a limit on resident replies before a person speaks again,
+counted across every resident of the process (`..floor`), replies still being written or waiting
+in the outbox included, and checked again when a queued turn starts.
+
+The room may be unreachable when a turn starts: reading the channel waits with the outbox's backoff
+(a turn asked for during an outage is taken once Discord is back), and the typing indicator is
+skipped. The reply's posts go out through the outbox, behind anything still undelivered.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 import discord
 from discord.ext import commands
 
 from ..app import ResidentBot
-from ..floor import shared_floor
-from ...generation.recovery import RoomUnavailable, resume_delivery
-from .. import room as discord_room
-from ..room import DiscordResumeRoom, DiscordRoom, as_room_message
+from ..floor import Floor, replies, shared_floor, since_person
+from ...delivery.outbox import Backoff
+from ..room import ROOM_ERRORS, SEND_TIMEOUT, DiscordRoom, as_room_message
 
 log = logging.getLogger(__name__)
 
+STABLE_READS = 3  # floor reads retried while replies move between claimed, waiting and posted
 
-def resident_run(history: list[discord.Message]) -> int:
-    """Resident turns (runs of one bot author) since the last message from a person; newest last."""
-    turns, last_author = 0, None
-    for m in reversed(history):
-        if not m.author.bot:
-            break
-        if m.author.id != last_author:
-            turns += 1
-            last_author = m.author.id
-    return turns
+
+@contextlib.asynccontextmanager
+async def typing(channel: discord.abc.Messageable) -> AsyncIterator[None]:
+    """The typing indicator, when Discord takes it; a turn never fails for want of it."""
+    indicator = channel.typing()
+    try:
+        await asyncio.wait_for(indicator.__aenter__(), timeout=SEND_TIMEOUT)
+    except ROOM_ERRORS as e:
+        log.info("typing indicator not shown in %s: %s: %s", getattr(channel, "id", "?"), type(e).__name__, e)
+        yield
+        return
+    try:
+        yield
+    finally:
+        await indicator.__aexit__(None, None, None)
 
 
 class ResidentCog(commands.Cog):
@@ -43,7 +55,6 @@ class ResidentCog(commands.Cog):
         self.queued: dict[int, bool] = defaultdict(bool)
         self.moved_on: dict[int, bool] = defaultdict(bool)
         self.last_reply: dict[int, float] = {}
-        self.redelivery: asyncio.Task[None] | None = None
 
     def addressed(self, message: discord.Message) -> bool:
         me = self.bot.user
@@ -75,6 +86,69 @@ class ResidentCog(commands.Cog):
             self.moved_on[ch] = False
             await self._take_turn(message)
 
+    @property
+    def backoff(self) -> Backoff:
+        outbox = self.bot.resident.outbox
+        return outbox.backoff if outbox is not None else Backoff()
+
+    async def _history(self, channel: discord.abc.Messageable, limit: int) -> list[discord.Message] | None:
+        """The channel's recent messages, oldest first, waiting with backoff while Discord cannot be reached."""
+        async def read() -> list[discord.Message]:
+            return [m async for m in channel.history(limit=limit)]
+
+        failures, since = 0, time.monotonic()
+        while True:
+            try:
+                history = await asyncio.wait_for(read(), timeout=SEND_TIMEOUT)
+            except ROOM_ERRORS as e:
+                failures += 1
+                waited = time.monotonic() - since
+                if waited >= self.backoff.alarm:
+                    log.error("%s: a turn in %s is dropped: the channel could not be read for %.0fs (%s: %s)",
+                              self.bot.residence.name, getattr(channel, "id", "?"), waited, type(e).__name__, e)
+                    return None
+                if failures == 1:
+                    log.warning("%s: the channel %s cannot be read (%s: %s); the turn waits for Discord",
+                                self.bot.residence.name, getattr(channel, "id", "?"), type(e).__name__, e)
+                await asyncio.sleep(self.backoff.delay(failures))
+                continue
+            if failures:
+                log.warning("%s: the channel %s can be read again after %d failed tr%s", self.bot.residence.name,
+                            getattr(channel, "id", "?"), failures, "y" if failures == 1 else "ies")
+            history.reverse()
+            return history
+
+    async def _floor(self, message: discord.Message, shared: Floor,
+                     me: int) -> tuple[list[discord.Message], int] | None:
+        """The channel's history and the resident replies since a person spoke, claimed and waiting ones included.
+
+        A reply moves from claimed (being generated) to waiting in the outbox to the room's history;
+        the read is repeated until no reply moved while it ran, so none is missed or counted twice.
+        """
+        ch = message.channel.id
+        outbox = self.bot.resident.outbox
+
+        def moving() -> tuple[frozenset[int], frozenset[str]]:
+            return (frozenset(shared.generating[ch] - {me}),
+                    frozenset(outbox.pending(str(ch)) if outbox is not None else ()))
+
+        claims: set[int] = set()
+        waiting: set[str] = set()
+        for _ in range(STABLE_READS):
+            before = moving()
+            history = await self._history(message.channel, self.bot.residence.policy.floor.history_limit)
+            if history is None:
+                return None
+            run = since_person(history)
+            posts = await self.bot.resident.ledger.posts_by_message([str(m.id) for m in run])
+            after = moving()
+            claims = set(before[0] | after[0])
+            waiting = set(before[1] | after[1])
+            if before == after:
+                break
+        reply_of = {mid: p.generation_id or f"post:{p.id}" for mid, p in posts.items()}
+        return history, len(replies(run, reply_of) | waiting) + len(claims)
+
     async def _take_turn(self, message: discord.Message) -> None:
         floor = self.bot.residence.policy.floor
         ch = message.channel.id
@@ -85,27 +159,22 @@ class ResidentCog(commands.Cog):
         assert me is not None
         shared = shared_floor()
         async with shared.deciding[ch]:
-            history = [m async for m in message.channel.history(limit=floor.history_limit)]
-            history.reverse()
-            others = shared.generating[ch] - {me.id}  # turns claimed that the history does not show yet
-            turns = resident_run(history) + len(others)
-            if turns >= floor.max_resident_run:
-                log.info("%s stays quiet in %s: %d resident turns since a person spoke (%d in progress)",
-                         self.bot.residence.name, ch, turns, len(others))
+            seen = await self._floor(message, shared, me.id)
+            if seen is None:
+                return
+            history, count = seen
+            if count >= floor.max_resident_run:
+                log.info("%s stays quiet in %s: %d resident replies since a person spoke (claimed and waiting "
+                         "included)", self.bot.residence.name, ch, count)
                 return
             shared.generating[ch].add(me.id)
         room = [as_room_message(m, me.id) for m in history]
         try:
-            async with message.channel.typing():
+            async with typing(message.channel):
+                # The claim ends as the posts enter the outbox: from there on they count as waiting.
                 reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
-                                                        trigger=str(message.id), superseded=lambda: self.moved_on[ch])
-        except discord.HTTPException as e:
-            # discord.py gave up on a post: the rest stay undelivered in the ledger, in order, and are
-            # delivered later by the same path crash recovery uses (never twice, never out of order).
-            log.warning("%s: delivery in %s failed (%s); retrying in %.0fs", self.bot.residence.name, ch, e,
-                        discord_room.REDELIVER_SECONDS)
-            self._redeliver_later()
-            return
+                                                        trigger=str(message.id), superseded=lambda: self.moved_on[ch],
+                                                        queued=lambda _posts: shared.generating[ch].discard(me.id))
         finally:
             shared.generating[ch].discard(me.id)
         self.last_reply[ch] = time.monotonic()
@@ -113,28 +182,6 @@ class ResidentCog(commands.Cog):
         if g is not None:
             log.info("%s replied in %s: generation %s %s, %d post(s)", self.bot.residence.name, ch, g.id, g.status,
                      len(reply.posts))
-
-
-    def _redeliver_later(self) -> None:
-        if self.redelivery is None or self.redelivery.done():
-            self.redelivery = asyncio.create_task(self._redeliver(), name=f"redeliver:{self.bot.residence.name}")
-
-    async def _redeliver(self) -> None:
-        for _ in range(discord_room.REDELIVER_TRIES):
-            await asyncio.sleep(discord_room.REDELIVER_SECONDS)
-            try:
-                await resume_delivery(self.bot.resident.ledger, self.bot.residence.name, DiscordResumeRoom(self.bot))
-            except RoomUnavailable as e:
-                log.warning("%s: redelivery waits: %s", self.bot.residence.name, e)
-                continue
-            if not await self.bot.resident.ledger.undelivered_posts_of(self.bot.residence.name):
-                return
-        log.error("%s: posts still undelivered after %d tries; they are delivered at the next start",
-                  self.bot.residence.name, discord_room.REDELIVER_TRIES)
-
-    async def cog_unload(self) -> None:
-        if self.redelivery is not None:
-            self.redelivery.cancel()
 
 
 async def setup(bot: ResidentBot) -> None:

@@ -102,10 +102,10 @@ class DiscordRest:
         body, files = await read_body(request)
         fault = self.faults.check()
         if fault is not None and not fault.after_create:
-            return fault.response()
+            return await self.faults.respond(fault)
         msg = self.state.create_message(channel, bot, require_dict(body), attachments=files)
         if fault is not None:
-            return fault.response()
+            return await self.faults.respond(fault)
         return json_response(payloads.message(msg))
 
     async def get_message(self, request: web.Request) -> web.Response:

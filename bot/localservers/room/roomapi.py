@@ -136,16 +136,23 @@ class RoomApi:
             self.server.fail_message_posts(
                 int(post.get("status", 500)), nth=int(post.get("nth", 1)), times=int(post.get("times", 1)),
                 retry_after=float(post.get("retry_after", 0.05)), is_global=bool(post.get("global", False)),
-                after_create=bool(post.get("after_create", False)))
+                after_create=bool(post.get("after_create", False)),
+                refuse_seconds=float(post["refuse_seconds"]) if post.get("refuse_seconds") is not None else None)
         if body.get("drop_gateway"):
             await self.server.drop_gateway(hold=bool(body.get("hold", False)))
         if body.get("release_gateway"):
             self.server.release_gateway()
+        refuse = body.get("refuse_connections")
+        if refuse is not None:
+            if isinstance(refuse, bool) or not isinstance(refuse, (int, float)):
+                raise ApiError(400, 50035, "refuse_connections must be a number of seconds")
+            await self.server.refuse_connections(float(refuse))
         return json_response(self.server.faults_view())
 
     async def clear_faults(self, request: web.Request) -> web.Response:
         self.server.faults.clear()
         self.server.release_gateway()
+        await self.server.outage.end()
         return json_response(self.server.faults_view())
 
     async def attachment(self, request: web.Request) -> web.Response:

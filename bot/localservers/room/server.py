@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from . import payloads
-from .faults import FaultPlan
+from .faults import ConnectionOutage, FaultPlan
 from .gateway import Gateway
 from .interactions import Interactions
 from .jsonhttp import error_middleware
@@ -44,9 +44,12 @@ class RoomServer:
                                interaction_deadline=interaction_deadline)
         self.desk = Interactions(self.state)
         self.faults = FaultPlan()
+        self.outage = ConnectionOutage()
+        self.faults.refuse = self.refuse_connections
         self.gateway = Gateway(self.state, self.gateway_url)
         self.url = ""
         self._runner: web.AppRunner | None = None
+        self._bound: tuple[str, int] | None = None
         self._changed = asyncio.Event()
         self._event_queues: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._annotator: Annotator | None = None
@@ -56,7 +59,7 @@ class RoomServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on host:port (0 = any free port); returns the base URL `http://host:port`."""
-        app = web.Application(middlewares=[error_middleware], client_max_size=32 * 1024 * 1024)
+        app = web.Application(middlewares=[self.outage.middleware, error_middleware], client_max_size=32 * 1024 * 1024)
         DiscordRest(self.state, self.desk, self.faults, self.gateway_url).add_routes(app)
         RoomApi(self).add_routes(app)
         app.router.add_get("/gateway", self.gateway.handle)
@@ -67,6 +70,7 @@ class RoomServer:
         await site.start()
         self._runner = runner
         bound = runner.addresses[0]
+        self._bound = (host, bound[1])
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{shown}:{bound[1]}"
         self.state.base_url = self.url
@@ -78,6 +82,7 @@ class RoomServer:
         """Close gateways and event streams, then the listener."""
         for queue in list(self._event_queues):
             queue.put_nowait(None)
+        await self.outage.cancel()
         await self.gateway.close_all()
         if self._runner is not None:
             await self._runner.cleanup()
@@ -249,13 +254,16 @@ class RoomServer:
     # ----- faults -------------------------------------------------------------------------------
 
     def fail_message_posts(self, status: int = 500, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
-                           is_global: bool = False, after_create: bool = False) -> None:
+                           is_global: bool = False, after_create: bool = False,
+                           refuse_seconds: float | None = None) -> None:
         """Answer the `nth` next bot message POST with `status` (429 carries retry_after), `times` times.
 
         `after_create` (5xx only) stores the message first, like a response lost on the way back.
+        `refuse_seconds` answers nothing instead: that POST's connection is cut and the room refuses
+        connections for that long (`refuse_connections`).
         """
         self.faults.add(status, nth=nth, times=times, retry_after=retry_after, is_global=is_global,
-                        after_create=after_create)
+                        after_create=after_create, refuse_seconds=refuse_seconds)
 
     async def drop_gateway(self, *, hold: bool = False) -> int:
         """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
@@ -264,8 +272,15 @@ class RoomServer:
     def release_gateway(self) -> None:
         self.gateway.release()
 
+    async def refuse_connections(self, seconds: float) -> None:
+        """Accept no TCP connection for `seconds` and cut the REST connections open now (gateways stay)."""
+        if self._runner is None or self._bound is None:
+            raise ApiError(409, 0, "the room is not listening")
+        await self.outage.refuse(self._runner, *self._bound, seconds)
+
     def faults_view(self) -> dict[str, Any]:
-        return {"message_post": [f.describe() for f in self.faults.pending], "hits": self.faults.hits}
+        return {"message_post": [f.describe() for f in self.faults.pending], "hits": self.faults.hits,
+                "connections": self.outage.describe()}
 
     # ----- change notification and the event stream ---------------------------------------------
 

@@ -1,0 +1,263 @@
+"""The outbox: every post a process sends goes out through here, one channel at a time, oldest first.
+
+A room can stop taking posts at any moment (connection refused or reset, a timeout, a 5xx, a 429, a
+403). What must hold then: the rest of that reply waits, undelivered in the ledger; nothing planned
+later in that channel — by any resident of the process — goes out before it; it is retried with
+backoff (1, 2, 4, 8 s, then every `cap` s), so once the room is back everything pending is out within
+`cap` s plus the time to send it, in order, exactly once.
+
+So each channel has one queue and one worker. A new reply is appended; posts a stopped process left
+undelivered (start-up) go in front of anything new. A post that was never tried is simply sent; one
+whose send failed may have reached the room anyway (a lost response, a timeout), so after a failure
+the worker first looks for it among the resident's recent messages (`recovery.resume_generation`)
+and records it instead of sending it again — Discord's nonce check alone lasts only minutes.
+
+The outbox knows nothing of Discord: each resident registers its room (`ResumeRoom`: send a post,
+read its own recent messages), and every room failure arrives as `RoomUnavailable`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..generation.records import Post
+from ..generation.recovery import ResumeRoom, RoomUnavailable, resume_generation
+from ..ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays between tries of a channel whose room failed: doubling from `base`, at most `cap`.
+
+    Nothing is given up while the process runs (`cap` bounds how late a room that came back is
+    noticed); after `alarm` seconds of failing, one ERROR says an operator is needed.
+    """
+    base: float = 1.0
+    cap: float = 10.0
+    alarm: float = 600.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.cap, self.base * 2 ** max(0, failures - 1))
+
+
+@dataclass
+class _Entry:
+    residence: str
+    post: Post
+    fresh: bool  # never tried in this process: it cannot be in the room already
+    done: asyncio.Future[bool]
+
+    @property
+    def reply(self) -> str:
+        """What counts as one reply: a generation's posts, or a post of no generation on its own."""
+        return self.post.generation_id or f"post:{self.post.id}"
+
+
+@dataclass
+class _Channel:
+    queue: list[_Entry] = field(default_factory=list)
+    resumed: int = 0  # how many entries at the front came from the ledger at start-up
+    worker: asyncio.Task[None] | None = None
+    failing_since: float | None = None
+    failures: int = 0
+    alarmed: bool = False
+    tried: asyncio.Event = field(default_factory=asyncio.Event)  # set after each pass: delivered all, or failed
+
+
+class Outbox:
+    """Per-channel FIFO delivery with backoff, shared by every resident of one process."""
+
+    def __init__(self, ledger: Ledger, backoff: Backoff | None = None) -> None:
+        self.ledger = ledger
+        self.backoff = backoff or Backoff()
+        self.rooms: dict[str, ResumeRoom] = {}
+        self.channels: dict[str, _Channel] = {}
+        self.closed = False
+
+    def register(self, residence: str, room: ResumeRoom) -> None:
+        """The room through which `residence` sends (its bot); its posts wait until it is registered."""
+        self.rooms[residence] = room
+        for channel, ch in self.channels.items():
+            if ch.queue:
+                self._kick(channel)
+
+    def pending(self, channel: str) -> set[str]:
+        """Replies with posts still waiting in `channel` (generation ids, or `post:ID`): not in the room yet."""
+        ch = self.channels.get(channel)
+        return {e.reply for e in ch.queue} if ch else set()
+
+    def enqueue(self, residence: str, posts: Iterable[Post]) -> list[asyncio.Future[bool]]:
+        """Append a reply's recorded posts behind everything already waiting in their channels."""
+        futures = []
+        for post in posts:
+            if post.message_id is not None:
+                continue
+            entry = _Entry(residence, post, True, asyncio.get_running_loop().create_future())
+            if self.closed:  # the process is stopping: the post waits in the ledger for the next start
+                entry.done.set_result(False)
+            else:
+                self._channel(post.channel).queue.append(entry)
+            futures.append(entry.done)
+        for channel in {p.channel for p in posts}:
+            self._kick(channel)
+        return futures
+
+    async def deliver(self, residence: str, posts: list[Post]) -> bool:
+        """Enqueue and wait until every one of `posts` is in the room; False if the outbox closed first."""
+        return await self.wait(self.enqueue(residence, posts))
+
+    @staticmethod
+    async def wait(futures: list[asyncio.Future[bool]]) -> bool:
+        results = await asyncio.gather(*futures)
+        return all(results)
+
+    async def resume(self, residence: str) -> int:
+        """At start-up: put what a stopped process left undelivered in front, and wait for one try.
+
+        Returns how many of those posts are in the room after it; the rest keep being retried.
+        """
+        posts = await self.ledger.undelivered_posts_of(residence)
+        entries: dict[str, list[_Entry]] = {}
+        for post in posts:
+            entry = _Entry(residence, post, False, asyncio.get_running_loop().create_future())
+            entries.setdefault(post.channel, []).append(entry)
+        for channel, group in entries.items():
+            ch = self._channel(channel)
+            ch.queue[ch.resumed:ch.resumed] = group  # before anything new, after what other residents resumed
+            ch.resumed += len(group)
+            ch.tried.clear()
+            self._kick(channel)
+        for channel, group in entries.items():
+            ch = self.channels[channel]
+            while not all(e.done.done() for e in group) and not ch.tried.is_set() and not self.closed:
+                await ch.tried.wait()
+        done = sum(1 for group in entries.values() for e in group if e.post.message_id is not None)
+        if done:
+            log.warning("%s: %d post(s) left undelivered by a stop are now delivered", residence, done)
+        return done
+
+    async def close(self) -> None:
+        """Stop every worker; whoever waits is told the posts did not go out (they stay in the ledger)."""
+        self.closed = True
+        workers = [ch.worker for ch in self.channels.values() if ch.worker is not None]
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for ch in self.channels.values():
+            for e in ch.queue:
+                if not e.done.done():
+                    e.done.set_result(False)
+            ch.tried.set()
+
+    # ------------------------------------------------------------------ the worker
+
+    def _channel(self, channel: str) -> _Channel:
+        ch = self.channels.get(channel)
+        if ch is None:
+            ch = self.channels[channel] = _Channel()
+        return ch
+
+    def _kick(self, channel: str) -> None:
+        ch = self._channel(channel)
+        if self.closed or (ch.worker is not None and not ch.worker.done()):
+            return
+        ch.worker = asyncio.create_task(self._work(channel), name=f"outbox:{channel}")
+
+    async def _work(self, channel: str) -> None:
+        """Drain one channel, front first; on a room failure wait and try the same post again."""
+        ch = self.channels[channel]
+        try:
+            while True:
+                self._pop_delivered(ch)
+                if not ch.queue:
+                    break
+                head = ch.queue[0]
+                room = self.rooms.get(head.residence)
+                if room is None:  # its bot has not logged in yet: it kicks this channel when it does
+                    log.info("outbox %s: waiting for %s to connect", channel, head.residence)
+                    return
+                failure: RoomUnavailable | None = None
+                try:
+                    await self._send_front(ch, room)
+                except RoomUnavailable as e:
+                    failure = e
+                self._pop_delivered(ch)
+                if failure is not None:
+                    await self._failed(channel, ch, failure)
+                    continue
+                if ch.failing_since is not None:
+                    log.warning("outbox %s: the room is back after %.1fs and %d failed tr%s; delivery resumes in "
+                                "order", channel, time.monotonic() - ch.failing_since, ch.failures,
+                                "y" if ch.failures == 1 else "ies")
+                    ch.failing_since, ch.failures, ch.alarmed = None, 0, False
+            ch.tried.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A bug, or the ledger failing: say so once, loudly. The posts stay queued, in order, for the
+            # next reply in this channel (or the next start); nobody is left waiting for them meanwhile.
+            log.exception("outbox %s: delivery stopped by an unexpected error; %d post(s) wait", channel,
+                          len(ch.queue))
+            for e in ch.queue:
+                if not e.done.done():
+                    e.done.set_result(False)
+            ch.tried.set()
+
+    async def _send_front(self, ch: _Channel, room: ResumeRoom) -> None:
+        """Send the front run of one reply's posts; after a failure, first adopt what already arrived."""
+        head = ch.queue[0]
+        run = [head]
+        for e in ch.queue[1:]:
+            if e.residence != head.residence or e.reply != head.reply or e.fresh != head.fresh:
+                break
+            run.append(e)
+        if head.fresh or head.post.generation_id is None:
+            for e in run:
+                e.fresh = False  # from here on it may have reached the room, whatever the send says
+                await self.ledger.mark_delivered(e.post, await room.send(e.post))
+                self._resolve(e)
+            return
+        g = await self.ledger.get_generation(head.post.generation_id)
+        if g is None:  # pragma: no cover - posts reference their generation
+            raise RoomUnavailable(f"generation {head.post.generation_id} is not in the ledger")
+        await resume_generation(self.ledger, room, g, [e.post for e in run])
+        for e in run:
+            self._resolve(e)
+
+    def _resolve(self, e: _Entry) -> None:
+        if e.post.message_id is not None and not e.done.done():
+            e.done.set_result(True)
+
+    def _pop_delivered(self, ch: _Channel) -> None:
+        while ch.queue and ch.queue[0].post.message_id is not None:
+            self._resolve(ch.queue.pop(0))
+            if ch.resumed:
+                ch.resumed -= 1
+
+    async def _failed(self, channel: str, ch: _Channel, e: RoomUnavailable) -> None:
+        now = time.monotonic()
+        for entry in ch.queue:
+            if entry.reply == ch.queue[0].reply:
+                entry.fresh = False  # any of them may be in the room now: look before sending again
+        if ch.failing_since is None:
+            ch.failing_since = now
+        ch.failures += 1
+        delay = self.backoff.delay(ch.failures)
+        waiting = len(ch.queue)
+        if ch.failures == 1:
+            log.warning("outbox %s: the room failed (%s); %d post(s) wait, in order, retried with backoff",
+                        channel, e, waiting)
+        else:
+            log.info("outbox %s: try %d failed (%s); next in %.1fs", channel, ch.failures, e, delay)
+        if not ch.alarmed and now - ch.failing_since >= self.backoff.alarm:
+            ch.alarmed = True
+            log.error("outbox %s: the room has failed for %.0fs (%s); %d post(s) wait and are still retried every "
+                      "%.0fs", channel, now - ch.failing_since, e, waiting, self.backoff.cap)
+        ch.tried.set()
+        await asyncio.sleep(delay)
+        ch.tried.clear()
