@@ -8,13 +8,14 @@ from pathlib import Path
 import click
 
 from ..config import ConfigError, load_all_residences
+from .common import config_dir
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on.")
 @click.option("--port", type=int, default=8765, show_default=True, help="The port to serve on.")
 @click.option("--channel", "channels", multiple=True, metavar="NAME",
-              help="A text channel (repeatable; default: the channels residences name, or general).")
+              help="A text channel (repeatable; default: the channels the configuration folder's residences name, or general).")
 def room(host: str, port: int, channels: tuple[str, ...]) -> int:
     """Serve a local Discord-compatible room (no token, no network).
 
@@ -25,7 +26,7 @@ def room(host: str, port: int, channels: tuple[str, ...]) -> int:
       residents room --port 8765 --channel general --channel dock
     """
     from ..localservers.room.server import serve
-    names = list(channels) or room_channels(Path.cwd())
+    names = list(channels) or room_channels(config_dir())
     print(f"local room on http://{host}:{port} (channels: {', '.join(names)}); "
           f"bots: residents run --discord-api http://{host}:{port}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
