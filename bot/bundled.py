@@ -49,7 +49,7 @@ def scenario_names() -> list[str]:
 
 def scenario(name: str) -> Path | None:
     """The bundled scenario called `name` (`ceiling` or `ceiling.yaml`), or None; never a path."""
-    stem = name[:-5] if name.endswith(".yaml") else name
+    stem = name.removesuffix(".yaml")
     if not stem or "/" in stem or "\\" in stem or stem.startswith("."):
         return None
     path = root() / "scenarios" / f"{stem}.yaml"

@@ -99,7 +99,7 @@ def test_config_folder_is_where_residences_policies_and_the_default_ledger_resol
     # a scenario file's residence and policy names resolve from the configuration folder
     (elsewhere / "cfg" / "policies" / "default.yaml").write_text("retries: {max_attempts: 2, backoff_seconds: 0}\n")
     src = (ROOT / "scenarios" / "retry.yaml").read_text().replace("specimens/", str(ROOT / "scenarios/specimens") + "/")
-    head, turns = src.split("turns:", 1)
+    _, turns = src.split("turns:", 1)
     (elsewhere / "named.yaml").write_text("residence: cairn\nturns:" + turns)
     db = elsewhere / "cfg" / "data" / "ledger.db"
     assert cli.main(["--config", "cfg", "replay", "named.yaml", "--json", "--db", str(db)]) == 0
@@ -135,13 +135,13 @@ def installed(tmp_path_factory) -> Path:
         else:
             shutil.copy2(ROOT / name, src / name)
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
-                            str(src), "-w", str(tmp / "dist")], capture_output=True, text=True, timeout=120)
+                            str(src), "-w", str(tmp / "dist")], capture_output=True, text=True, timeout=120, check=False)
     assert built.returncode == 0, built.stderr[-2000:]
     wheel, = (tmp / "dist").glob("residents-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                           "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=120)
+                           "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=120, check=False)
     assert inst.returncode == 0, inst.stderr[-2000:]
     return venv
 
@@ -154,14 +154,14 @@ def _env() -> dict[str, str]:
 
 def _run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(venv / "bin" / "residents"), *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.e2e
 def test_the_installed_wheel_is_what_runs_and_carries_the_examples(installed, tmp_path):
     p = subprocess.run([str(installed / "bin" / "python"), "-c",
                         "import bot, bot.bundled as b; print(bot.__file__); print(b.root()); print(*b.scenario_names())"],
-                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60)
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
     module, root, names = p.stdout.splitlines()
     assert Path(module).is_relative_to(installed) and not Path(module).is_relative_to(ROOT / "bot")
