@@ -1,4 +1,4 @@
-"""The verbs people type: `residents replay | check | ledger | run | room | demo`, on click.
+"""The verbs people type: `residents replay | check | ledger | run | room | demo | init`, on click.
 
 Every verb is imported here by name. Library code raises its own errors; only `main` turns them
 into exit statuses: 2 and one line on stderr for bad input, 1 for a ledger that cannot be used or
@@ -9,15 +9,17 @@ from __future__ import annotations
 import gc
 import logging
 import sys
-from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
+from ..bundled import BundleError
 from ..config import ConfigError
 from ..ledger import LedgerError
 from .check import check
-from .common import DEFAULT_DB, UsageError
+from .common import DEFAULT_DB, Options, UsageError
 from .demo import demo
+from .init import init
 from .ledger import ledger
 from .replay import replay
 from .room import room
@@ -28,26 +30,25 @@ __all__ = ["DEFAULT_DB", "UsageError", "cli", "main"]
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Options:
-    """What the group's options decide for the whole run, read again by `main` when a verb fails."""
-    debug: bool = False
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="residents", prog_name="residents", message="%(prog)s %(version)s",
                       help="Print the version and exit.")
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-v: info, -vv: debug).")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
+@click.option("--config", "config", metavar="DIR", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The configuration folder (default: the current folder): residences/, policies/, "
+                   "residents.yaml and the default ledger data/ledger.db are read from here.")
 @click.pass_context
-def cli(ctx: click.Context, verbose: int, debug: bool) -> None:
+def cli(ctx: click.Context, verbose: int, debug: bool, config: Path | None) -> None:
     """AI residents in Discord rooms that tell the truth about every output.
 
     \b
     Example:
-      residents replay scenarios/ceiling.yaml
+      residents replay ceiling
+      residents init mybots && residents --config mybots check
     """
-    ctx.ensure_object(Options).debug = debug
+    opts = ctx.ensure_object(Options)
+    opts.debug, opts.config = debug, config
     logging.basicConfig(level=logging.WARNING - 10 * verbose, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Everything imported so far lives as long as the process: keep it out of the collector's
@@ -55,7 +56,7 @@ def cli(ctx: click.Context, verbose: int, debug: bool) -> None:
     gc.freeze()
 
 
-for _verb in (replay, check, ledger, run, room, demo):
+for _verb in (replay, check, ledger, run, room, demo, init):
     cli.add_command(_verb)
 
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    except UsageError as e:
+    except (UsageError, BundleError) as e:
         print(f"residents: {e}", file=sys.stderr)
         return 2
     except LedgerError as e:

@@ -9,7 +9,7 @@ import yaml
 
 from .. import models
 from ..config import PROJECT_FILE, ConfigError, Residence, load_policy, load_residence, read_project
-from .common import UsageError
+from .common import UsageError, config_dir
 
 
 @click.command()
@@ -18,7 +18,7 @@ def check(paths: tuple[Path, ...]) -> int:
     """Validate residences, policies, scenarios and residents.yaml.
 
     With no PATHS: residents.yaml (if present), policies/*.yaml and residences/*.yaml of the
-    current folder. Each problem is one line naming the file, the key and the line; any problem
+    configuration folder (--config, default the current folder). Each problem is one line naming the file, the key and the line; any problem
     exits 2. A model the table does not know is a warning (with the nearest known id) where the
     residence states its output_ceiling, and an error where it does not.
 
@@ -26,11 +26,13 @@ def check(paths: tuple[Path, ...]) -> int:
     Example:
       residents check residences/cairn.yaml scenarios/ceiling.yaml
     """
-    base = Path.cwd()
+    base = config_dir()
     project = [base / PROJECT_FILE] if (base / PROJECT_FILE).is_file() else []
     found = list(paths) or project + sorted((base / "policies").glob("*.yaml")) + sorted((base / "residences").glob("*.yaml"))
     if not found:
-        raise UsageError("nothing to check: no residences/*.yaml or policies/*.yaml here, and no paths given")
+        where = "here" if base == Path.cwd() else f"in {base}"
+        raise UsageError(f"nothing to check: no residences/*.yaml or policies/*.yaml {where}, and no paths given "
+                         "(residents init writes a starter set)")
     for p in found:
         if not p.exists():
             print(f"{p}: file not found", file=sys.stderr)

@@ -1,4 +1,9 @@
-"""What the verbs share: the default ledger, the usage error, opening a ledger, and writing output.
+"""What the verbs share: the configuration folder, the default ledger, the usage error, opening a
+ledger, and writing output.
+
+Every default path (residences/, policies/, residents.yaml, data/ledger.db) resolves from the
+configuration folder (`--config DIR`, default the current folder), never from where the package is
+installed; a path typed on the command line is taken as typed.
 
 Output leaves the process as valid UTF-8 whatever the ledger holds: the ledger keeps a lone
 surrogate exactly, JSON output escapes it (`\\ud83d` is valid JSON), readable output shows U+FFFD.
@@ -8,8 +13,11 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import click
 
 from ..ledger import Ledger
 
@@ -21,6 +29,35 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 class UsageError(Exception):
     """A command that cannot run as asked; exit 2 with its message."""
+
+
+@dataclass
+class Options:
+    """What the group's options decide for the whole run, read again by `main` when a verb fails."""
+    debug: bool = False
+    config: Path | None = None  # --config as typed; None: the current folder
+
+
+def _config_option() -> Path | None:
+    ctx = click.get_current_context(silent=True)
+    opts = ctx.find_object(Options) if ctx is not None else None
+    return opts.config if opts is not None else None
+
+
+def config_dir() -> Path:
+    """The configuration folder of the command being run (`--config`, default the current folder)."""
+    return _config_option() or Path.cwd()
+
+
+def in_config(relative: str) -> str:
+    """A default path under the configuration folder (as typed with --config, else relative to here)."""
+    config = _config_option()
+    return str(config / relative) if config is not None else relative
+
+
+def ledger_path(db: str | None) -> str:
+    """`--db` as typed, or the default ledger under the configuration folder."""
+    return db if db is not None else in_config(DEFAULT_DB)
 
 
 async def open_ledger(db: str) -> Ledger:

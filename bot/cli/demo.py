@@ -4,12 +4,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from pathlib import Path
 
 import click
 
 from .. import models
-from .common import UsageError
+from .common import UsageError, in_config
 
 
 @click.command()
@@ -19,7 +18,7 @@ from .common import UsageError
 @click.option("--provider", type=click.Choice(["scripted", "anthropic"]), default="scripted", show_default=True,
               help="anthropic: the real API with ANTHROPIC_API_KEY.")
 @click.option("--model", metavar="ID", help="With --provider anthropic: the model every demo resident uses.")
-@click.option("--db", metavar="PATH", help="The ledger (default: a new file under data/).")
+@click.option("--db", metavar="PATH", help="The ledger (default: a new file under data/ in the configuration folder).")
 def demo(host: str, port: int, headless: bool, provider: str, model: str | None, db: str | None) -> int:
     """The offline room with scripted residents and a web view.
 
@@ -38,7 +37,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         raise UsageError(f"--model {model}: not in the model table" + (f" (did you mean {hint}?)" if hint else ""))
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--host {host}: the demo serves on loopback only")
-    db = db or str(Path("data") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
+    db = db or in_config(f"data/demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
     try:
         return asyncio.run(main_async(db, host, port, headless, provider, model))
     except OSError as e:

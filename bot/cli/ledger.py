@@ -10,7 +10,7 @@ import click
 from ..generation.records import Generation, Stump
 from ..ledger import views
 from ..ledger.verify import Report, check
-from .common import DEFAULT_DB, UsageError, emit, emit_json, open_ledger
+from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
 
 @click.group()
@@ -26,11 +26,11 @@ def ledger() -> None:
 
 
 @ledger.command("list")
-@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to read.")
+@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--residence", metavar="NAME", help="Only this residence's generations.")
 @click.option("-n", "--limit", type=int, default=20, show_default=True, help="How many generations, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array instead of a table.")
-def list_(db: str, residence: str | None, limit: int, as_json: bool) -> int:
+def list_(db: str | None, residence: str | None, limit: int, as_json: bool) -> int:
     """Recent generations, newest first.
 
     Each with its status, stop reason, characters, tokens, attempts and stumps.
@@ -39,8 +39,9 @@ def list_(db: str, residence: str | None, limit: int, as_json: bool) -> int:
     Example:
       residents ledger list --residence cairn -n 5
     """
+    path = ledger_path(db)
     async def go() -> list[dict[str, Any]]:
-        lg = await open_ledger(db)
+        lg = await open_ledger(path)
         try:
             return await lg.list_generations(residence, limit)
         finally:
@@ -55,9 +56,9 @@ def list_(db: str, residence: str | None, limit: int, as_json: bool) -> int:
 
 @ledger.command()
 @click.argument("record_id", metavar="ID")
-@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to read.")
+@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text included) instead of a report.")
-def show(record_id: str, db: str, as_json: bool) -> int:
+def show(record_id: str, db: str | None, as_json: bool) -> int:
     """One generation or stump: its provenance and exact text.
 
     ID is a generation id (g-…) or a stump id (s-…).
@@ -66,8 +67,9 @@ def show(record_id: str, db: str, as_json: bool) -> int:
     Example:
       residents ledger show g-0123456789ab --json
     """
+    path = ledger_path(db)
     async def go() -> Generation | Stump | None:
-        lg = await open_ledger(db)
+        lg = await open_ledger(path)
         try:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
@@ -76,7 +78,7 @@ def show(record_id: str, db: str, as_json: bool) -> int:
             await lg.close()
     rec = asyncio.run(go())
     if rec is None:
-        raise UsageError(f"{record_id}: no such generation or stump in {db}")
+        raise UsageError(f"{record_id}: no such generation or stump in {path}")
     if not as_json:
         emit(views.show(rec))
     elif isinstance(rec, Stump):
@@ -88,14 +90,14 @@ def show(record_id: str, db: str, as_json: bool) -> int:
 
 
 @ledger.command()
-@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to read.")
+@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--residence", metavar="NAME", help="Only this residence's stumps.")
 @click.option("--cause", metavar="CAUSE", help="Only stumps of this cause (max_tokens, retry-abandoned, refusal, ...).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
               help="How many stumps, newest first.")
 @click.option("--before", metavar="STUMP_ID", help="The next page: only stumps older than this one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array of metadata instead of a table.")
-def stumps(db: str, residence: str | None, cause: str | None, limit: int, before: str | None, as_json: bool) -> int:
+def stumps(db: str | None, residence: str | None, cause: str | None, limit: int, before: str | None, as_json: bool) -> int:
     """Texts not published as completed speech, newest first.
 
     Metadata only (no stump text is read). When older stumps remain beyond the page, a line
@@ -106,12 +108,13 @@ def stumps(db: str, residence: str | None, cause: str | None, limit: int, before
       residents ledger stumps --cause retry-abandoned --limit 20
       residents ledger stumps --limit 20 --before s-0123456789ab
     """
+    path = ledger_path(db)
     async def go() -> tuple[list[Stump], bool]:
-        lg = await open_ledger(db)
+        lg = await open_ledger(path)
         try:
             page = await lg.list_stump_meta(residence, cause, limit=limit + 1, before=before)
             if before is not None and not page and await lg.get_stump(before) is None:
-                raise UsageError(f"--before {before}: no such stump in {db}")
+                raise UsageError(f"--before {before}: no such stump in {path}")
             return page[:limit], len(page) > limit
         finally:
             await lg.close()
@@ -126,9 +129,9 @@ def stumps(db: str, residence: str | None, cause: str | None, limit: int, before
 
 
 @ledger.command()
-@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to check.")
+@click.option("--db", metavar="PATH", help=f"The SQLite ledger to check (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--strict", is_flag=True, help="Count generations still pending (unsettled) as violations too.")
-def verify(db: str, strict: bool) -> int:
+def verify(db: str | None, strict: bool) -> int:
     """Check every invariant of the ledger.
 
     Texts kept exactly, one receipt per cut, posts covering each text once, no speech for a
@@ -139,8 +142,9 @@ def verify(db: str, strict: bool) -> int:
     Example:
       residents ledger verify --db data/ledger.db --strict
     """
+    path = ledger_path(db)
     async def go() -> Report:
-        lg = await open_ledger(db)
+        lg = await open_ledger(path)
         try:
             return await check(lg)
         finally:

@@ -8,14 +8,15 @@ from pathlib import Path
 import click
 
 from ..config import ConfigError, load_all_residences
-from .common import UsageError
+from .common import UsageError, config_dir
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on.")
 @click.option("--port", type=int, default=8765, show_default=True, help="The port to serve on.")
 @click.option("--channel", "channels", multiple=True, metavar="NAME",
-              help="A text channel (repeatable; default: the channels residences name, or general).")
+              help="A text channel (repeatable; default: the channels the configuration folder's residences name, "
+                   "or general).")
 @click.option("--layout", metavar="LAYOUT.yaml",
               help="Several guilds with channels, roles, members and permission overwrites "
                    "(a file, or a bundled layout by name: two-guilds).")
@@ -46,7 +47,7 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
         print(f"local room on {server.url} ({where}); bots: residents run --discord-api {server.url}", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(host, port, list(channels) or room_channels(Path.cwd()), layout=built, announce=announce))
+        asyncio.run(serve(host, port, list(channels) or room_channels(config_dir()), layout=built, announce=announce))
     return 0
 
 
