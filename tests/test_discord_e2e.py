@@ -534,6 +534,11 @@ async def test_the_resident_lists_reads_guards_and_publishes_its_stumps_and_mode
         assert by_mod["kind"] == "moderator" and by_mod["reader"].startswith("moddy (")
         assert (read["text"], guarded["access"], guarded["moderators_may_read"]) == (FRAGMENT, "private", False)
         assert len(d.messages()) == room_before + 2  # the question and one reply: nothing of the tool in the room
+        g2 = (await d.generations())[-1]
+        out = await d.command("moddy", "generation", sub("show", ref=g2.id))
+        prov = "\n".join(contents(out))
+        assert "tool rounds:" in prov and "round 1.1 stumps list" in prov and "round 2.1 stumps read" in prov
+        assert "round 3.1 stumps set_access" in prov and FRAGMENT[:40] not in prov  # never a result's text
 
         # the moderator asks for the guarded one: withheld, by the resident's choice; its reader shown
         out = await d.command("moddy", "stumps", sub("show", id=older.id))

@@ -22,7 +22,7 @@ from discord.ext import commands
 from ...delivery import split_text
 from ...generation.records import Generation
 from ...ledger import views
-from ...ledger.access import access_of, reads_of, record_read
+from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
@@ -126,7 +126,7 @@ class Moderation(commands.Cog):
         if g is None:
             await self._say(interaction, f"No generation found for {ref}.")
             return
-        await self._send_pages(interaction, fenced_pages(views.provenance(g)))
+        await self._send_pages(interaction, fenced_pages(views.provenance(g, await tool_calls_of(self.ledger, g.id))))
 
     @policy.command(name="show", description="A resident's policy as it is in force")
     async def policy_show(self, interaction: discord.Interaction, resident: str | None = None) -> None:
