@@ -295,3 +295,22 @@ async def test_a_publication_the_room_refuses_is_delivered_before_the_reply(pipe
     assert [p.kind for p in sent] == ["recovered", "receipt", "speech"]  # in order, once each
     assert all(p.message_id for p in r.generation.posts)
     assert await verify(pipeline.ledger) == []
+
+
+async def test_verify_names_a_recovered_post_or_a_tool_round_that_does_not_hold(pipeline):
+    res = pipeline.resident(residence())
+    room = Room()
+    sid = await a_stump(pipeline, res, room)
+    r, _ = await pipeline.turn(res, room, "Publish it.", [use("publish", id=sid), reply()])
+    assert await verify(pipeline.ledger) == []
+    db = pipeline.ledger.db
+    await db.execute("UPDATE posts SET content=? WHERE kind='recovered'", (b"a different text",))
+    assert any(v.startswith(f"stump {sid}: recovered posts are not its text") for v in await verify(pipeline.ledger))
+    await db.execute("UPDATE posts SET content=? WHERE kind='recovered'", (FRAGMENT.encode(),))
+    await db.execute("UPDATE posts SET kind='speech' WHERE kind='receipt' AND stump_id=?", (sid,))
+    assert any("not recovered posts followed by one receipt" in v for v in await verify(pipeline.ledger))
+    await db.execute("UPDATE posts SET kind='receipt' WHERE kind='speech' AND stump_id=?", (sid,))
+    g = r.generation
+    await db.execute("UPDATE tool_calls SET attempt_id=? WHERE generation_id=?", (g.attempts[-1].id, g.id))
+    problems = await verify(pipeline.ledger)
+    assert any("was not made by the last attempt of round 1" in v for v in problems), problems
