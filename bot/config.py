@@ -68,8 +68,15 @@ class Notices(Strict):
 
 
 class StumpAccess(Strict):
-    moderators_read_text: bool = True
+    moderators_read_text: bool = True  # the operator's ceiling: False keeps every stump's text from moderators
     resident_reads_own: bool = False
+    patient_tool: bool = True  # the resident gets the `stumps` tool over its own stumps
+    default_access: Literal["moderators", "private"] = "moderators"  # a new stump's access, until the resident sets it
+
+
+class Tools(Strict):
+    """The tool loop: rounds of provider calls, each ending in tool calls whose results go back."""
+    max_rounds: int = Field(4, ge=2, le=32)  # requests in one generation's tool loop, the final answer's included
 
 
 class Floor(Strict):
@@ -88,6 +95,7 @@ class Policy(Strict):
     notices: Notices = Notices()
     stumps: StumpAccess = StumpAccess()
     floor: Floor = Floor()
+    tools: Tools = Tools()
 
 
 def _channel_ref(ref: str) -> str:

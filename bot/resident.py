@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from . import truth
 from .config import Residence
@@ -22,12 +23,17 @@ from .delivery import Planned, plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
+from .delivery.plan import plan_recovered
 from .delivery.send import Room, deliver
 from .generation.records import Generation, Post, new_id
 from .generation.run import Generator, never
+from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
+from .ledger.access import next_post_seq
 
 log = logging.getLogger(__name__)
+
+PUBLISH_WAIT = 5.0  # seconds a publication waits to reach the room before the tool answers "not yet delivered"
 
 
 @dataclass
@@ -61,7 +67,42 @@ class Resident:
     async def compile(self, history: list[RoomMessage]) -> dict:
         posts = await self.ledger.posts_by_message(ledger_message_ids(history))
         gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
-        return compile_request(self.residence, history, posts, gens)
+        own = {m.id for m in history if m.is_self}
+        recovered = {p.stump_id: s for mid, p in posts.items() if mid in own and p.kind == "recovered" and p.stump_id
+                     and (s := await self.ledger.get_stump(p.stump_id)) is not None}
+        return compile_request(self.residence, history, posts, gens, recovered)
+
+    def tools(self, room: Room, channel: str) -> StumpsTool | None:
+        """The resident's own `stumps` tool for a turn in `channel`, where its policy gives it."""
+        if not self.residence.policy.stumps.patient_tool:
+            return None
+
+        async def publish(meta: dict[str, Any], text: str, g: Generation) -> dict[str, Any]:
+            return await self._publish(room, channel, g, meta, text)
+        return StumpsTool(self.ledger, self.residence, channel, publish)
+
+    async def _publish(self, room: Room, channel: str, g: Generation, meta: dict[str, Any],
+                       text: str) -> dict[str, Any]:
+        """A stump's text into its channel at the resident's request, as posts of the generation asking.
+
+        Recorded before they are sent; a room that fails now leaves them undelivered, in order, for the
+        same redelivery every post gets."""
+        start = await next_post_seq(self.ledger, g.id)
+        posts = [Post(id=new_id("p-"), generation_id=g.id, seq=start + i, kind=p.kind, content=p.content,
+                      channel=channel, stump_id=meta["id"]) for i, p in enumerate(plan_recovered(text, meta["cause"]))]
+        await self.ledger.add_posts(posts)
+        g.posts += posts
+        if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
+            waiting = self.outbox.enqueue(self.name, posts)
+            if waiting:
+                await asyncio.wait(waiting, timeout=PUBLISH_WAIT)
+        else:
+            try:
+                await deliver(self.ledger, room, posts)
+            except Exception as e:  # the room's failure, not the tool's: the posts wait for redelivery
+                log.warning("%s: stump %s published but not yet delivered: %s", self.name, meta["id"], e)
+        delivered = all(p.message_id is not None for p in posts)
+        return {"posts": len(posts), "delivered": delivered}
 
     async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,
                       superseded: Callable[[], bool] = never,
@@ -74,7 +115,8 @@ class Resident:
                        superseded: Callable[[], bool], queued: Callable[[list[Post]], None] | None) -> Reply:
         request = await self.compile(history)
         g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
-                                          seen_upto=history[-1].id if history else None)
+                                          seen_upto=history[-1].id if history else None,
+                                          tools=self.tools(room, channel))
         planned = plan(g.ending(), g.text)
         if self.key_rejections is not None:
             planned = self.key_rejections.review(g, channel, planned)
@@ -82,7 +124,9 @@ class Resident:
         if set_aside and self.residence.policy.notices.retry_abandoned:
             planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))
         posts = await self._record(g, planned, channel)
-        await self._deliver(room, posts, queued)
+        # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
+        pending = [p for p in g.posts if p.message_id is None and p not in posts] if self.outbox is None else []
+        await self._deliver(room, pending + posts, queued)
         return Reply(g, posts)
 
     async def continue_generation(self, room: Room, channel: str, generation_id: str | None,

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 Status = Literal["pending", "completed", "truncated", "refused", "failed", "incomplete"]
 Outcome = Literal["streaming", "completed", "truncated", "abandoned", "refused", "failed", "incomplete"]
-PostKind = Literal["speech", "partial", "receipt", "notice"]
+PostKind = Literal["speech", "partial", "receipt", "notice", "recovered"]
 
 COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence"})
 TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
@@ -42,7 +42,7 @@ def outcome_of_stop(stop_reason: str | None, *, has_tools: bool = False) -> Outc
         return "truncated"
     if stop_reason == REFUSAL:
         return "refused"
-    if stop_reason in TOOL_STOPS and has_tools:
+    if stop_reason == TOOL_USE and has_tools:  # a round of the tool loop; `pause_turn` is never resumed here
         return "completed"
     return "incomplete"
 
@@ -198,6 +198,8 @@ def _boundary(e: Ending, nothing: str | None) -> str | None:
         if e.stop_reason == INTERRUPTED:
             parts.append(INTERRUPTED_SENTENCE if nothing is None else
                          f"Process stopped before this output was finished; {cut}.")
+        elif e.stop_reason == TOOL_ROUND_LIMIT:
+            parts.append(f"Tool round limit reached; a further tool call was not run, and {maybe}.")
         elif e.stop_reason is None:
             parts.append(f"Provider stream ended without a stop reason; {maybe}.")
         else:
@@ -256,6 +258,9 @@ def context_boundary_note(e: Ending) -> str:
     if e.status == "failed":
         return ("[Boundary: the message above was interrupted by a provider error; the remainder was not "
                 "generated. It is an unfinished message, not an authored ending.]")
+    if e.status == "incomplete" and e.stop_reason == TOOL_ROUND_LIMIT:
+        return ("[Boundary: the message above ended at the tool round limit; a further tool call was not run, "
+                "so it may be incomplete and is not an authored ending.]")
     if e.status == "incomplete" and e.stop_reason == INTERRUPTED:
         return ("[Boundary: the message above was cut off mid-output because the process running it stopped; "
                 "the remainder was not generated. It is an unfinished message, not an authored ending.]")
@@ -308,3 +313,44 @@ def context_room_line_note(author: str, line: str) -> str:
     so it is set apart as a note, never shown as words the other resident wrote.
     """
     return f"[Boundary note posted with {author}'s output, not written by {author}: {line}]"
+
+
+# ---------------------------------------------------------------- the resident's own `stumps` tool
+
+TOOL_USE = "tool_use"  # the stop reason of a round of the tool loop
+# The generation's stop reason (not a provider's) when the model asked for one more tool round than
+# the policy's `tools.max_rounds` allows: the generation is `incomplete`, and this is its stump cause.
+TOOL_ROUND_LIMIT = "tool-round-limit"
+
+STUMPS_TOOL = "stumps"
+STUMPS_TOOL_DESCRIPTION = (
+    "Texts of this resident's own that exist but were not published as completed speech, in this channel: "
+    "attempts set aside when the provider failed and was retried, continuation segments set aside, outputs "
+    "cut at the output ceiling or declined by the provider. Actions: `list` (metadata: id, cause, characters, "
+    "tokens, when, channel, access, who has read the text and when); `read` with `id` (the exact text); "
+    "`set_access` with `id` and `access` (`moderators`: moderators may read the text where the operator's "
+    "policy allows; `private`: they may not); `publish` with `id` (posts a set-aside text into its channel, "
+    "followed by one line saying it was recovered at this resident's request). The resident decides.")
+
+# Where a published stump's text came from, by its cause; a cause not listed is named as it is.
+_RECOVERED_FROM = {
+    RETRY_ABANDONED: "an abandoned attempt",
+    "no-progress": "a continuation segment set aside (no progress)",
+    "repetition": "a continuation segment set aside (repetition)",
+    INTERRUPTED: "an output interrupted by a process stop",
+    PROVIDER_ERROR: "an attempt ended by a provider error",
+}
+
+
+def recovered_receipt(chars: int, cause: str) -> str:
+    """The one line after a stump's text published at its resident's request (post kind `recovered`)."""
+    origin = _RECOVERED_FROM.get(cause, f"a text set aside ({cause})")
+    return _compact(f"Recovered fragment of {fmt_tokens(chars)} characters from {origin}, published at the "
+                    "resident's request.")
+
+
+def context_recovered_note(chars: int, cause: str) -> str:
+    """The model-visible note after a stump's text this resident published, in a later request."""
+    origin = _RECOVERED_FROM.get(cause, f"a text set aside ({cause})")
+    return (f"[Note: the message above is a recovered fragment of {fmt_tokens(chars)} characters from {origin}, "
+            "published later at this resident's request; it is not a reply written at that point.]")

@@ -624,3 +624,46 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
                                                    stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(cli.communicate(), 30)
         assert cli.returncode == 0 and out.decode().startswith("ledger ok: 1 generation(s) checked"), out.decode()
+
+
+# ---------------------------------------------------------------- a stop inside the tool loop (issue 12 A)
+
+async def tool_round(ledger: Ledger, g: Generation, text: str, segment: int = 1) -> Attempt:
+    """A round's attempt that ended asking for the `stumps` tool (its text, then a tool_use block)."""
+    from bot.generation.records import Block, join_text
+    a = await streaming(ledger, g, [], segment)
+    a.blocks = [Block(0, "text", text), Block(1, "tool_use", '{"action": "list"}',
+                                             start={"id": f"toolu_{segment}", "name": "stumps", "input": {}})]
+    a.text, a.stop_reason, a.outcome, a.output_tokens, a.ended_at = join_text(a.blocks), "tool_use", "completed", 30, time.time()
+    await ledger.finish_attempt(a)
+    return a
+
+
+async def test_a_stop_while_a_tool_call_runs_is_interrupted_never_a_completed_reply(ledger: Ledger) -> None:
+    g = await pending(ledger)
+    await tool_round(ledger, g, "Let me look.")
+    rec = await settle_interrupted(ledger)
+    assert rec.interrupted == [g.id]
+    got = await ledger.get_generation(g.id)
+    assert got is not None and (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "Let me look.")
+    assert [(p.kind, p.content) for p in got.posts] == [("partial", "Let me look."),
+                                                        ("receipt", "-# " + truth.INTERRUPTED_SENTENCE)]
+    assert sorted((s.scope, s.text) for s in got.stumps) == [("block", '{"action": "list"}'), ("output", "Let me look.")]
+    assert await verify(ledger) == []
+
+
+async def test_a_stop_in_a_later_round_keeps_that_rounds_text_as_a_stump(ledger: Ledger) -> None:
+    from bot.generation.records import ToolCall
+    from bot.ledger.access import add_tool_calls
+    g = await pending(ledger)
+    first = await tool_round(ledger, g, "Let me look.")
+    await add_tool_calls(ledger, g.id, [ToolCall(1, 0, first.id, "toolu_1", "stumps", {"action": "list"},
+                                                 {"action": "list", "stumps": []}, False)])
+    await streaming(ledger, g, ["Nothing set aside here, as it turns ", "out, so the harbour"], segment=2)
+    rec = await settle_interrupted(ledger)
+    assert rec.interrupted == [g.id]
+    got = await ledger.get_generation(g.id)
+    assert got is not None and (got.status, got.text) == ("incomplete", "Let me look.")
+    cut = [s for s in got.stumps if s.scope == "attempt"]
+    assert [(s.cause, s.text) for s in cut] == [(truth.INTERRUPTED, "Nothing set aside here, as it turns out, so the harbour")]
+    assert await verify(ledger) == []

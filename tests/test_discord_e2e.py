@@ -4,6 +4,7 @@ a real SQLite ledger. Swallowed errors in discord.py's background tasks fail the
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 
 import pytest
@@ -603,3 +604,83 @@ async def test_a_message_during_a_cut_stream_supersedes_bounded_continuation(tmp
         assert len(d.provider.requests) == 2  # no continuation call was made
         assert CONTINUE_NOTE not in str(d.provider.requests[1]) and g2.trigger == moved["id"]
         assert d.provider.requests[1]["messages"][-1]["role"] == "user"
+
+
+# ---------------------------------------------------------------------------------------------- issue 12 A
+
+
+async def test_the_resident_lists_reads_guards_and_publishes_its_stumps_and_moderators_obey(tmp_path):
+    """Real discord.py bots against the local room: the scripted provider makes cairn call its own `stumps`
+    tool across turns (list, read, set_access private, publish); a moderator's /stumps show then obeys
+    cairn's choice, and every read of a stump's text is recorded and shown."""
+    state: dict[str, str] = {}
+
+    def script(body: dict) -> Call:
+        last = body["messages"][-1]
+        results = [b for b in last["content"] if b["type"] == "tool_result"] if isinstance(last["content"], list) else []
+        if not results:  # a new turn
+            if "publish" in last["content"]:
+                return Call(sse=sse.tool_use_stream("", "toolu_pub", "stumps",
+                                                    json.dumps({"action": "publish", "id": state["a"]}), 20))
+            return Call(sse=sse.tool_use_stream("Looking.", "toolu_list", "stumps", '{"action": "list"}', 20))
+        result = json.loads(results[0]["content"])
+        state.setdefault("results", []).append(result)
+        step = result.get("action")
+        if step == "list":
+            state["a"] = next(s["id"] for s in result["stumps"] if not s["reads"])  # the one no moderator read
+            return Call(sse=sse.tool_use_stream("", "toolu_read", "stumps",
+                                                json.dumps({"action": "read", "id": state["a"]}), 20))
+        if step == "read":
+            return Call(sse=sse.tool_use_stream("", "toolu_acc", "stumps", json.dumps(
+                {"action": "set_access", "id": state["a"], "access": "private"}), 20))
+        return Call(sse=sse.stream(f"Done: {step}.", "end_turn", 5))
+
+    calls = [Call(sse=specimen("overloaded-after-257.sse"))] * 2 + [Call(sse=specimen("end-turn.sse"))]
+    async with deployed(tmp_path, [res()], calls=calls, responder=script) as d:
+        await ask(d, "alice", "tell me about the harbour, @cairn", 0)
+        [g1] = await d.generations()
+        older, newer = [s for s in g1.stumps if s.cause == "retry-abandoned"]
+        # a moderator reads the newer fragment: shown, and recorded as a read
+        out = await d.command("moddy", "stumps", sub("show", id=newer.id))
+        shown = "\n".join(contents(out))
+        assert squash(FRAGMENT) in squash(shown) and "access: moderators" in shown and "moddy" in shown
+        room_before = len(d.messages())
+
+        # turn 2: list → read → set_access private → the reply
+        new = await ask(d, "alice", "what did you set aside, @cairn?", len(d.bot_messages()))
+        assert [m["content"] for m in new] == ["Looking.\n\nDone: set_access."]
+        listed, read, guarded = state["results"]
+        assert {s["id"] for s in listed["stumps"]} == {older.id, newer.id} and state["a"] == older.id
+        [by_mod] = next(s for s in listed["stumps"] if s["id"] == newer.id)["reads"]
+        assert by_mod["kind"] == "moderator" and by_mod["reader"].startswith("moddy (")
+        assert (read["text"], guarded["access"], guarded["moderators_may_read"]) == (FRAGMENT, "private", False)
+        assert len(d.messages()) == room_before + 2  # the question and one reply: nothing of the tool in the room
+        g2 = (await d.generations())[-1]
+        out = await d.command("moddy", "generation", sub("show", ref=g2.id))
+        prov = "\n".join(contents(out))
+        assert "tool rounds:" in prov and "round 1.1 stumps list" in prov and "round 2.1 stumps read" in prov
+        assert "round 3.1 stumps set_access" in prov and FRAGMENT[:40] not in prov  # never a result's text
+
+        # the moderator asks for the guarded one: withheld, by the resident's choice; its reader shown
+        out = await d.command("moddy", "stumps", sub("show", id=older.id))
+        assert_ephemeral_pages(out)
+        shown = "\n".join(contents(out))
+        assert len(out["responses"]) == 1 and "access: private" in shown and "set this stump private" in shown
+        assert "cairn, resident" in shown and FRAGMENT[:40] not in shown and FRAGMENT[-40:] not in shown
+
+        # turn 3: publish → the fragment as recovered text, one receipt, then the reply
+        n = len(d.bot_messages())
+        new = await ask(d, "alice", "please publish it, @cairn", n, expect=3)
+        assert [m["content"] for m in new] == [
+            FRAGMENT, "-# Recovered fragment of 257 characters from an abandoned attempt, published at the "
+                      "resident's request.", "Done: publish."]
+        assert all(quiet_pings(m) for m in new)
+        g3 = (await d.generations())[-1]
+        assert [p.kind for p in sorted(g3.posts, key=lambda p: p.seq)] == ["recovered", "receipt", "speech"]
+        await posts_match_room(d, g3)
+        assert (await d.ledger.get_stump(older.id)).published
+        # still private: the room has the text now, the stump's access is unchanged
+        out = await d.command("moddy", "stumps", sub("show", id=older.id))
+        shown = "\n".join(contents(out))
+        assert " published" in shown and "set this stump private" in shown and len(out["responses"]) == 1
+        assert await verify(d.ledger) == []

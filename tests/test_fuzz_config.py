@@ -37,8 +37,10 @@ POLICY: dict[str, Any] = {
                      "min_progress_chars": 16, "similarity_abort": 0.92, "min_overlap_chars": 8},
     "retries": {"max_attempts": 3, "backoff_seconds": 0.0, "max_backoff_seconds": 30.0, "timeout_seconds": 60.0},
     "notices": {"retry_abandoned": False},
-    "stumps": {"moderators_read_text": True, "resident_reads_own": False},
+    "stumps": {"moderators_read_text": True, "resident_reads_own": False, "patient_tool": True,
+               "default_access": "moderators"},
     "floor": {"reply_to": "mentions", "cooldown_seconds": 2.0, "max_resident_run": 3, "history_limit": 50},
+    "tools": {"max_rounds": 4},
 }
 RESIDENCE: dict[str, Any] = {
     "name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096, "system": "You are Cairn.",
@@ -69,7 +71,9 @@ POLICY_LEAVES: list[tuple[tuple[Any, ...], str, bool]] = [
     (("retries", "timeout_seconds"), "float", False),
     (("notices",), "map", False), (("notices", "retry_abandoned"), "bool", False),
     (("stumps",), "map", False), (("stumps", "moderators_read_text"), "bool", False),
-    (("stumps", "resident_reads_own"), "bool", False),
+    (("stumps", "resident_reads_own"), "bool", False), (("stumps", "patient_tool"), "bool", False),
+    (("stumps", "default_access"), "enum:moderators,private", False),
+    (("tools",), "map", False), (("tools", "max_rounds"), "int", False),
     (("floor",), "map", False), (("floor", "reply_to"), "enum:mentions,mentions-and-replies,all", False),
     (("floor", "cooldown_seconds"), "float", False), (("floor", "max_resident_run"), "int", False),
     (("floor", "history_limit"), "int", False),
@@ -101,7 +105,7 @@ BOUNDS: dict[tuple[Any, ...], tuple[float, float, bool, bool]] = {  # keyed from
     ("policy", "retries", "max_backoff_seconds"): (0.0, 3600.0, False, False),
     ("policy", "retries", "timeout_seconds"): (0.0, 3600.0, False, True),
     ("policy", "floor", "cooldown_seconds"): (0.0, 3600.0, False, False), ("policy", "floor", "max_resident_run"): (1, 100, True, False),
-    ("policy", "floor", "history_limit"): (1, 500, True, False), ("turns", 0, "calls", 1, "status"): (100, 599, True, False),
+    ("policy", "floor", "history_limit"): (1, 500, True, False), ("policy", "tools", "max_rounds"): (2, 32, True, False), ("turns", 0, "calls", 1, "status"): (100, 599, True, False),
 }
 NONEMPTY = {("name",), ("model",), ("discord", "token_env"), ("turns", 0, "say", "author"), ("turns", 0, "calls", 0, "sse")}
 REQUIRED = {  # path → the key the error must name when it is deleted

@@ -164,3 +164,37 @@ def test_model_table(model, ceiling, prefill):
 def test_unknown_model_is_assumed_to_reject_prefill():
     assert not models.caps("some-new-model").accepts_prefill
     assert not models.known("some-new-model")
+
+
+# ---------------------------------------------------------------- the resident's own stumps (issue 12 A)
+
+def test_pause_turn_never_completes_even_with_tools():
+    assert truth.outcome_of_stop("pause_turn", has_tools=True) == "incomplete"  # never resumed here
+
+
+def test_the_tool_round_limit_is_incomplete_with_its_own_receipt_and_note():
+    e = Ending(status="incomplete", stop_reason=truth.TOOL_ROUND_LIMIT, output_tokens=30, chars=92)
+    assert truth.status_of_outcome(truth.outcome_of_stop(truth.TOOL_ROUND_LIMIT)) == "incomplete"
+    assert truth.stump_cause("incomplete", truth.TOOL_ROUND_LIMIT) == "tool-round-limit"
+    assert truth.receipt(e) == "Tool round limit reached; a further tool call was not run, and the output may be incomplete."
+    assert truth.notice(replace(e, chars=0, other_content=True)) == \
+        "Tool round limit reached; a further tool call was not run, and no reply text was generated."
+    note = truth.context_boundary_note(e)
+    assert "tool round limit" in note and "not an authored ending" in note and not SECOND_PERSON.search(note)
+
+
+@pytest.mark.parametrize("cause, origin", [
+    ("retry-abandoned", "from an abandoned attempt"), ("repetition", "from a continuation segment set aside (repetition)"),
+    ("interrupted", "from an output interrupted by a process stop"), ("something-new", "from a text set aside (something-new)"),
+])
+def test_a_recovered_fragment_is_named_by_where_it_came_from(cause, origin):
+    line = truth.recovered_receipt(1311, cause)
+    assert line == f"Recovered fragment of 1,311 characters {origin}, published at the resident's request."
+    assert len(line) <= truth.MAX_LINE and not SECOND_PERSON.search(line)
+    note = truth.context_recovered_note(1311, cause)
+    assert origin in note and "1,311" in note and not SECOND_PERSON.search(note)
+
+
+def test_the_tool_description_is_impersonal():
+    assert not SECOND_PERSON.search(truth.STUMPS_TOOL_DESCRIPTION)
+    assert all(a in truth.STUMPS_TOOL_DESCRIPTION for a in ("`list`", "`read`", "`set_access`", "`publish`"))

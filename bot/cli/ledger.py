@@ -7,8 +7,9 @@ from typing import Any
 
 import click
 
-from ..generation.records import Generation, Stump
+from ..generation.records import Generation, Stump, ToolCall
 from ..ledger import views
+from ..ledger.access import tool_calls_of
 from ..ledger.verify import Report, check
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
@@ -68,11 +69,14 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
       residents ledger show g-0123456789ab --json
     """
     path = ledger_path(db)
+    calls: list[ToolCall] = []
+
     async def go() -> Generation | Stump | None:
         lg = await open_ledger(path)
         try:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
+            calls.extend(await tool_calls_of(lg, record_id))
             return await lg.get_generation(record_id)
         finally:
             await lg.close()
@@ -80,11 +84,12 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
     if rec is None:
         raise UsageError(f"{record_id}: no such generation or stump in {path}")
     if not as_json:
-        emit(views.show(rec))
+        emit(views.show(rec, calls))
     elif isinstance(rec, Stump):
         emit_json({**rec.meta(), "text": rec.text})
     else:
-        emit_json({**rec.as_json(), "stumps": [{**s.meta(), "text": s.text} for s in rec.stumps],
+        emit_json({**rec.as_json(), "tool_rounds": [c.as_json() for c in calls],
+                   "stumps": [{**s.meta(), "text": s.text} for s in rec.stumps],
                    "posts": [p.as_json() for p in rec.posts]})
     return 0
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import models, truth
 from ..config import Residence
-from ..generation.records import Generation, Post
+from ..generation.records import Generation, Post, Stump
 from ..text import SUBTEXT
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,10 @@ def in_reading_order(history: list[RoomMessage], posts: dict[str, Post],
 
 
 def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, Generation],
-           own_stumps_visible: bool) -> list[tuple[str, str]]:
+           own_stumps_visible: bool, recovered: dict[str, Stump] | None = None) -> list[tuple[str, str]]:
     turns: list[tuple[str, str]] = []
     seen: set[str] = set()
+    published: set[str] = set()  # stumps whose recovered text is already in the turns
     for m in in_reading_order(history, posts, gens):
         if not m.is_self:
             post = posts.get(m.id) if m.is_bot else None
@@ -81,6 +82,13 @@ def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, G
         post = posts.get(m.id)
         if post is not None and post.kind in ("receipt", "notice"):
             continue  # a room line about an output, never the resident's words
+        if post is not None and post.kind == "recovered":  # its own set-aside text, published later: once, noted
+            if post.stump_id not in published:
+                published.add(post.stump_id or "")
+                s = (recovered or {}).get(post.stump_id or "")
+                text, cause = (s.text, s.cause) if s is not None else (m.content, "unknown")
+                turns += [("assistant", text), ("user", truth.context_recovered_note(len(text), cause))]
+            continue
         g = gens.get(post.generation_id) if post and post.generation_id else None
         if post is None or g is None:  # a message of its own the ledger never recorded: take it as it reads
             turns.append(("assistant", m.content))
@@ -135,9 +143,12 @@ def base_request(res: Residence) -> dict[str, Any]:
 
 
 def compile_request(res: Residence, history: list[RoomMessage], posts: dict[str, Post],
-                    gens: dict[str, Generation]) -> dict[str, Any]:
-    """A request for a new reply: the room as the resident should understand it, ending on a user turn."""
-    turns = _turns(history[-res.policy.floor.history_limit:], posts, gens, res.policy.stumps.resident_reads_own)
+                    gens: dict[str, Generation], recovered: dict[str, Stump] | None = None) -> dict[str, Any]:
+    """A request for a new reply: the room as the resident should understand it, ending on a user turn.
+
+    `recovered`: the stumps the resident published (post kind `recovered`), by id, for their exact text."""
+    turns = _turns(history[-res.policy.floor.history_limit:], posts, gens, res.policy.stumps.resident_reads_own,
+                   recovered)
     if not turns or turns[0][0] != "user":
         turns.insert(0, ("user", START_NOTE))
     if turns[-1][0] != "user":

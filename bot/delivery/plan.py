@@ -176,3 +176,9 @@ def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
 
 def notice(line: str) -> Planned:
     return Planned("notice", RECEIPT_PREFIX + line)
+
+
+def plan_recovered(text: str, cause: str) -> list[Planned]:
+    """A stump published at its resident's request: its text as `recovered` posts, then one receipt."""
+    out = [Planned("recovered", c) for c in split_text(text, escape=True)]
+    return out + [Planned("receipt", RECEIPT_PREFIX + truth.recovered_receipt(len(text), cause))]

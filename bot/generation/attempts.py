@@ -151,11 +151,12 @@ class AttemptRunner:
     sleep: Sleep = asyncio.sleep
 
     async def run_segment(self, g: Generation, segment: int, request: dict[str, Any], policy: Retries, *,
-                          new_generation: bool = False, settle_last: bool = True) -> Attempt:
+                          new_generation: bool = False, settle_last: bool = True, tools: bool = False) -> Attempt:
         """Call the provider until an attempt settles, or the policy's attempts run out; returns the last.
 
         `new_generation`: the generation is written with the first attempt. `settle_last=False`: the
         caller writes the last attempt together with the outcome it decides (`finish_generation`).
+        `tools`: the request offers tools, so a `tool_use` stop completes the attempt (a round of the tool loop).
         """
         prev: Attempt | None = None
         for index in range(1, policy.max_attempts + 1):
@@ -198,7 +199,7 @@ class AttemptRunner:
                 a.outcome = "failed"
                 log.warning("attempt %s (%s) failed: %s: %s", a.id, g.residence, f.kind, f.message)
             else:
-                a.outcome = truth.outcome_of_stop(end.stop_reason)
+                a.outcome = truth.outcome_of_stop(end.stop_reason, has_tools=tools)
             if settle_last:
                 await self.ledger.finish_attempt(a)
             return a

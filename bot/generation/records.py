@@ -192,6 +192,7 @@ class Post:
     # Lone surrogates in `content` that leave the process as U+FFFD (`bot.text.outbound`): counted
     # when the post is planned, since the ledger keeps the content exactly and the room gets it valid.
     replacements: int | None = None
+    stump_id: str | None = None  # kind `recovered` and the receipt after it: the stump published at the resident's request
 
     def __post_init__(self) -> None:
         if self.replacements is None:
@@ -257,3 +258,22 @@ class Generation:
                 "segments": [s.as_json() for s in self.segments],
                 "continuation": {"standing": self.standing, "ended": self.continuation_ended},
                 "created_at": self.created_at, "finished_at": self.finished_at}
+
+
+@dataclass
+class ToolCall:
+    """One tool call of a generation's tool loop: the round (the request whose answer asked for it), its
+    position in that round, the attempt that made it, the input as parsed, and the result sent back."""
+    round: int
+    pos: int
+    attempt_id: str
+    tool_use_id: str
+    name: str
+    input: Any  # the parsed input JSON (None when it did not parse; the attempt's block keeps it as streamed)
+    result: dict[str, Any]
+    is_error: bool
+    created_at: float = field(default_factory=time.time)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"round": self.round, "name": self.name, "input": self.input, "result": self.result,
+                "is_error": self.is_error, "attempt_id": self.attempt_id, "tool_use_id": self.tool_use_id}

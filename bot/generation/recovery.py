@@ -143,7 +143,8 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
     g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)] \
         if has_text and final is not None else []
     ended = (has_text and final is not None and final not in cut and not later
-             and not (final.stop_reason == "max_tokens" and g.standing == "bounded"))
+             and not (final.stop_reason == "max_tokens" and g.standing == "bounded")
+             and final.stop_reason != truth.TOOL_USE)  # a round whose tool calls never ran or were answered
     if ended and final is not None:
         g.status, g.stop_reason = truth.status_of_outcome(final.outcome), final.stop_reason
         g.continuation_ended = "disabled" if final.stop_reason == "max_tokens" else "not-needed"

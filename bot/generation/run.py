@@ -15,8 +15,10 @@ from .. import truth
 from ..config import Residence
 from ..context import continuation_request
 from ..continuation import judge_segment
+from ..ledger.access import tool_calls_of, use_default_access
 from .attempts import AttemptRunner, block_stumps
 from .records import Attempt, Generation, Segment, Stump, new_id
+from .tools import Toolbox, ToolLoop, with_tools, without_tools
 
 log = logging.getLogger(__name__)
 
@@ -36,25 +38,48 @@ class Generator:
     def __init__(self, runner: AttemptRunner) -> None:
         self.runner = runner
         self.ledger = runner.ledger
+        self._default_access: dict[str, str] = {}  # per residence, as last written to the ledger
+
+    async def _use_default_access(self, res: Residence) -> None:
+        """New stumps of this residence start with its policy's `stumps.default_access` (written once per change)."""
+        access = res.policy.stumps.default_access
+        if self._default_access.get(res.name) != access:
+            await use_default_access(self.ledger, res.name, access)
+            self._default_access[res.name] = access
 
     async def generate(self, res: Residence, channel: str, request: dict[str, Any], trigger: str | None = None,
-                       superseded: Callable[[], bool] = never, seen_upto: str | None = None) -> Generation:
+                       superseded: Callable[[], bool] = never, seen_upto: str | None = None,
+                       tools: Toolbox | None = None) -> Generation:
+        """One reply; with `tools`, a tool loop of rounds (`bot.generation.tools`) whose text is joined."""
+        await self._use_default_access(res)
+        if tools is not None:
+            request = with_tools(request, tools)
         g = Generation(id=new_id("g-"), residence=res.name, channel=channel, model=res.model,
                        standing=res.policy.continuation.standing, trigger=trigger, request=request,
                        seen_upto=seen_upto)
-        final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
-                                              settle_last=False)
-        g.text, g.stop_reason = final.text, final.stop_reason
+        loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
+        if loop is not None:
+            final = await loop.run(g, request, res.policy.retries)
+            g.text = loop.text
+        else:
+            final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
+                                                  settle_last=False)
+            g.text = final.text
+        g.stop_reason = final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)
-        g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)]
+        if loop is not None and loop.limit_reached:
+            g.status, g.stop_reason = "incomplete", truth.TOOL_ROUND_LIMIT
+        # one segment: a tool loop's rounds are its attempts' segments, their text joined in g.text
+        g.segments = [Segment(1, final.id, final.stop_reason, g.chars, final.output_tokens)]
         unsettled: Attempt | None = final
+        rounds = loop.finals if loop is not None and len(loop.finals) > 1 else None
         if g.stop_reason == "max_tokens":
             g.continuation_ended = "disabled"
-            if res.policy.continuation.standing == "bounded":
+            if res.policy.continuation.standing == "bounded" and rounds is None:  # never after tool rounds
                 await self.ledger.finish_attempt(final)  # on disk before any continuation call
                 unsettled = None
                 await self._continue(g, res, superseded, max_new=res.policy.continuation.max_segments or 0)
-        await self._settle(g, res, previous_output=None, last_attempt=unsettled)
+        await self._settle(g, res, previous_output=None, last_attempt=unsettled, rounds=rounds)
         return g
 
     async def continue_on_request(self, g: Generation, res: Residence,
@@ -67,6 +92,10 @@ class Generator:
             return ContinueResult(g, "", f"generation {g.id} is {g.status}, not cut at the output ceiling")
         if g.request is None:
             return ContinueResult(g, "", f"generation {g.id} has no recorded request to continue")
+        if await tool_calls_of(self.ledger, g.id):
+            return ContinueResult(g, "", f"generation {g.id} made tool calls, and continuation never mixes "
+                                         "with the tool loop")
+        await self._use_default_access(res)
         before = len(g.text)
         previous = next((s for s in reversed(g.stumps) if s.scope == "output" and s.replaced_by is None), None)
         await self._continue(g, res, superseded, max_new=1)
@@ -94,7 +123,8 @@ class Generator:
             if superseded():
                 ended = "superseded"
                 break
-            request, stripped = continuation_request(g.request, g.text, (cont.max_output_tokens or 0) - spent)
+            request, stripped = continuation_request(without_tools(g.request), g.text,
+                                                     (cont.max_output_tokens or 0) - spent)
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1
             if final.outcome not in ("completed", "truncated"):
@@ -132,8 +162,9 @@ class Generator:
         g.stumps += block_stumps(g, a, cause)
 
     async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None,
-                      last_attempt: Attempt | None = None) -> None:
-        tokens = [s.output_tokens for s in g.segments]
+                      last_attempt: Attempt | None = None, rounds: list[Attempt] | None = None) -> None:
+        """`rounds`: a tool loop's last attempt of each round, whose tokens add up to the generation's."""
+        tokens = [a.output_tokens for a in rounds] if rounds else [s.output_tokens for s in g.segments]
         g.output_tokens = sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
         g.finished_at = time.time()
         new = [s for s in g.stumps if not s.stored]

@@ -170,6 +170,76 @@ ALTER TABLE posts ADD COLUMN replacements INTEGER;
 """)
 
 
+# The resident decides who may read its stumps' text (`stumps` tool, `set_access`): `access` is
+# `moderators` or `private`. A new stump starts with its residence's `stumps.default_access`, kept in
+# `stump_access_defaults` (written by the generator) and applied by the trigger in the same insert,
+# so no stump is ever readable by moderators for a moment against the policy. Each change the
+# resident makes is kept in `stump_access_changes`, with the generation whose tool call made it.
+step("m020_stump_access", """
+ALTER TABLE stumps ADD COLUMN access TEXT NOT NULL DEFAULT 'moderators';
+CREATE TABLE stump_access_defaults (
+  residence TEXT PRIMARY KEY,
+  access TEXT NOT NULL
+);
+CREATE TRIGGER stumps_default_access AFTER INSERT ON stumps
+WHEN EXISTS (SELECT 1 FROM stump_access_defaults WHERE residence = NEW.residence)
+BEGIN
+  UPDATE stumps SET access = (SELECT access FROM stump_access_defaults WHERE residence = NEW.residence)
+   WHERE id = NEW.id;
+END;
+CREATE TABLE stump_access_changes (
+  stump_id TEXT NOT NULL REFERENCES stumps(id),
+  access TEXT NOT NULL,
+  set_by TEXT NOT NULL,          -- the residence
+  generation_id TEXT,            -- the generation whose tool call set it
+  set_at REAL NOT NULL
+);
+CREATE INDEX stump_access_changes_stump ON stump_access_changes(stump_id, set_at);
+""")
+
+# Every read of a stump's text, by its resident's tool or a moderator's /stumps show.
+step("m021_stump_reads", """
+CREATE TABLE stump_reads (
+  stump_id TEXT NOT NULL REFERENCES stumps(id),
+  reader TEXT NOT NULL,          -- the residence, or the moderator (name and Discord id)
+  reader_kind TEXT NOT NULL,     -- 'resident' | 'moderator'
+  generation_id TEXT,            -- a resident's read: the generation whose tool call read it
+  read_at REAL NOT NULL
+);
+CREATE INDEX stump_reads_stump ON stump_reads(stump_id, read_at);
+""")
+
+# The tool loop: each tool call a generation made, by round (the request it answered) and position
+# in that round, with the attempt that made it, its input as parsed (JSON) and the result sent back.
+step("m022_tool_calls", """
+CREATE TABLE tool_calls (
+  generation_id TEXT NOT NULL REFERENCES generations(id),
+  round INTEGER NOT NULL,
+  pos INTEGER NOT NULL,
+  attempt_id TEXT NOT NULL REFERENCES attempts(id),
+  tool_use_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  input BLOB NOT NULL,           -- JSON; the streamed input JSON is the attempt's tool_use block
+  result BLOB NOT NULL,          -- JSON object sent back in the tool_result block
+  is_error INTEGER NOT NULL,
+  created_at REAL NOT NULL,
+  PRIMARY KEY (generation_id, round, pos)
+);
+""")
+
+# A stump published at its resident's request: posts of kind 'recovered' (its text) and the one
+# receipt after them name the stump; they belong to the stump's generation. Delivering a recovered
+# post marks the stump published, as m008 does for a generation's own text.
+step("m023_recovered_posts", """
+ALTER TABLE posts ADD COLUMN stump_id TEXT;
+CREATE INDEX posts_stump ON posts(stump_id) WHERE stump_id IS NOT NULL;
+CREATE TRIGGER posts_recovered_published AFTER UPDATE OF message_id ON posts
+WHEN NEW.message_id IS NOT NULL AND NEW.kind = 'recovered' AND NEW.stump_id IS NOT NULL
+BEGIN
+  UPDATE stumps SET published = 1 WHERE id = NEW.stump_id AND published = 0;
+END;
+""")
+
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""
     await db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")

@@ -411,7 +411,8 @@ class Ledger:
         """Settled generations with no post planned: the process stopped between settling and planning."""
         return [r[0] for r in await self.db.execute_fetchall(
             "SELECT id FROM generations g WHERE status != 'pending'"
-            " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id) ORDER BY created_at, rowid")]
+            " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
+            " ORDER BY created_at, rowid")]
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
@@ -447,9 +448,9 @@ class Ledger:
 
     @staticmethod
     def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
-        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements)"
-                " VALUES (?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
-                                             p.replacements))
+        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id)"
+                " VALUES (?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
+                                               p.replacements, p.stump_id))
 
 
 def _cols(r: Any) -> dict[str, Any]:
@@ -475,4 +476,4 @@ def _post(r: Any) -> Post:
     p = _cols(r)
     return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=p["kind"], content=dec(p["content"]),
                 channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"],
-                replacements=p.get("replacements"))
+                replacements=p.get("replacements"), stump_id=p.get("stump_id"))

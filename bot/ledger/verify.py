@@ -17,6 +17,7 @@ from .. import truth
 from ..delivery.plan import LIMIT, RECEIPT_PREFIX
 from ..generation.records import Block, join_text
 from .store import Ledger, dec
+from .verify_tools import check_tool_calls, joined_upto, round_finals
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,10 @@ async def check(ledger: Ledger) -> Report:
     blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
         blocks[r["attempt_id"]].append(dict(r))
+    calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in await rows("SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
+                        " ORDER BY generation_id, round, pos"):
+        calls[r["generation_id"]].append(dict(r))
     rep = Report(generations=len(gens))
     v = rep.violations
     known = {g["id"] for g in gens}
@@ -85,17 +90,26 @@ async def check(ledger: Ledger) -> Report:
         _check_line(v, f"post {p['id']}", p)
         if p["kind"] != "notice":
             v.append(f"post {p['id']}: a {p['kind']} post with no generation")
+    # posts publishing a stump at its resident's request are checked with that stump, not as the
+    # publishing generation's own text and boundary lines
+    published = [p for t in by_gen.values() for p in t["posts"] if p.get("stump_id") is not None]
+    stumps = {s["id"]: s for t in by_gen.values() for s in t["stumps"]}
+    _check_recovered(v, stumps, published)
     for g in gens:
         t = by_gen[g["id"]]
         rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
-        _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], t["posts"], chunks)
+        own = [p for p in t["posts"] if p.get("stump_id") is None]
+        rounds = round_finals(t["attempts"], calls[g["id"]])
+        _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
         _check_blocks(v, g, t["attempts"], t["segments"], t["stumps"], blocks)
+        check_tool_calls(v, g, t["attempts"], calls[g["id"]])
     return rep
 
 
 def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], attempts: list[dict[str, Any]],
                       segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]],
-                      chunks: dict[str, int]) -> None:
+                      chunks: dict[str, int], rounds: list[str] | None = None) -> None:
+    """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
     gid, status = g["id"], g["status"]
     text = dec(g["text"])
     where = f"generation {gid}"
@@ -121,8 +135,8 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
         return
     if g["chars"] != len(text):
         v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
-    # The status follows from the stop reason by bot.truth's rule (no resident has tools, so a tool
-    # stop is incomplete); a failed generation stopped for no reason of the model's.
+    # The status follows from the stop reason by bot.truth's rule (a tool stop the loop did not go on
+    # from, or the tool round limit, is incomplete); a failed generation stopped for no reason of the model's.
     expected = "failed" if status == "failed" and g["stop_reason"] is None else \
         truth.status_of_outcome(truth.outcome_of_stop(g["stop_reason"]))
     if status != expected:
@@ -130,9 +144,9 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
     for a in attempts:
         if a["outcome"] == "streaming":
             v.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
-    _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps)
+    _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
     _check_output_stump(v, where, g, text, stumps, posts)
-    _check_posts(v, where, g, text, attempts, segments, stumps, posts)
+    _check_posts(v, where, g, text, attempts, segments, stumps, posts, rounds)
 
 
 def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], segments: list[dict[str, Any]],
@@ -168,8 +182,11 @@ def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]
 
 
 def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, attempts: list[dict[str, Any]],
-                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]]) -> None:
-    """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly."""
+                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]],
+                      rounds: list[str] | None = None) -> None:
+    """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly.
+
+    With tool `rounds`, the one segment is the rounds' text joined, up to its attempt's round."""
     by_id = {a["id"]: a for a in attempts}
     in_segment: set[str] = set()
     offset = 0
@@ -180,6 +197,9 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
             continue
         in_segment.add(a["id"])
         added = a["text"][s["overlap_removed"]:]
+        if rounds and s["idx"] == 1:
+            added, used = joined_upto(attempts, rounds, a["id"])
+            in_segment |= used
         if s["chars"] != len(added) or text[offset:offset + s["chars"]] != added:
             v.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
         offset += s["chars"]
@@ -206,7 +226,7 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
             for s in match:
                 if s["text"] != a["text"]:
                     v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if s["published"]:
+                if s["published"] and not s.get("recovered"):  # published only at its resident's request
                     v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
             v.append(f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
@@ -241,11 +261,13 @@ def _check_output_stump(v: list[str], where: str, g: dict[str, Any], text: str, 
 
 
 def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempts: list[dict[str, Any]],
-                 segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]]) -> None:
+                 segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]],
+                 rounds: list[str] | None = None) -> None:
     status = g["status"]
     # Each /continue that reached the provider is one more settlement with its own posts and receipt;
-    # bounded continuation happens inside the first settlement.
-    calls = sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1) if g["standing"] == "on-request" else 0
+    # bounded continuation happens inside the first settlement. Tool rounds are never continued.
+    calls = sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1) \
+        if g["standing"] == "on-request" and not rounds else 0
     seqs = [p["seq"] for p in posts]
     if len(set(seqs)) != len(seqs):
         v.append(f"{where}: duplicate post seq numbers")
@@ -300,7 +322,7 @@ def _check_line(v: list[str], who: str, p: dict[str, Any]) -> None:
             v.append(f"{who}: {p['kind']} of {len(line)} characters, over {truth.MAX_LINE}")
         if _SECOND_PERSON.search(line):
             v.append(f"{who}: {p['kind']} addresses someone in the second person")
-    elif p["kind"] not in TEXT_KINDS:
+    elif p["kind"] not in TEXT_KINDS and p["kind"] != "recovered":
         v.append(f"{who}: unknown post kind {p['kind']!r}")
 
 
@@ -377,3 +399,38 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     if head is not None and _FENCE.match(head):  # a chunk that is only a reopened and closed fence
         out.append(("", True))
     return out
+
+
+def _check_recovered(v: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
+    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing else."""
+    by_stump: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in posts:
+        by_stump[p["stump_id"]].append(p)
+    published = set()
+    for sid, ps in by_stump.items():
+        ps.sort(key=lambda p: (p["generation_id"] or "", p["seq"]))
+        who = f"stump {sid}"
+        for p in ps:
+            p["content"] = dec(p["content"])
+            _check_line(v, f"post {p['id']} ({who})", p)
+        s = stumps.get(sid)
+        if s is None:
+            v.append(f"{who}: published by {len(ps)} post(s) but no such stump")
+            continue
+        if s["scope"] != "attempt":
+            v.append(f"{who}: a {s['scope']} stump published as recovered text; only set-aside text is")
+        kinds = [p["kind"] for p in ps]
+        if kinds.count("receipt") != 1 or kinds[-1] != "receipt" or set(kinds[:-1]) != {"recovered"}:
+            v.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
+        if len({p["generation_id"] for p in ps}) != 1:
+            v.append(f"{who}: published by posts of more than one generation")
+        problem = _cover(dec(s["text"]), [p["content"] for p in ps if p["kind"] == "recovered"])
+        if problem:
+            v.append(f"{who}: recovered posts are not its text exactly once: {problem}")
+        delivered = [p for p in ps if p["kind"] == "recovered" and p["message_id"] is not None]
+        if delivered:
+            published.add(sid)
+        if delivered and not s["published"]:
+            v.append(f"{who}: its recovered posts were delivered but it is not marked published")
+    for sid, s in stumps.items():
+        s["recovered"] = sid in published

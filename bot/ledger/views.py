@@ -5,7 +5,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from ..generation.records import Block, Generation, Stump
+from ..generation.records import Block, Generation, Stump, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,14 @@ def block_list(blocks: list[Block]) -> str:
                       for b in blocks)
 
 
-def provenance(g: Generation) -> list[str]:
+def tool_round_line(c: ToolCall) -> str:
+    """One tool call by round, name, action and verdict: never its result (a `read` result is stump text)."""
+    action = c.input.get("action") if isinstance(c.input, dict) else None
+    return (f"  round {c.round}.{c.pos + 1} {c.name}" + (f" {action}" if isinstance(action, str) else "")
+            + f" by {c.attempt_id}: {'error' if c.is_error else 'ok'}")
+
+
+def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     """A generation's provenance without any of its text: what moderators and operators inspect first."""
     lines = [f"generation {g.id} · {g.residence} · {g.model}",
              f"status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · {tokens(g.output_tokens)} tokens",
@@ -72,6 +79,9 @@ def provenance(g: Generation) -> list[str]:
         for s in g.segments:
             lines.append(f"  {s.index}: {s.attempt_id} stop {s.stop_reason or 'none'} +{s.chars:,} chars "
                          f"{tokens(s.output_tokens)} tokens, overlap removed {s.overlap_removed}")
+    if calls:
+        lines.append("tool rounds:")
+        lines += [tool_round_line(c) for c in calls]
     if g.stumps:
         lines.append("stumps:")
         lines += ["  " + stump_line(s) for s in g.stumps]
@@ -82,7 +92,7 @@ def provenance(g: Generation) -> list[str]:
     return lines
 
 
-def show(rec: Generation | Stump) -> str:
+def show(rec: Generation | Stump, calls: list[ToolCall] | None = None) -> str:
     if isinstance(rec, Stump):
         return "\n".join([stump_line(rec), f"generation {rec.generation_id}, attempt {rec.attempt_id}", "", rec.text])
-    return "\n".join(provenance(rec) + ["", "text:", rec.text])
+    return "\n".join(provenance(rec, calls) + ["", "text:", rec.text])

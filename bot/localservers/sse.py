@@ -69,3 +69,21 @@ def text_of(raw: bytes) -> str:
                         and d.get("delta", {}).get("type") == "text_delta":
                     out.append(d["delta"]["text"])
     return "".join(out)
+
+
+def tool_use_stream(text: str, tool_id: str, name: str, input_json: str, output_tokens: int = 40,
+                    model: str = "claude-3-opus-20240229", stop_reason: str | None = "tool_use", size: int = 12) -> bytes:
+    """A recorded-style answer that says `text` (if any), then calls tool `name` with `input_json` as streamed."""
+    body = head(model) + b"".join(delta(p) for p in pieces(text, size)) if text else head(model)
+    body += event("content_block_stop", {"type": "content_block_stop", "index": 0})
+    body += event("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
+        "type": "tool_use", "id": tool_id, "name": name, "input": {}}})
+    for p in [""] + pieces(input_json, size):
+        body += event("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                              "delta": {"type": "input_json_delta", "partial_json": p}})
+    body += event("content_block_stop", {"type": "content_block_stop", "index": 1})
+    if stop_reason is not None or output_tokens:
+        body += event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
+                                                                          "stop_sequence": None},
+                                        "usage": {"output_tokens": output_tokens}})
+    return body + event("message_stop", {"type": "message_stop"})

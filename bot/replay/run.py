@@ -6,6 +6,7 @@ room's history is the scenario's turns.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import tempfile
@@ -17,6 +18,7 @@ from ..generation.attempts import AttemptRunner
 from ..generation.records import Post
 from ..generation.run import Generator
 from ..ledger import Ledger
+from ..ledger.access import tool_calls_of
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
 from ..resident import Resident
@@ -77,10 +79,13 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
             else:
                 reply = await resident.continue_generation(room, CHANNEL, None)
             g = reply.generation
+            gj = None
             if g is not None:
                 g = await ledger.get_generation(g.id)
+            if g is not None:
+                gj = {**g.as_json(), "tool_rounds": [c.as_json() for c in await tool_calls_of(ledger, g.id)]}
             turns.append({
-                "generation": g.as_json() if g is not None else None,
+                "generation": gj,
                 "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
                            "replacements": p.replacements}
                           for p in room.sent[first:]],
@@ -119,6 +124,10 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
             lines.append(f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
                          f"{len(g['attempts'])} attempt(s), {len(g['segments'])} segment(s), continuation "
                          f"{g['continuation']['ended']}; provider calls {turn['provider_calls']}")
+            for c in g.get("tool_rounds", []):
+                verdict = "error" if c["is_error"] else "ok"
+                lines.append(f"    tool round {c['round']}: {c['name']} {json.dumps(c['input'], ensure_ascii=False)}"
+                             f" → {verdict}")
             for a in g["attempts"]:
                 blocks = a.get("blocks") or []
                 if len(blocks) > 1 or any(b["type"] != "text" for b in blocks):

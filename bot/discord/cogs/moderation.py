@@ -5,7 +5,8 @@ cog's one `interaction_check` (`checks.moderator_check`), since a guild can over
 Every lookup is scoped to the guild it is asked in and to the channels there where the member
 moderates (`checks.moderation_scope`): a record outside that scope gets the same answer as one that
 does not exist. Replies are ephemeral; a stump's text is shown only where its residence's policy
-lets moderators read stumps, and never reaches the room from here. Failures are answered by the
+lets moderators read stumps and its resident left the stump's access at `moderators`; each showing
+is recorded as a read, and the text never reaches the room from here. Failures are answered by the
 tree's error handler (`checks.on_app_command_error`).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from discord.ext import commands
 from ...delivery import split_text
 from ...generation.records import Generation
 from ...ledger import views
+from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
@@ -94,11 +96,21 @@ class Moderation(commands.Cog):
         head = [views.stump_line(s), f"generation {s.generation_id}, attempt {s.attempt_id}"]
         owner = self.bot.registry.get(s.residence)
         readable = owner is not None and owner.residence.policy.stumps.moderators_read_text
+        access = await access_of(self.ledger, s.id) or "moderators"
+        head.append(f"access: {access} (the resident's choice: "
+                    + ("moderators may read its text)" if access == "moderators" else "moderators may not read its text)"))
+        shown = readable and access == "moderators"
+        if shown:  # recorded before the text is sent
+            user = interaction.user
+            await record_read(self.ledger, s.id, f"{user.name} ({user.id})", "moderator")
+        reads = (await reads_of(self.ledger, [s.id]))[s.id]
+        head.append("text read by: " + ("; ".join(f"{r['reader']}, {r['kind']}, {views.when(r['at'])} UTC"
+                                                   for r in reads) if reads else "no one"))
         if not readable:
             head.append("Text withheld: the residence's policy does not let moderators read stumps.")
-            await self._send_pages(interaction, fenced_pages(head))
-            return
-        pages = fenced_pages(head) + [c for c in split_text(s.text, PAGE)]
+        elif not shown:
+            head.append(f"Text withheld: {s.residence} set this stump private.")
+        pages = fenced_pages(head) + ([c for c in split_text(s.text, PAGE)] if shown else [])
         await self._send_pages(interaction, pages)
 
     @generation.command(name="show", description="Provenance: attempts, segments, stop and discard reasons, counts")
@@ -114,7 +126,7 @@ class Moderation(commands.Cog):
         if g is None:
             await self._say(interaction, f"No generation found for {ref}.")
             return
-        await self._send_pages(interaction, fenced_pages(views.provenance(g)))
+        await self._send_pages(interaction, fenced_pages(views.provenance(g, await tool_calls_of(self.ledger, g.id))))
 
     @policy.command(name="show", description="A resident's policy as it is in force")
     async def policy_show(self, interaction: discord.Interaction, resident: str | None = None) -> None:
