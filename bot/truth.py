@@ -299,3 +299,22 @@ def context_room_line_note(author: str, line: str) -> str:
     so it is set apart as a note, never shown as words the other resident wrote.
     """
     return f"[Boundary note posted with {author}'s output, not written by {author}: {line}]"
+
+
+# Provenance: anyone who can see a channel may check a resident's post there against the ledger
+# (`bot.discord.cogs.provenance`). The answer is figures and hashes; these are its sentences.
+PROVENANCE_NOT_FOUND = "No post of a resident is recorded for that message here."
+PROVENANCE_HASHES = ("Hashes are SHA-256: of a post's content as posted (UTF-8), of a text's exact bytes in the "
+                     "ledger; each ledger entry's hash covers every entry before it.")
+PROVENANCE_MISMATCH = "The ledger no longer matches this entry: the record was changed after the entry was written."
+
+
+def provenance_bad_ref(ref: str) -> str:
+    """The answer to a `/provenance message:` that is neither a message link nor a message id."""
+    return f"Not a message link or id: {ref[:100]!r}."
+
+
+def provenance_closes(count: int) -> str:
+    """Heads the list of the text posts a receipt closes, each with its own hash."""
+    return f"This receipt closes {count} text post{'' if count == 1 else 's'}:" if count else \
+        "This receipt closes no text post (none was posted)."

@@ -310,6 +310,12 @@ async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | No
     return Entry(*rows[0]) if rows else None
 
 
+async def head(db: aiosqlite.Connection) -> tuple[int, str]:
+    """The last entry's sequence number and hash (0 and 64 zeros for an empty chain)."""
+    rows = await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    return (rows[0][0], rows[0][1]) if rows else (0, GENESIS_PREV)
+
+
 def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
     keys = sorted((set(stated) | set(now)) - {"kind", "at"})
     out = []
