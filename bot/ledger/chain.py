@@ -391,9 +391,12 @@ def verify_export(path: Path) -> ExportReport:
     Stops at the first broken line and names it. An export made `--since` an entry starts from that
     entry's `prev` (its anchor, to compare with the ledger's); a whole one starts from 64 zeros.
     """
+    return check_export(path.read_bytes(), str(path))
+
+
+def check_export(data: bytes, name: str) -> ExportReport:
+    """`verify_export` on an export's bytes; `name` is how its lines are named."""
     rep = ExportReport()
-    data = path.read_bytes()
-    name = str(path)
     if not data:
         rep.problem = f"{name}: no entries"
         return rep
