@@ -98,10 +98,13 @@ async def install(db: aiosqlite.Connection) -> None:
 def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
     """The one INSERT that appends an entry; put it in the transaction of the change it records.
 
-    `payload` holds the entry's own fields (ids, counts, hashes: never text); `kind` and `at` are added.
+    `payload` holds the entry's own fields (ids, counts, hashes: never text); `kind`, `at` and, for a
+    record, `id` (the record id the `record` column repeats) are added.
     """
-    body = canonical({**payload, "kind": kind, "at": int(time.time() * 1000)})
-    return (_APPEND, (kind, record, body))
+    entry = {**payload, "kind": kind, "at": int(time.time() * 1000)}
+    if record is not None and entry.setdefault("id", record) != record:
+        raise ValueError(f"a {kind} entry for {record} names another id: {entry['id']!r}")
+    return (_APPEND, (kind, record, canonical(entry)))
 
 
 # ---------------------------------------------------------------------- entries of records
