@@ -147,6 +147,8 @@ def verify(db: str, strict: bool, export_file: Path | None) -> int:
       residents ledger verify --export chain.jsonl
     """
     if export_file is not None:
+        if strict:
+            raise UsageError("--strict checks a ledger's pending generations; an export has none (drop one of them)")
         return _verify_export(export_file)
 
     async def go() -> Report:
