@@ -354,3 +354,22 @@ def context_recovered_note(chars: int, cause: str) -> str:
     origin = _RECOVERED_FROM.get(cause, f"a text set aside ({cause})")
     return (f"[Note: the message above is a recovered fragment of {fmt_tokens(chars)} characters from {origin}, "
             "published later at this resident's request; it is not a reply written at that point.]")
+
+
+# Provenance: anyone who can see a channel may check a resident's post there against the ledger
+# (`bot.discord.cogs.provenance`). The answer is figures and hashes; these are its sentences.
+PROVENANCE_NOT_FOUND = "No post of a resident is recorded for that message here."
+PROVENANCE_HASHES = ("Hashes are SHA-256: of a post's content as posted (UTF-8), of a text's exact bytes in the "
+                     "ledger; each ledger entry's hash covers every entry before it.")
+PROVENANCE_MISMATCH = "The ledger no longer matches this entry: the record was changed after the entry was written."
+
+
+def provenance_bad_ref(ref: str) -> str:
+    """The answer to a `/provenance message:` that is neither a message link nor a message id."""
+    return f"Not a message link or id: {ref[:100]!r}."
+
+
+def provenance_closes(count: int) -> str:
+    """Heads the list of the text posts a receipt closes, each with its own hash."""
+    return f"This receipt closes {count} text post{'' if count == 1 else 's'}:" if count else \
+        "This receipt closes no text post (none was posted)."

@@ -732,14 +732,15 @@ async def test_verify_reports_each_broken_invariant(tmp_path: Path, sql: str, ex
 
 async def test_verify_reports_pending_generations_separately(tmp_path: Path) -> None:
     t = await _cut_ledger(tmp_path)
-    _tamper(t.db, "UPDATE generations SET status='pending'")
-    assert await _violations(t.db) == []
     ledger = await Ledger.open(t.db)
-    try:
+    try:  # a generation begun and not settled (a settled one turned pending by hand breaks its chain entry)
+        pending = Generation(id="g-pending00000", residence="faults", channel="faults", model=MODEL)
+        await ledger.create_generation(pending)
         report = await check(ledger)
     finally:
         await ledger.close()
-    assert report.unsettled == [t.generation.id] and report.violations == []
+    assert await _violations(t.db) == []
+    assert report.unsettled == [pending.id] and report.violations == []
     assert [line for line in await _violations(t.db, unsettled_as_violations=True) if "unsettled" in line]
 
 
@@ -751,7 +752,7 @@ def test_cli_verb_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     _tamper(t.db, "UPDATE posts SET kind='speech'")
     assert cli.main(argv) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out and all(line.startswith(("generation ", "post ", "stump ", "attempt ")) for line in out)
+    assert out and all(line.startswith(("generation ", "post ", "stump ", "attempt ", "chain entry ")) for line in out)
     assert cli.main(["ledger", "verify", "--db", str(tmp_path / "none.db")]) == 2
     assert "none.db" in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()

@@ -1,14 +1,16 @@
-"""`residents ledger list | show | stumps | verify`: the ledger read back, and its invariants checked."""
+"""`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
+hash chain checked, the chain written out for anyone to check offline."""
 from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ..generation.records import Generation, Stump, ToolCall
-from ..ledger import views
+from ..ledger import chain, views
 from ..ledger.access import tool_calls_of
 from ..ledger.verify import Report, check
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
@@ -136,17 +138,27 @@ def stumps(db: str | None, residence: str | None, cause: str | None, limit: int,
 @ledger.command()
 @click.option("--db", metavar="PATH", help=f"The SQLite ledger to check (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--strict", is_flag=True, help="Count generations still pending (unsettled) as violations too.")
-def verify(db: str | None, strict: bool) -> int:
-    """Check every invariant of the ledger.
+@click.option("--export", "export_file", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+              help="Check an export of the chain instead, offline: no ledger is opened.")
+def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
+    """Check every invariant of the ledger, and its hash chain.
 
     Texts kept exactly, one receipt per cut, posts covering each text once, no speech for a
-    generation that did not complete. Exit 1 with one line per violation; exit 0 with one
-    summary line.
+    generation that did not complete; each chain entry linked to the one before, hashing to
+    its content, and each record as its latest entry states it. Exit 1 with one line per
+    violation (the first broken chain entry first); exit 0 with one summary line that ends
+    with the chain's head hash. With --export FILE, checks that file alone.
 
     \b
     Example:
       residents ledger verify --db data/ledger.db --strict
+      residents ledger verify --export chain.jsonl
     """
+    if export_file is not None:
+        if strict:
+            raise UsageError("--strict checks a ledger's pending generations; an export has none (drop one of them)")
+        return _verify_export(export_file)
+
     path = ledger_path(db)
     async def go() -> Report:
         lg = await open_ledger(path)
@@ -167,5 +179,60 @@ def verify(db: str | None, strict: bool) -> int:
         print(f"{len(rep.unsettled)} generation(s) unsettled (pending): " + ", ".join(rep.unsettled[:10])
               + (" …" if len(rep.unsettled) > 10 else ""), file=sys.stderr)
     print(f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
-          f"{rep.undelivered} post(s) undelivered")
+          f"{rep.undelivered} post(s) undelivered; chain of {rep.chain_entries} entries, head {rep.chain_head}")
+    return 0
+
+
+def _verify_export(path: Path) -> int:
+    try:
+        rep = chain.verify_export(path)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read the export: {e.strerror or e}") from None
+    if rep.problem is not None:
+        emit(rep.problem)
+        return 1
+    anchor = "" if rep.first == 1 else f"; it continues entry {rep.first - 1}, whose hash it names as {rep.anchor}"
+    print(f"export ok: entries {rep.first}..{rep.last} ({rep.last - rep.first + 1}), head {rep.head}{anchor}")
+    return 0
+
+
+@ledger.command()
+@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to read.")
+@click.option("--out", "out", required=True, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the chain, one JSON line per entry ('-': standard output).")
+@click.option("--since", type=click.IntRange(min=1), default=1, show_default=True, metavar="ENTRY",
+              help="The first entry to write (its sequence number); earlier ones are left out.")
+def export(db: str, out: Path, since: int) -> int:
+    """Write the hash chain as JSON Lines, for anyone to check offline.
+
+    One canonical JSON object per line (entry, hash, prev, seq): hashes and metadata of every
+    settled record, never their text. `residents ledger verify --export FILE` checks it with
+    no database; the README's "Provenance" section gives the algorithm in a few lines.
+
+    \b
+    Example:
+      residents ledger export --out chain.jsonl
+      residents ledger export --out newer.jsonl --since 1200
+    """
+    async def go() -> tuple[list[chain.Entry], int]:
+        lg = await open_ledger(db)
+        try:
+            head = (await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
+            return await chain.entries(lg.db, since), head
+        finally:
+            await lg.close()
+    entries, head = asyncio.run(go())
+    if since > 1 and not entries:
+        raise UsageError(f"--since {since}: no such entry in {db} (its chain has {head} entries)")
+    data = "".join(e.line + "\n" for e in entries)
+    if str(out) == "-":
+        sys.stdout.write(data)
+    else:
+        try:
+            out.write_text(data, encoding="ascii")
+        except OSError as e:
+            raise UsageError(f"{out}: cannot write the export: {e.strerror or e}") from None
+    where = "standard output" if str(out) == "-" else str(out)
+    span = f"entries {entries[0].seq}..{entries[-1].seq}" if entries else "no entries"
+    print(f"wrote {span} to {where}" + (f"; head {entries[-1].hash}" if entries else ""), file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ from . import checks
 
 log = logging.getLogger(__name__)
 
-COGS = ("bot.discord.cogs.resident", "bot.discord.cogs.moderation")
+COGS = ("bot.discord.cogs.resident", "bot.discord.cogs.moderation", "bot.discord.cogs.provenance")
 
 # Residents never join voice; the warnings about voice libraries would only alarm operators.
 discord.VoiceClient.warn_nacl = False

@@ -64,6 +64,14 @@ def moderation_scope(interaction: discord.Interaction) -> Scope:
     return Scope(tuple(c for c in guild.text_channels if moderates(c.permissions_for(member))))
 
 
+def witness_scope(interaction: discord.Interaction) -> Scope:
+    """The invoking guild's text channels the member can see: the posts whose provenance they may check."""
+    guild, member = interaction.guild, interaction.user
+    if guild is None or not isinstance(member, discord.Member):
+        return Scope()
+    return Scope(tuple(c for c in guild.text_channels if c.permissions_for(member).view_channel))
+
+
 async def on_app_command_error(interaction: discord.Interaction, error: app_commands.AppCommandError) -> None:
     """The command tree's one error handler: every failed invocation is answered (ephemerally), and a
     failure inside a command is logged once, with its traceback."""

@@ -239,6 +239,24 @@ BEGIN
   UPDATE stumps SET published = 1 WHERE id = NEW.stump_id AND published = 0;
 END;
 """)
+# The hash chain (`bot.ledger.chain`): every settled generation, stump, post and delivery appended as
+# an entry whose hash covers the entry before it, in the same transaction as the change it records.
+# `kind` and `record` repeat the entry's own fields, for lookups. Append-only: an UPDATE or DELETE is
+# refused here (a determined editor can drop the triggers, which `ledger verify` then shows).
+step("m025_chain", """
+CREATE TABLE chain (
+  seq INTEGER PRIMARY KEY,      -- 1, 2, 3 ... in the order appended
+  kind TEXT NOT NULL,           -- generation | stump | post | delivered | genesis | ...
+  record TEXT,                  -- the id of the record it attests (NULL for genesis)
+  prev TEXT NOT NULL,           -- the previous entry's hash; 64 zeros for the first
+  body TEXT NOT NULL,           -- the entry: canonical JSON, ASCII
+  hash TEXT NOT NULL            -- SHA-256, lowercase hex, of {"entry":body,"prev":prev,"seq":seq} canonical
+);
+CREATE INDEX chain_record ON chain(record, seq);
+CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain BEGIN SELECT RAISE(ABORT, 'the chain is append-only'); END;
+CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain BEGIN SELECT RAISE(ABORT, 'the chain is append-only'); END;
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

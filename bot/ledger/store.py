@@ -10,6 +10,7 @@ import itertools
 import json
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from collections.abc import Collection
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 import aiosqlite
 
 from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump, join_text
-from . import migrations
+from . import chain, migrations
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class Ledger:
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA foreign_keys=ON")
             await migrations.apply(db)
+            await chain.install(db)
+            await chain.backfill(db)
         except Exception as e:
             await db.close()
             raise LedgerError(f"{path}: not a usable ledger: {e}") from None
@@ -83,20 +86,9 @@ class Ledger:
                 await self.db.execute(*statements[0])
             return
         async with self._lock:
-            await self.db.execute("BEGIN IMMEDIATE")
-            try:
-                # A run of one statement (a reply's posts) goes to the connection's thread in one trip:
-                # a trip per row cost more than the row's write (bench/README.md).
-                for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
-                    rows = [params for _, params in run]
-                    if len(rows) == 1:
-                        await self.db.execute(sql, rows[0])
-                    else:
-                        await self.db.executemany(sql, rows)
-                await self.db.execute("COMMIT")
-            except BaseException:
-                await self.db.execute("ROLLBACK")
-                raise
+            # The whole transaction goes to the connection's thread in one trip: a trip cost more than a
+            # row's write (bench/README.md), and each chain entry is one more statement in it.
+            await self.db._execute(_transaction, self.db._conn, statements)  # aiosqlite's own queue
 
     # ------------------------------------------------------------------ writes
 
@@ -145,7 +137,7 @@ class Ledger:
                         for seq, block, btype, text, start in rows])
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
-        stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps]
+        stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps] + chain.stumps(stumps)
         await self._tx(stmts)
         _stored(stumps)
 
@@ -166,7 +158,7 @@ class Ledger:
                               json.dumps(b.extras, ensure_ascii=False) if b.extras else None)
                   + ((a.id,) if only_if_streaming else ()))
                  for pos, b in enumerate(a.content_blocks())]
-        return stmts + [
+        return stmts + [chain.attempt(a, only_if_streaming=only_if_streaming),
                 ("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
                  " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
                  " WHERE id=?" + guard,
@@ -182,7 +174,7 @@ class Ledger:
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
         if stumps:
-            await self._tx([self._stump_insert(s) for s in stumps])
+            await self._tx([self._stump_insert(s) for s in stumps] + chain.stumps(stumps))
             _stored(stumps)
 
     @staticmethod
@@ -207,11 +199,12 @@ class Ledger:
             stump_id, by = replaced_output
             stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
+        stmts += [chain.generation(g)] + chain.stumps(new_stumps)
         await self._tx(stmts)
         _stored(new_stumps)
 
     async def add_posts(self, posts: list[Post]) -> None:
-        await self._tx([self._post_insert(p) for p in posts])
+        await self._tx([self._post_insert(p) for p in posts] + chain.posts(posts))
 
     async def next_post_seq(self, generation_id: str) -> int:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
@@ -223,7 +216,7 @@ class Ledger:
         post.message_id, post.delivered_at = message_id, time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.
         await self._tx([("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?",
-                         (message_id, post.delivered_at, post.id))])
+                         (message_id, post.delivered_at, post.id)), chain.delivered(post.id, message_id)])
 
     # ------------------------------------------------------------------ reads
 
@@ -432,6 +425,7 @@ class Ledger:
         stmts += self._generation_settle(g)
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [self._post_insert(p) for p in posts]
+        stmts += [chain.generation(g)] + chain.stumps(new_stumps) + chain.posts(posts)
         await self._tx(stmts)
         _stored(new_stumps)
 
@@ -451,6 +445,23 @@ class Ledger:
         return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id)"
                 " VALUES (?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
                                                p.replacements, p.stump_id))
+
+
+def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """BEGIN IMMEDIATE, the statements, COMMIT (or ROLLBACK), run in the connection's own thread."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # A run of one statement (a reply's posts) is one executemany.
+        for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
+            rows = [params for _, params in run]
+            if len(rows) == 1:
+                conn.execute(sql, rows[0])
+            else:
+                conn.executemany(sql, rows)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
 
 
 def _cols(r: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 from .. import truth
 from ..delivery.plan import LIMIT, RECEIPT_PREFIX
 from ..generation.records import Block, join_text
+from . import chain
 from .store import Ledger, dec
 from .verify_tools import check_tool_calls, joined_upto, round_finals
 
@@ -46,6 +47,8 @@ class Report:
     unsettled: list[str] = field(default_factory=list)  # generations still `pending`
     generations: int = 0
     undelivered: int = 0  # posts recorded but not (yet) delivered: resumable, so not a violation
+    chain_entries: int = 0
+    chain_head: str = chain.GENESIS_PREV  # the last entry's hash: what a witness compares an export with
 
     @property
     def ok(self) -> bool:
@@ -103,6 +106,9 @@ async def check(ledger: Ledger) -> Report:
         _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
         _check_blocks(v, g, t["attempts"], t["segments"], t["stumps"], blocks)
         check_tool_calls(v, g, t["attempts"], calls[g["id"]])
+    links = await chain.check(db)  # the first broken entry first, ahead of the invariants
+    rep.violations[:0] = links.violations
+    rep.chain_entries, rep.chain_head = links.entries, links.head
     return rep
 
 

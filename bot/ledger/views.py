@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from typing import Any
 
-from ..generation.records import Block, Generation, Stump, ToolCall
+from .. import truth
+from ..generation.records import Block, Generation, Post, Stump, ToolCall
+from . import chain
+from .chain import Entry
 
 log = logging.getLogger(__name__)
 
@@ -96,3 +100,58 @@ def show(rec: Generation | Stump, calls: list[ToolCall] | None = None) -> str:
     if isinstance(rec, Stump):
         return "\n".join([stump_line(rec), f"generation {rec.generation_id}, attempt {rec.attempt_id}", "", rec.text])
     return "\n".join(provenance(rec, calls) + ["", "text:", rec.text])
+
+
+def _entry_line(entry: Entry | None, now: dict[str, Any]) -> list[str]:
+    """Which chain entry records a record, and a warning when the record no longer says what it does."""
+    if entry is None:
+        return ["  ledger entry: none"]
+    lines = [f"  ledger entry {entry.seq} · hash {entry.hash}"]
+    stated = json.loads(entry.body)
+    if any(stated.get(k) != v for k, v in now.items()):
+        lines.append("  " + truth.PROVENANCE_MISMATCH)
+    return lines
+
+
+def post_provenance(message_id: str, post: Post, g: Generation | None, closes: list[Post],
+                    entries: dict[tuple[str, str], Entry], head: tuple[int, str]) -> list[str]:
+    """What any witness of a post may know of it: metadata and hashes, never any text (no stump, no reasoning).
+
+    `entries` maps (kind, record id) to the latest chain entry of that record; `closes` are the text posts
+    a receipt closes (`chain.closed_by`); `head` is the chain's last entry (sequence number, hash).
+    """
+    def post_lines(p: Post, label: str, indent: str = "  ") -> list[str]:
+        now = chain.post_payload(p)
+        out = [f"sha256 {chain.sent_sha256(p.content)}"]
+        if "sent_sha256" in now:
+            out.append(f"sha256 of the exact text in the ledger {now['content_sha256']} "
+                       f"({p.replacements} lone surrogate(s) posted as U+FFFD)")
+        out += [line.strip() for line in _entry_line(entries.get(("post", p.id)), now)]
+        sent = entries.get(("delivered", p.id))
+        if sent is not None:
+            out.append(f"delivered as message {p.message_id}: entry {sent.seq}")
+        return [label] + [indent + line for line in out]
+
+    where = f" of generation {post.generation_id}" if post.generation_id else ""
+    lines = post_lines(post, f"message {message_id}: {post.kind} post {post.seq}{where} · {len(post.content):,} chars")
+    if post.kind == "receipt":
+        lines.append(truth.provenance_closes(len(closes)))
+        for p in closes:
+            lines += post_lines(p, f"  {p.kind} post {p.seq} · message {p.message_id or 'not delivered'} · "
+                                   f"{len(p.content):,} chars", indent="    ")
+    if g is not None:
+        lines += [f"generation {g.id} · {g.residence} · {g.model}",
+                  f"  status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · "
+                  f"{tokens(g.output_tokens)} tokens",
+                  f"  canonical text sha256 {chain.sha256_text(g.text)}"]
+        lines += _entry_line(entries.get(("generation", g.id)), chain.generation_payload(g))
+        lines.append(f"attempts ({len(g.attempts)}):")
+        for a in g.attempts:
+            cause = a.stop_reason or a.discard_reason or "-"
+            entry = entries.get(("attempt", a.id))
+            lines.append(f"  {a.id} seg {a.segment} #{a.index} {a.outcome} · {cause}"
+                         + (f" ({a.error})" if a.error and a.error != cause else "")
+                         + f" · {a.chars:,} chars · {tokens(a.output_tokens)} tokens"
+                         + (f" · entry {entry.seq}" if entry is not None else ""))
+    lines += [f"ledger chain: {head[0]:,} entries, head {head[1]}", truth.PROVENANCE_HASHES]
+    return lines

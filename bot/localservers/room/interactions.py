@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import payloads
-from .model import FLAG_EPHEMERAL, FLAG_LOADING, MSG_CHAT_INPUT_COMMAND, ApiError, Channel, Command, Interaction, \
+from .model import FLAG_EPHEMERAL, FLAG_LOADING, ApiError, Channel, Command, Interaction, \
     Message, RoomEvent, form_error, unknown
 from .state import RoomState, Upload
 
@@ -28,19 +28,31 @@ class Interactions:
         self.state = state
 
     def create(self, channel: Channel, member: str, command: Command, options: list[dict[str, Any]] | None, *,
-               moderator: bool | None) -> Interaction:
-        """`member` runs `command` in `channel`; dispatched to the command's bot as INTERACTION_CREATE."""
+               moderator: bool | None, target: str | None = None) -> Interaction:
+        """`member` runs `command` in `channel`; dispatched to the command's bot as INTERACTION_CREATE.
+
+        A message command (type 3) runs on `target`, a message of `channel`, sent resolved as on Discord."""
         state = self.state
         user = state.person(member, channel.guild, moderator=moderator)
         perms = state.permissions(user, channel)
         if not perms.view_channel:
             raise ApiError(403, 50001, f"{user.name} cannot see {channel.ref}")
         bot = state.users[command.application_id]
-        opts = self._typed(list(options or []), command.data.get("options") or [])
+        message = None
+        if command.type == 3:
+            if target is None:
+                raise ApiError(400, 50035, f"the message command {command.name!r} needs a target message id")
+            message = state.message(channel, target)
+            opts: list[dict[str, Any]] = []
+        else:
+            opts = self._typed(list(options or []), command.data.get("options") or [])
         inter = Interaction(id=state.ids.next(), token=secrets.token_urlsafe(32).replace("-", "x").replace("_", "y"),
-                            bot=bot, channel=channel, user=user, command=command, options=opts)
+                            bot=bot, channel=channel, user=user, command=command, options=opts, target=message)
+        resolved = self._resolved(channel, opts)
+        if message is not None:
+            resolved["messages"] = {str(message.id): payloads.message(message)}
         inter.payload = payloads.interaction(inter, channel.guild.members[user.id], perms,
-                                             state.permissions(bot, channel), self._resolved(channel, opts))
+                                             state.permissions(bot, channel), resolved)
         state.interactions[inter.id] = inter
         state.emit(RoomEvent("interaction_create", interaction=inter, channel=channel))
         return inter
@@ -131,9 +143,9 @@ class Interactions:
         state = self.state
         if ctype == 4:
             message = state.create_message(inter.channel, inter.bot, data, attachments=attachments,
-                                           mtype=MSG_CHAT_INPUT_COMMAND, interaction=inter, allow_ephemeral=True)
+                                           mtype=inter.message_type, interaction=inter, allow_ephemeral=True)
         elif ctype == 5:
-            message = state.create_message(inter.channel, inter.bot, {"content": ""}, mtype=MSG_CHAT_INPUT_COMMAND,
+            message = state.create_message(inter.channel, inter.bot, {"content": ""}, mtype=inter.message_type,
                                            interaction=inter, allow_empty=True, store=False)
             message.flags = FLAG_LOADING | (int(data.get("flags") or 0) & FLAG_EPHEMERAL)
             if not message.ephemeral:
@@ -154,7 +166,7 @@ class Interactions:
         if inter.deferred_pending and inter.original is not None:
             original = inter.original
             probe = state.create_message(inter.channel, inter.bot, body, attachments=attachments, allow_ephemeral=True,
-                                         mtype=MSG_CHAT_INPUT_COMMAND, interaction=inter,
+                                         mtype=inter.message_type, interaction=inter,
                                          store=False)  # validates like a new message
             inter.deferred_pending = False
             original.flags &= ~FLAG_LOADING
@@ -167,7 +179,7 @@ class Interactions:
             self.record(inter, "followup", message=original)
             return original
         msg = state.create_message(inter.channel, inter.bot, body, attachments=attachments, allow_ephemeral=True,
-                                   mtype=MSG_CHAT_INPUT_COMMAND, interaction=inter)
+                                   mtype=inter.message_type, interaction=inter)
         inter.followups.append(msg)
         self.record(inter, "followup", message=msg)
         return msg

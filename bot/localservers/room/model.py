@@ -37,6 +37,7 @@ BOTS_ROLE = "bots"
 MSG_DEFAULT = 0
 MSG_REPLY = 19
 MSG_CHAT_INPUT_COMMAND = 20
+MSG_CONTEXT_MENU_COMMAND = 23  # the answer to a message or user command
 FLAG_SUPPRESS_EMBEDS = 1 << 2
 FLAG_EPHEMERAL = 1 << 6
 FLAG_LOADING = 1 << 7
@@ -262,7 +263,8 @@ class Command:
 
 @dataclass(eq=False)
 class Interaction:
-    """One slash-command invocation and everything the bot answered."""
+    """One application-command invocation (a slash command, or a message command on `target`) and
+    everything the bot answered."""
 
     id: int
     token: str
@@ -278,6 +280,12 @@ class Interaction:
     followups: list[Message] = field(default_factory=list)
     responses: list[dict[str, Any]] = field(default_factory=list)
     payload: dict[str, Any] = field(default_factory=dict)  # INTERACTION_CREATE's body, fixed when invoked
+    target: Message | None = None  # a message command's (type 3) message: `data.target_id`, resolved
+
+    @property
+    def message_type(self) -> int:
+        """The type of the messages that answer it: a slash command's, or a context menu command's."""
+        return MSG_CHAT_INPUT_COMMAND if self.command.type == 1 else MSG_CONTEXT_MENU_COMMAND
 
 
 @dataclass

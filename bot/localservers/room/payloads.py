@@ -165,8 +165,12 @@ def interaction(inter: Interaction, who: Member, perms: discord.Permissions, app
                 resolved: dict[str, Any]) -> dict[str, Any]:
     """INTERACTION_CREATE: `member.permissions` is the invoker's permissions in the channel, overwrites applied."""
     g = inter.channel.guild
-    data: dict[str, Any] = {"id": str(inter.command.id), "name": inter.command.name, "type": 1,
-                            "options": inter.options, "resolved": resolved}
+    data: dict[str, Any] = {"id": str(inter.command.id), "name": inter.command.name, "type": inter.command.type,
+                            "resolved": resolved}
+    if inter.target is not None:
+        data["target_id"] = str(inter.target.id)
+    else:
+        data["options"] = inter.options
     if inter.command.guild_id is not None:
         data["guild_id"] = str(inter.command.guild_id)
     return {

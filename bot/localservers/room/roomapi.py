@@ -45,7 +45,7 @@ class Room(Protocol):
              allowed_mentions: dict[str, Any] | None = ...) -> dict[str, Any]: ...
     async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = ...,
                              options: list[dict[str, Any]] | None = ..., moderator: bool | None = ...,
-                             timeout: float = ..., settle: float = ...) -> dict[str, Any]: ...
+                             timeout: float = ..., settle: float = ..., target: str | None = ...) -> dict[str, Any]: ...
     async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
     def faults_view(self) -> dict[str, Any]: ...
     def fail_message_posts(self, status: int = ..., *, nth: int = ..., times: int = ..., retry_after: float = ...,
@@ -95,6 +95,7 @@ class RoomApi:
         return json_response(view, status=201)
 
     async def invoke_command(self, request: web.Request) -> web.Response:
+        """`target_id`: run the message command `name` on that message (its Apps menu), not a slash command."""
         body = require_dict((await read_body(request))[0])
         channel = body.get("channel") or body.get("channel_id")  # an id, a name or guild/channel
         if not channel:
@@ -106,6 +107,7 @@ class RoomApi:
             str(channel), str(body["member"]), str(body["name"]), bot=body.get("bot"),
             options=body.get("options"), moderator=body.get("moderator"),
             timeout=float(body.get("timeout", 10.0)), settle=float(body.get("settle", 0.25)),
+            target=str(body["target_id"]) if body.get("target_id") is not None else None,
         )
         return json_response(result)
 

@@ -180,18 +180,20 @@ class RoomServer:
 
     async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = None,
                              options: list[dict[str, Any]] | None = None, moderator: bool | None = None,
-                             timeout: float = 10.0, settle: float = 0.25) -> dict[str, Any]:
+                             timeout: float = 10.0, settle: float = 0.25, target: str | None = None) -> dict[str, Any]:
         """Run /name as `member` in `channel`; wait for the callback and follow-ups (quiet for `settle` s).
 
-        The member's roles in the channel's guild, with the channel's overwrites, decide the permissions
-        the bot is told; `moderator` is the default room's shortcut for its `moderator` role.
+        With `target` (a message id in `channel`), run the message command `name` on that message, as
+        its Apps menu does. The member's roles in the channel's guild, with the channel's overwrites,
+        decide the permissions the bot is told; `moderator` is the default room's shortcut for its
+        `moderator` role.
         """
         ch = self.state.channel_by_ref(channel)
-        command = self.state.find_command(name, bot, ch.guild)
+        command = self.state.find_command(name, bot, ch.guild, 1 if target is None else 3)
         owner = self.state.users[command.application_id]
         if not self.gateway.live_sessions(owner):
             raise ApiError(409, 0, f"bot {owner.name!r} has no gateway session")
-        inter = self.desk.create(ch, member, command, options, moderator=moderator)
+        inter = self.desk.create(ch, member, command, options, moderator=moderator, target=target)
         timed_out = await self._await_responses(inter, timeout, settle)
         return {
             "interaction_id": str(inter.id), "command": command.name, "bot": owner.name,

@@ -403,9 +403,11 @@ class RoomState:
             del self.commands[gone.id]
         return kept
 
-    def find_command(self, name: str, bot_name: str | None, guild: Guild) -> Command:
-        """`guild`'s command first, then global; `bot_name` may be omitted when only one app has `name`."""
-        candidates = [c for c in self.commands.values() if c.name == name and c.type == 1
+    def find_command(self, name: str, bot_name: str | None, guild: Guild, ctype: int = 1) -> Command:
+        """`guild`'s command first, then global; `bot_name` may be omitted when only one app has `name`.
+
+        `ctype`: 1 a slash command, 3 a message command (a message's Apps menu)."""
+        candidates = [c for c in self.commands.values() if c.name == name and c.type == ctype
                       and c.guild_id in (None, guild.id)]
         if bot_name is not None:
             bot = self.bot_by_name(bot_name)

@@ -1,0 +1,448 @@
+"""The ledger's hash chain: every settled record appended as an entry whose hash covers the entry before.
+
+Why: the ledger is the only memory of what a resident emitted; a witness who sees a post, and an
+auditor given an export, should be able to check that the ledger was not rewritten afterwards.
+
+An entry is a JSON object of hashes and metadata, never text (an export reveals no stump text):
+
+- `generation` — a settlement (again at each /continue): status, stop reason, counts, SHA-256 of the
+  canonical text, its segments;
+- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts, SHA-256 of
+  its text and of each content block (reasoning and tool input included, by hash only);
+- `stump` — a stump as stored: cause, scope, counts, SHA-256 of its text;
+- `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
+  lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
+- `delivered` — the message id a post got;
+- `genesis` — first on a ledger that had records before the chain: the `backfill` entries after it
+  were written from those records when the chain began.
+
+Every entry has `kind`, `at` (milliseconds since the epoch when appended) and the record's id.
+
+The algorithm (the README's "Provenance" section has it in a few lines of Python):
+
+    canonical(x) = json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    hash(n)      = sha256(canonical({"entry": entry(n), "prev": hash(n-1), "seq": n})).hexdigest()
+    hash(0)      = "0" * 64
+
+Text is hashed as its exact bytes in the ledger: UTF-8, lone surrogates passed through
+(`str.encode("utf-8", "surrogatepass")`). An export is one line per entry,
+`canonical({"entry", "hash", "prev", "seq"})` + "\\n", so one changed byte anywhere fails the check.
+
+Appending: `append(kind, record, payload)` returns one `(sql, params)` INSERT to put in the same
+transaction as the change it records (`Ledger._tx`), so a crash never leaves a record without its
+entry or an entry without its record. The INSERT reads the head itself, under the transaction's
+write lock; the hash is computed by `chain_hash`, a function `install` registers on the connection.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import aiosqlite
+
+from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump
+from ..text import outbound
+
+log = logging.getLogger(__name__)
+
+GENESIS_PREV = "0" * 64
+Statement = tuple[str, tuple[Any, ...]]
+RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered")
+
+
+def canonical(obj: Any) -> str:
+    """The one serialisation that is hashed: sorted keys, no spaces, every non-ASCII character escaped."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def sha256_text(text: str | bytes) -> str:
+    """SHA-256 of a text's exact bytes as the ledger stores them (UTF-8, lone surrogates passed through)."""
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()
+
+
+def sent_sha256(content: str) -> str:
+    """SHA-256 of a post as it left for the room (valid UTF-8: lone surrogates as U+FFFD): what a witness sees."""
+    return hashlib.sha256(outbound(content)[0].encode("utf-8")).hexdigest()
+
+
+def entry_hash(seq: int, prev: str, body: str) -> str:
+    """hash(n): `body` is the entry's canonical JSON; this is canonical({"entry","prev","seq"}), hashed."""
+    return hashlib.sha256(f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'.encode("ascii")).hexdigest()
+
+
+def export_line(seq: int, prev: str, body: str, digest: str) -> str:
+    """One export line: canonical({"entry","hash","prev","seq"}) (keys in that, sorted, order)."""
+    return f'{{"entry":{body},"hash":"{digest}","prev":"{prev}","seq":{int(seq)}}}'
+
+
+_APPEND = ("INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, ?, ?, p, b, chain_hash(n, p, b) FROM"
+           " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
+           " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), printf('%064d', 0)) AS p, ? AS b)")
+
+
+_IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
+
+
+async def install(db: aiosqlite.Connection) -> None:
+    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it."""
+    await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
+
+
+def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
+    """The one INSERT that appends an entry; put it in the transaction of the change it records.
+
+    `payload` holds the entry's own fields (ids, counts, hashes: never text); `kind`, `at` and, for a
+    record, `id` (the record id the `record` column repeats) are added.
+    """
+    entry = {**payload, "kind": kind, "at": int(time.time() * 1000)}
+    if record is not None and entry.setdefault("id", record) != record:
+        raise ValueError(f"a {kind} entry for {record} names another id: {entry['id']!r}")
+    return (_APPEND, (kind, record, canonical(entry)))
+
+
+# ---------------------------------------------------------------------- entries of records
+# One builder per kind, used when a record is written, when old records are backfilled and when
+# `verify` rebuilds what each record's latest entry must say: the three can never disagree.
+
+def attempt_payload(a: Attempt) -> dict[str, Any]:
+    return {"id": a.id, "generation_id": a.generation_id, "segment": a.segment, "index": a.index, "outcome": a.outcome, "stop_reason": a.stop_reason,
+            "discard_reason": a.discard_reason, "error": a.error, "chars": a.chars, "output_tokens": a.output_tokens,
+            "text_sha256": sha256_text(a.text),
+            "blocks": [{"index": b.index, "type": b.type, "chars": b.chars, "sha256": sha256_text(b.content)}
+                       for b in a.content_blocks()]}
+
+
+def generation_payload(g: Generation) -> dict[str, Any]:
+    return {"id": g.id, "residence": g.residence, "channel": g.channel, "model": g.model, "status": g.status,
+            "stop_reason": g.stop_reason, "chars": g.chars, "output_tokens": g.output_tokens,
+            "text_sha256": sha256_text(g.text), "standing": g.standing, "continuation_ended": g.continuation_ended,
+            "segments": [{"index": s.index, "attempt_id": s.attempt_id, "stop_reason": s.stop_reason, "chars": s.chars,
+                          "output_tokens": s.output_tokens, "overlap_removed": s.overlap_removed}
+                         for s in sorted(g.segments, key=lambda s: s.index)]}
+
+
+def stump_payload(s: Stump) -> dict[str, Any]:
+    return {"id": s.id, "generation_id": s.generation_id, "attempt_id": s.attempt_id, "residence": s.residence,
+            "scope": s.scope, "cause": s.cause, "chars": s.chars, "output_tokens": s.output_tokens,
+            "text_sha256": sha256_text(s.text), "block": s.block, "block_type": s.block_type}
+
+
+def post_payload(p: Post) -> dict[str, Any]:
+    out = {"id": p.id, "generation_id": p.generation_id, "channel": p.channel, "seq": p.seq, "post_kind": p.kind,
+           "chars": len(p.content), "content_sha256": sha256_text(p.content)}
+    sent = sent_sha256(p.content)
+    if sent != out["content_sha256"]:
+        out["sent_sha256"] = sent
+    return out
+
+
+def delivered_payload(post_id: str, message_id: str) -> dict[str, Any]:
+    return {"id": post_id, "message_id": message_id}
+
+
+def generation(g: Generation) -> Statement:
+    return append("generation", g.id, generation_payload(g))
+
+
+def attempt(a: Attempt, only_if_streaming: bool = False) -> Statement:
+    """An attempt's entry; `only_if_streaming` (recovery) appends it only if the attempt's settling UPDATE,
+    which follows it in the transaction, will find it still streaming (as the UPDATE's own guard does)."""
+    sql, params = append("attempt", a.id, attempt_payload(a))
+    if only_if_streaming:
+        return (sql + _IF_STREAMING, params + (a.id,))
+    return (sql, params)
+
+
+def stumps(items: Iterable[Stump]) -> list[Statement]:
+    return [append("stump", s.id, stump_payload(s)) for s in items]
+
+
+def posts(items: Iterable[Post]) -> list[Statement]:
+    return [append("post", p.id, post_payload(p)) for p in items]
+
+
+def delivered(post_id: str, message_id: str) -> Statement:
+    return append("delivered", post_id, delivered_payload(post_id, message_id))
+
+
+def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
+    """The text posts a receipt closes: its generation's partials and speech since the previous receipt."""
+    out: list[Post] = []
+    for p in sorted(all_posts, key=lambda p: p.seq):
+        if p.generation_id != receipt.generation_id or p.seq >= receipt.seq:
+            continue
+        if p.kind == "receipt":
+            out = []
+        elif p.kind in ("partial", "speech"):
+            out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------------- reading records back
+
+def _dec(blob: bytes | str | None) -> str:
+    if blob is None:
+        return ""
+    return blob if isinstance(blob, str) else bytes(blob).decode("utf-8", "surrogatepass")
+
+
+async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, Any]]]:
+    """(kind, record id, payload) of the entry each record's latest entry must match, read from the ledger.
+
+    Settled generations and attempts, every stump, every post and every delivery.
+    """
+    rows = db.execute_fetchall
+    blocks: dict[str, list[Block]] = defaultdict(list)
+    for b in await rows("SELECT attempt_id, idx, type, content FROM attempt_blocks ORDER BY attempt_id, pos"):
+        blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for a in await rows("SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
+                        " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"):
+        rec = Attempt(id=a[0], generation_id=a[1], segment=a[2], index=a[3], outcome=a[4], stop_reason=a[5],
+                      discard_reason=a[6], error=a[7], text=_dec(a[8]), output_tokens=a[9], blocks=blocks.get(a[0], []))
+        out.append(("attempt", rec.id, attempt_payload(rec)))
+    segments: dict[str, list[Segment]] = defaultdict(list)
+    for s in await rows("SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed"
+                        " FROM segments"):
+        segments[s[0]].append(Segment(s[1], s[2], s[3], s[4], s[5], s[6]))
+    for g in await rows("SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
+                        " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"):
+        rec = Generation(id=g[0], residence=g[1], channel=g[2], model=g[3], status=g[4], stop_reason=g[5],
+                         text=_dec(g[6]), output_tokens=g[7], standing=g[8], continuation_ended=g[9],
+                         segments=segments.get(g[0], []))
+        out.append(("generation", rec.id, generation_payload(rec)))
+    for s in await rows("SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
+                        " block_type FROM stumps ORDER BY rowid"):
+        stump = Stump(id=s[0], generation_id=s[1], attempt_id=s[2], residence=s[3], scope=s[4], cause=s[5],
+                      text=_dec(s[6]), output_tokens=s[7], block=s[8], block_type=s[9])
+        out.append(("stump", stump.id, stump_payload(stump)))
+    delivered_: list[tuple[str, str, dict[str, Any]]] = []
+    for p in await rows("SELECT id, generation_id, seq, kind, content, channel, message_id FROM posts ORDER BY rowid"):
+        post = Post(id=p[0], generation_id=p[1], seq=p[2], kind=p[3], content=_dec(p[4]), channel=p[5], replacements=0)
+        out.append(("post", post.id, post_payload(post)))
+        if p[6] is not None:
+            delivered_.append(("delivered", post.id, delivered_payload(post.id, p[6])))
+    return out + delivered_
+
+
+async def backfill(db: aiosqlite.Connection) -> int:
+    """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
+    record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
+    if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
+        return 0
+    if not (await db.execute_fetchall("SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
+                                      " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"))[0][0]:
+        return 0
+    await db.execute("BEGIN IMMEDIATE")
+    try:
+        if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
+            await db.execute("ROLLBACK")
+            return 0
+        entries = await expected(db)
+        await db.execute(*append("genesis", None, {"backfill": len(entries)}))
+        for kind, record, payload in entries:
+            await db.execute(*append(kind, record, payload))
+        await db.execute("COMMIT")
+    except BaseException:
+        await db.execute("ROLLBACK")
+        raise
+    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", len(entries))
+    return len(entries)
+
+
+# ---------------------------------------------------------------------- checking
+
+@dataclass
+class ChainReport:
+    """What `check` found: one line per problem, the first broken entry first; the head when whole."""
+    violations: list[str] = field(default_factory=list)
+    entries: int = 0
+    head: str = GENESIS_PREV
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    kind: str
+    record: str | None
+    prev: str
+    body: str
+    hash: str
+
+    @property
+    def line(self) -> str:
+        return export_line(self.seq, self.prev, self.body, self.hash)
+
+
+def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str | None:
+    """Why entry `e` does not follow the entry (last_seq, last_hash), or does not hash to itself."""
+    if e.seq != last_seq + 1:
+        return f"follows entry {last_seq}" + (f"; entries {last_seq + 1}..{e.seq - 1} are missing"
+                                              if e.seq > last_seq + 1 else "")
+    if e.prev != last_hash:
+        return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
+    try:
+        obj = json.loads(e.body)
+    except ValueError:
+        return "its body is not JSON"
+    if not isinstance(obj, dict) or canonical(obj) != e.body:
+        return "its body is not canonical JSON"
+    if entry_hash(e.seq, e.prev, e.body) != e.hash:
+        return "its hash does not match its content"
+    if obj.get("kind") != e.kind or (obj.get("id") if e.kind != "genesis" else None) != e.record:
+        return f"its kind/record columns ({e.kind}, {e.record}) differ from the entry's own"
+    return None
+
+
+async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
+    return [Entry(*r) for r in await db.execute_fetchall(
+        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq >= ? ORDER BY seq", (since,))]
+
+
+async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:
+    """The newest entry of `kind` for a record: the one a Provenance answer names."""
+    rows = await db.execute_fetchall("SELECT seq, kind, record, prev, body, hash FROM chain"
+                                     " WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1", (record, kind))
+    return Entry(*rows[0]) if rows else None
+
+
+async def head(db: aiosqlite.Connection) -> tuple[int, str]:
+    """The last entry's sequence number and hash (0 and 64 zeros for an empty chain)."""
+    rows = await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    return (rows[0][0], rows[0][1]) if rows else (0, GENESIS_PREV)
+
+
+def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    keys = sorted((set(stated) | set(now)) - {"kind", "at"})
+    out = []
+    for k in keys:
+        if stated.get(k) != now.get(k):
+            a, b = stated.get(k), now.get(k)
+            if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+                out.append(k)
+            else:
+                out.append(f"{k} (entry {_short(a)}, ledger {_short(b)})")
+    return out
+
+
+def _short(v: Any) -> str:
+    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=True)
+    return s[:16] + "…" if len(s) > 20 else s
+
+
+async def check(db: aiosqlite.Connection) -> ChainReport:
+    """The chain hashes link up, and each record's latest entry still says what the record says."""
+    rep = ChainReport()
+    found: list[tuple[int, str]] = []
+    last_seq, last_hash = 0, GENESIS_PREV
+    newest: dict[tuple[str, str], Entry] = {}
+    for e in await entries(db):
+        problem = _link_problem(e, last_seq, last_hash)
+        if problem:
+            found.append((e.seq, f"chain entry {e.seq}" + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
+                          + f": {problem}"))
+        if e.kind in RECORD_KINDS and e.record is not None:
+            newest[(e.kind, e.record)] = e
+        last_seq, last_hash = e.seq, e.hash
+        rep.entries += 1
+    rep.head = last_hash
+    for kind, record, payload in await expected(db):
+        e = newest.pop((kind, record), None)
+        what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
+        if e is None:
+            found.append((last_seq + 1, f"{what}: not in the chain"))
+            continue
+        try:
+            stated = json.loads(e.body)
+        except ValueError:
+            continue  # already reported as a broken link
+        diff = _differs(stated, payload)
+        if diff:
+            found.append((e.seq, f"chain entry {e.seq} ({kind} {record}): the ledger no longer matches it: "
+                          + ", ".join(diff)))
+    for (kind, record), e in newest.items():
+        found.append((e.seq, f"chain entry {e.seq} ({kind} {record}): the record it attests is "
+                      + ("no longer delivered" if kind == "delivered" else "not in the ledger")
+                      + (" (or no longer settled)" if kind == "generation" else "")))
+    rep.violations = [line for _, line in sorted(found, key=lambda f: f[0])]
+    return rep
+
+
+@dataclass
+class ExportReport:
+    problem: str | None = None
+    first: int = 0
+    last: int = 0
+    anchor: str = GENESIS_PREV
+    head: str = GENESIS_PREV
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def verify_export(path: Path) -> ExportReport:
+    """Check an export with no database: each line canonical, linked to the one before, hashing to itself.
+
+    Stops at the first broken line and names it. An export made `--since` an entry starts from that
+    entry's `prev` (its anchor, to compare with the ledger's); a whole one starts from 64 zeros.
+    """
+    return check_export(path.read_bytes(), str(path))
+
+
+def check_export(data: bytes, name: str) -> ExportReport:
+    """`verify_export` on an export's bytes; `name` is how its lines are named."""
+    rep = ExportReport()
+    if not data:
+        rep.problem = f"{name}: no entries"
+        return rep
+    if not data.endswith(b"\n"):
+        rep.problem = f"{name}: the last line is not terminated by a newline (the file was cut or changed)"
+        return rep
+    last_seq, last_hash = None, None
+    for n, raw in enumerate(data[:-1].split(b"\n"), 1):
+        where = f"{name}:{n}"
+        try:
+            text = raw.decode("ascii")
+            obj = json.loads(text)
+        except (UnicodeDecodeError, ValueError) as e:
+            rep.problem = f"{where}: not a JSON line of the export ({type(e).__name__})"
+            return rep
+        if not isinstance(obj, dict) or set(obj) != {"entry", "hash", "prev", "seq"} \
+                or not isinstance(obj["seq"], int) or isinstance(obj["seq"], bool) or obj["seq"] < 1 \
+                or not isinstance(obj["entry"], dict) or not _hex64(obj["prev"]) or not _hex64(obj["hash"]):
+            rep.problem = f"{where}: not an entry (keys entry, hash, prev, seq with their types)"
+            return rep
+        seq = obj["seq"]
+        label = f"{where}: entry {seq}"
+        if canonical(obj) != text:
+            rep.problem = f"{label}: not in canonical form (the line was changed)"
+            return rep
+        if last_seq is None:
+            rep.first, rep.anchor = seq, obj["prev"]
+            if seq == 1 and obj["prev"] != GENESIS_PREV:
+                rep.problem = f"{label}: the first entry must name {GENESIS_PREV[:8]}… (64 zeros) as its previous hash"
+                return rep
+        elif seq != last_seq + 1:
+            rep.problem = f"{label}: follows entry {last_seq}"
+            return rep
+        elif obj["prev"] != last_hash:
+            rep.problem = f"{label}: its previous hash is not entry {last_seq}'s hash"
+            return rep
+        if entry_hash(seq, obj["prev"], canonical(obj["entry"])) != obj["hash"]:
+            rep.problem = f"{label}: its hash does not match its content"
+            return rep
+        last_seq, last_hash = seq, obj["hash"]
+    rep.last, rep.head = last_seq or 0, last_hash or GENESIS_PREV
+    return rep
+
+
+def _hex64(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)

@@ -1,0 +1,288 @@
+"""The ledger's hash chain, over the real pipeline and the real CLI: every settled record is in it, in the
+same transaction; editing one row with sqlite makes `residents ledger verify` name that record's entry;
+an export verifies offline — by the CLI and by the README's few lines — and fails after any one byte
+changes; an old ledger begins its chain at a marked genesis.
+
+The ledgers are made by `residents replay` of the bundled scenarios: a retried attempt (an abandoned
+attempt and its stump), a cut reply (partials and a receipt), and a cut inside reasoning (a thinking block).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot import cli
+from bot.generation.records import Generation, Stump
+from bot.ledger import Ledger, chain
+from bot.ledger.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ("retry", "ceiling", "thinking-cut")
+
+
+def replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str], scenarios: tuple[str, ...] = SCENARIOS) -> Path:
+    db = tmp_path / "ledger.db"
+    for name in scenarios:
+        assert cli.main(["replay", str(ROOT / "scenarios" / f"{name}.yaml"), "--db", str(db), "--json"]) == 0
+    capsys.readouterr()
+    return db
+
+
+def sql(db: Path, statement: str, params: tuple = ()) -> list[tuple]:
+    con = sqlite3.connect(db)
+    try:
+        rows = con.execute(statement, params).fetchall()
+        con.commit()
+        return rows
+    finally:
+        con.close()
+
+
+def script(db: Path, statements: str) -> None:
+    con = sqlite3.connect(db)
+    try:
+        con.executescript(statements)
+    finally:
+        con.close()
+
+
+def entry_of(db: Path, kind: str, record: str) -> int:
+    [(seq,)] = sql(db, "SELECT max(seq) FROM chain WHERE kind=? AND record=?", (kind, record))
+    assert seq is not None, f"no {kind} entry for {record}"
+    return seq
+
+
+def run_verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:
+    code = cli.main(["ledger", "verify", *args])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def texts(db: Path) -> list[str]:
+    """Every text the ledger holds: what no entry, export or answer may contain."""
+    found = []
+    for table, column in (("generations", "text"), ("attempts", "text"), ("stumps", "text"), ("posts", "content"),
+                          ("attempt_blocks", "content")):
+        found += [bytes(r[0]).decode("utf-8", "surrogatepass") for r in sql(db, f"SELECT {column} FROM {table}") if r[0]]
+    return found
+
+
+def test_every_settled_record_is_in_the_chain_and_verify_ends_with_the_head(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    counts = dict(sql(db, "SELECT kind, count(*) FROM chain GROUP BY kind"))
+    [(gens,)] = sql(db, "SELECT count(*) FROM generations WHERE status != 'pending'")
+    [(attempts,)] = sql(db, "SELECT count(*) FROM attempts WHERE outcome != 'streaming'")
+    [(stumps,)] = sql(db, "SELECT count(*) FROM stumps")
+    [(posts,)] = sql(db, "SELECT count(*) FROM posts")
+    [(delivered,)] = sql(db, "SELECT count(*) FROM posts WHERE message_id IS NOT NULL")
+    assert counts == {"generation": gens, "attempt": attempts, "stump": stumps, "post": posts, "delivered": delivered}
+    assert stumps == 3 and posts > 4 and delivered == posts  # a retry stump, a cut output, a cut reasoning block
+    [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 0 and out == [out[0]] and out[0].endswith(f"; chain of {last} entries, head {head}")
+    bodies = "\n".join(r[0] for r in sql(db, "SELECT body FROM chain"))
+    for text in texts(db):  # hashes and metadata only
+        for i in range(0, max(1, len(text) - 16), 8):
+            assert text[i:i + 16] not in bodies or not text[i:i + 16].strip(), text[i:i + 16]
+
+
+EDITS = [  # (what a person changes with sqlite, the kind of entry, which record's entry it is)
+    ("UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'", "stump",
+     "SELECT id FROM stumps WHERE cause='retry-abandoned'"),
+    ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE kind='partial' AND seq=2", "post",
+     "SELECT id FROM posts WHERE kind='partial' AND seq=2"),
+    ("UPDATE posts SET message_id='999' WHERE kind='receipt' AND generation_id IN"
+     " (SELECT generation_id FROM posts WHERE kind='partial')", "delivered",
+     "SELECT id FROM posts WHERE message_id='999'"),
+    ("UPDATE attempt_blocks SET content=CAST('other reasoning' AS BLOB), chars=15 WHERE type='thinking'", "attempt",
+     "SELECT attempt_id FROM attempt_blocks WHERE type='thinking'"),
+    ("UPDATE attempts SET error='edited_error' WHERE rowid=(SELECT min(rowid) FROM attempts WHERE outcome='abandoned')",
+     "attempt", "SELECT id FROM attempts WHERE error='edited_error'"),
+    # No invariant of the records alone can see this one: only the chain does.
+    ("UPDATE generations SET output_tokens=output_tokens+1 WHERE stop_reason='max_tokens' AND chars > 0", "generation",
+     "SELECT id FROM generations WHERE stop_reason='max_tokens' AND chars > 0"),
+]
+
+
+@pytest.mark.parametrize("edit,kind,record_sql", EDITS, ids=[e[1] + str(i) for i, e in enumerate(EDITS)])
+def test_editing_one_row_makes_verify_name_its_entry(tmp_path, capsys, edit, kind, record_sql):
+    db = replayed(tmp_path, capsys)
+    assert run_verify(capsys, "--db", str(db))[0] == 0
+    sql(db, edit)
+    [(record,)] = sql(db, record_sql)
+    seq = entry_of(db, kind, record)
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1
+    assert out[0].startswith(f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: "), out
+
+
+def test_a_changed_or_missing_chain_entry_is_named(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):  # the table refuses edits ...
+        sql(db, "UPDATE chain SET body=body WHERE seq=3")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        sql(db, "DELETE FROM chain WHERE seq=3")
+    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")  # ... until someone forces it
+    [(kind, record, body)] = sql(db, "SELECT kind, record, body FROM chain WHERE seq=3")
+    changed = body.replace('"chars":', '"chars":1', 1)
+    assert changed != body
+    sql(db, "UPDATE chain SET body=? WHERE seq=3", (changed,))
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1 and out[0] == f"chain entry 3 ({kind} {record}): its hash does not match its content", out
+    sql(db, "UPDATE chain SET body=? WHERE seq=3", (body,))
+    assert run_verify(capsys, "--db", str(db))[0] == 0
+    sql(db, "DELETE FROM chain WHERE seq=5")
+    code, out = run_verify(capsys, "--db", str(db))
+    [(kind6, record6)] = sql(db, "SELECT kind, record FROM chain WHERE seq=6")
+    assert code == 1 and out[0] == f"chain entry 6 ({kind6} {record6}): follows entry 4; entries 5..5 are missing"
+    assert any(line.endswith(": not in the chain") for line in out), out  # the record entry 5 stated
+
+
+def test_a_record_written_without_its_entry_is_named(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    sql(db, "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
+            " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
+            " FROM stumps WHERE cause='retry-abandoned'")
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1 and "stump s-unchained00: not in the chain" in out, out
+
+
+def test_an_export_verifies_offline_and_fails_after_any_one_byte_changes(tmp_path, capsys):
+    db = replayed(tmp_path, capsys, ("ceiling",))  # a cut: its attempt, generation, stump, posts and deliveries
+    out = tmp_path / "chain.jsonl"
+    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out)]) == 0
+    [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    assert f"wrote entries 1..{last} to {out}; head {head}" in capsys.readouterr().err
+    data = out.read_bytes()
+    assert data.count(b"\n") == last
+    for text in texts(db):
+        assert text[:40].encode("utf-8", "surrogatepass") not in data or not text[:40].strip()
+
+    nowhere = tmp_path / "no-ledger-here.db"  # offline: no database is opened, or made
+    code, said = run_verify(capsys, "--export", str(out), "--db", str(nowhere))
+    assert code == 0 and said == [f"export ok: entries 1..{last} ({last}), head {head}"] and not nowhere.exists()
+
+    checked = 0
+    for i in range(len(data)):  # every single byte, changed: never accepted
+        changed = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+        assert not chain.check_export(changed, "bad.jsonl").ok, f"a change of byte {i} was accepted"
+        checked += 1
+    assert checked == len(data) > 4000
+
+    bad = tmp_path / "bad.jsonl"
+    at = data.index(b'"chars":') + len(b'"chars":')  # one digit of the first entry's character count
+    bad.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
+    code, said = run_verify(capsys, "--export", str(bad))
+    assert code == 1 and said == [f"{bad}:1: entry 1: its hash does not match its content"]
+    bad.write_bytes(data[:-40])
+    assert run_verify(capsys, "--export", str(bad))[0] == 1
+
+
+def _readme_checker(tmp_path: Path) -> Path:
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"```python\n(# check_export\.py.*?)```", readme, re.S)
+    assert m, "the README's export checker is gone"
+    path = tmp_path / "check_export.py"
+    path.write_text(m.group(1))
+    return path
+
+
+def test_the_readmes_few_lines_check_an_export_too(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    out = tmp_path / "chain.jsonl"
+    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out)]) == 0
+    checker = _readme_checker(tmp_path)
+    [(head,)] = sql(db, "SELECT hash FROM chain ORDER BY seq DESC LIMIT 1")
+    run = subprocess.run([sys.executable, str(checker), str(out)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0 and run.stdout.strip().endswith(f"head {head}"), run.stderr
+    data = out.read_bytes()
+    for i in range(0, len(data), max(1, len(data) // 12)):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:])
+        run = subprocess.run([sys.executable, str(checker), str(bad)], capture_output=True, text=True, timeout=30)
+        assert run.returncode != 0, f"the README's checker accepted a change of byte {i}"
+
+
+def test_an_export_since_an_entry_starts_from_its_anchor(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    out = tmp_path / "newer.jsonl"
+    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out), "--since", "5"]) == 0
+    [(anchor,)] = sql(db, "SELECT hash FROM chain WHERE seq=4")
+    [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    code, said = run_verify(capsys, "--export", str(out))
+    assert code == 0 and said == [f"export ok: entries 5..{last} ({last - 4}), head {head}; it continues entry 4, "
+                                  f"whose hash it names as {anchor}"]
+    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out), "--since", str(last + 1)]) == 2
+    assert f"--since {last + 1}: no such entry" in capsys.readouterr().err
+
+
+def test_an_old_ledger_begins_its_chain_at_a_marked_genesis(tmp_path, capsys):
+    db = replayed(tmp_path, capsys)
+    before = dict(sql(db, "SELECT kind, count(*) FROM chain GROUP BY kind"))
+    # The ledger as it was before the chain: no table, no migration recorded.
+    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete; DROP TABLE chain;"
+               " DELETE FROM _migrations WHERE name='m025_chain';")
+    code, out = run_verify(capsys, "--db", str(db))  # opening it applies m025 and backfills
+    assert code == 0, out
+    [(body,)] = sql(db, "SELECT body FROM chain WHERE seq=1")
+    genesis = json.loads(body)
+    assert (genesis["kind"], genesis["backfill"]) == ("genesis", sum(before.values()))
+    assert dict(sql(db, "SELECT kind, count(*) FROM chain WHERE seq > 1 GROUP BY kind")) == before
+    run_verify(capsys, "--db", str(db))  # opened again: nothing more is backfilled
+    assert sql(db, "SELECT count(*) FROM chain") == [(sum(before.values()) + 1,)]
+    sql(db, "UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'")
+    [(sid,)] = sql(db, "SELECT id FROM stumps WHERE cause='retry-abandoned'")
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1 and out[0].startswith(f"chain entry {entry_of(db, 'stump', sid)} (stump {sid}): ")
+
+
+async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_path):
+    ledger = await Ledger.open(tmp_path / "l.db")
+    try:
+        assert await ledger.db.execute_fetchall("SELECT * FROM chain") == []  # nothing before anything settles
+        g = Generation(id="g-atomic000000", residence="cairn", channel="1", model="claude-3-opus-20240229")
+        await ledger.create_generation(g)
+        first = Stump("s-first0000000", g.id, None, "retry-abandoned", "kept", None, residence="cairn")
+        await ledger.add_stumps([first])
+        entries = await ledger.db.execute_fetchall("SELECT count(*) FROM chain")
+        clash = Stump("s-first0000000", g.id, None, "retry-abandoned", "again", None, residence="cairn")
+        g.status, g.stop_reason, g.text = "completed", "end_turn", ""
+        with pytest.raises(sqlite3.IntegrityError):
+            await ledger.finish_generation(g, [Stump("s-second000000", g.id, None, "max_tokens", "x", None), clash])
+        assert await ledger.db.execute_fetchall("SELECT count(*) FROM chain") == entries
+        assert (await ledger.get_generation(g.id)).status == "pending"  # type: ignore[union-attr]
+        assert await ledger.get_stump("s-second000000") is None
+        assert await verify(ledger) == []
+
+        # Another kind of entry (a stump's access, say) appended with the change it records: linked and hashed,
+        # and a change to it is named like any other.
+        await ledger._tx([("UPDATE stumps SET published=0 WHERE id=?", (first.id,)),
+                          chain.append("stump_access", first.id, {"id": first.id, "access": "private"})])
+        assert await verify(ledger) == []
+    finally:
+        await ledger.close()
+    db = tmp_path / "l.db"
+    script(db, "DROP TRIGGER chain_no_update;")
+    sql(db, "UPDATE chain SET body=replace(body, 'private', 'moderators') WHERE kind='stump_access'")
+    ledger = await Ledger.open(db)
+    try:
+        [line] = await verify(ledger)
+        assert re.fullmatch(r"chain entry \d+ \(stump_access s-first0000000\): its hash does not match its content", line)
+    finally:
+        await ledger.close()
+
+
+def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
+    async def go() -> list:
+        ledger = await Ledger.open(tmp_path / "new.db")
+        try:
+            return await ledger.db.execute_fetchall("SELECT * FROM chain")
+        finally:
+            await ledger.close()
+    assert asyncio.run(go()) == []
