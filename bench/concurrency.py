@@ -19,7 +19,7 @@ from typing import Any
 import bot.generation.attempts as attempts_mod
 from bot.config import Residence
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.records import Attempt, Stump
+from bot.records import Attempt, Stump
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import make_client

@@ -12,7 +12,7 @@ from typing import Any
 
 from bot.delivery import plan
 from bot.generation.attempts import FLUSH_CHARS
-from bot.generation.records import Attempt, Generation, Post, Segment, Stump, new_id
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.ledger import Ledger
 
 from . import streams

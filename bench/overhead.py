@@ -23,7 +23,7 @@ import anthropic
 from bot.config import Residence
 from bot.delivery import plan
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.records import Attempt, Generation, Post, new_id
+from bot.records import Attempt, Generation, Post, new_id
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import ListSink, make_client, stream_once

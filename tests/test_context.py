@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bot.context import RoomMessage, compile_request, continuation_request
-from bot.generation.records import Generation, Post, Segment, Stump
+from bot.records import Generation, Post, Segment, Stump
 
 from conftest import residence
 

@@ -27,7 +27,7 @@ import pytest
 from bot import truth
 from bot.config import build_residence
 from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.generation.records import Attempt, Generation, Post, Segment, Stump, new_id
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.generation.recovery import RoomUnavailable, Seen, resume_delivery, settle_interrupted
 from bot.generation.run import Generator
 from bot.ledger import Ledger

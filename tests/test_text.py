@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from bot import cli, truth
 from bot.delivery import LIMIT, plan, split_text
-from bot.generation.records import Attempt, Generation, new_id
+from bot.records import Attempt, Generation, new_id
 from bot.generation.recovery import Seen, resume_delivery, settle_interrupted
 from bot.ledger import Ledger
 from bot.ledger.verify import _cover, verify

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..generation.records import Generation, Stump
+from ..records import Generation, Stump
 from ..ledger import views
 from ..ledger.verify import Report, check
 from .common import DEFAULT_DB, UsageError, emit, emit_json, open_ledger

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import models, truth
 from ..config import Residence
-from ..generation.records import Generation, Post
+from ..records import Generation, Post
 from ..text import SUBTEXT
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from .. import truth
-from ..generation.records import Generation
+from ..records import Generation
 from .plan import Planned, notice
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..generation.records import Post
+from ..records import Post
 from ..generation.recovery import ResumeRoom, RoomUnavailable, resume_generation
 from ..ledger import Ledger
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from ..generation.records import Post
+from ..records import Post
 from ..ledger import Ledger
 
 log = logging.getLogger(__name__)

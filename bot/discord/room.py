@@ -18,7 +18,7 @@ import discord
 
 from ..context import RoomMessage
 from ..generation.recovery import RoomUnavailable, Seen
-from ..generation.records import Post
+from ..records import Post
 from ..text import outbound
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..provider import BlockSink, stream_once
-from .records import Attempt, Generation, Stump, join_text, new_id
+from ..records import Attempt, Generation, Stump, join_text, new_id
 
 log = logging.getLogger(__name__)
 

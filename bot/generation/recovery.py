@@ -39,7 +39,7 @@ from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
 from ..text import outbound
 from .attempts import block_stumps
-from .records import Attempt, Generation, Post, Segment, Stump, new_id
+from ..records import Attempt, Generation, Post, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from ..config import Residence
 from ..context import continuation_request
 from ..continuation import judge_segment
 from .attempts import AttemptRunner, block_stumps
-from .records import Attempt, Generation, Segment, Stump, new_id
+from ..records import Attempt, Generation, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
 

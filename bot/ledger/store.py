@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 import aiosqlite
 
-from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump, join_text
+from ..records import Attempt, Block, Generation, Post, Segment, Stump, join_text
 from . import migrations
 
 log = logging.getLogger(__name__)

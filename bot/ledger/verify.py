@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import truth
 from ..delivery.plan import LIMIT, RECEIPT_PREFIX
-from ..generation.records import Block, join_text
+from ..records import Block, join_text
 from .store import Ledger, dec
 
 log = logging.getLogger(__name__)

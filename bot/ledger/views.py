@@ -5,7 +5,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from ..generation.records import Block, Generation, Stump
+from ..records import Block, Generation, Stump
 
 log = logging.getLogger(__name__)
 

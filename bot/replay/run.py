@@ -14,7 +14,7 @@ from typing import Any
 
 from ..context import RoomMessage
 from ..generation.attempts import AttemptRunner
-from ..generation.records import Post
+from ..records import Post
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..localservers.provider import ProviderServer

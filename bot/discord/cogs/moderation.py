@@ -19,7 +19,7 @@ from discord import app_commands
 from discord.ext import commands
 
 from ...delivery import split_text
-from ...generation.records import Generation
+from ...records import Generation
 from ...ledger import views
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check

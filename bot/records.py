@@ -11,8 +11,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .. import truth
-from ..text import outbound
+from . import truth
+from .text import outbound
 
 log = logging.getLogger(__name__)
 
