@@ -23,9 +23,9 @@ from .delivery.keys import KeyRejections
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.send import Room, deliver
-from .records import Generation, Post, new_id
 from .generation.run import Generator, never
 from .ledger import Ledger
+from .records import Generation, Post, new_id
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from ..delivery import plan
 from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
 from ..text import outbound
-from .attempts import block_stumps
 from ..records import Attempt, Generation, Post, Segment, Stump, new_id
+from .attempts import block_stumps
 
 log = logging.getLogger(__name__)
 

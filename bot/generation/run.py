@@ -13,10 +13,9 @@ from typing import Any
 
 from .. import truth
 from ..config import Residence
-from ..context import continuation_request
-from ..continuation import judge_segment
-from .attempts import AttemptRunner, block_stumps
+from ..continuation import continuation_request, judge_segment
 from ..records import Attempt, Generation, Segment, Stump, new_id
+from .attempts import AttemptRunner, block_stumps
 
 log = logging.getLogger(__name__)
 
