@@ -32,6 +32,8 @@ CONTINUATION_ENDS = ("not-needed", "disabled", "completed", "segment-limit", "to
                      "no-progress", "repetition", "superseded", "error")
 
 MAX_LINE = 200  # receipts and notices stay compact
+LIMIT = 2000  # characters in one Discord message: delivery splits to it, the ledger's verify holds posts to it
+RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech
 
 
 def outcome_of_stop(stop_reason: str | None, *, has_tools: bool = False) -> Outcome:

@@ -15,7 +15,6 @@ from typing import Any
 from .. import truth
 from ..config import Residence
 from ..records import Generation, Post
-from ..text import SUBTEXT
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, G
         if not m.is_self:
             post = posts.get(m.id) if m.is_bot else None
             if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
-                turns.append(("user", truth.context_room_line_note(m.author, post.content.removeprefix(SUBTEXT))))
+                turns.append(("user", truth.context_room_line_note(m.author, post.content.removeprefix(truth.RECEIPT_PREFIX))))
                 continue
             turns.append(("user", f"{m.author}: {m.content}"))
             continue

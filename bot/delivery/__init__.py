@@ -1,4 +1,5 @@
 """Delivery planning: outcome → posts by kind, within Discord's limits."""
-from .plan import LIMIT, Planned, plan, plan_continuation, split_text
+from ..truth import LIMIT
+from .plan import Planned, plan, plan_continuation, split_text
 
 __all__ = ["LIMIT", "Planned", "plan", "plan_continuation", "split_text"]

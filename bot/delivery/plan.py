@@ -13,12 +13,11 @@ import re
 from dataclasses import dataclass, replace
 
 from .. import truth
+from ..truth import LIMIT, RECEIPT_PREFIX
 from ..text import escape_subtext
 
 log = logging.getLogger(__name__)
 
-LIMIT = 2000
-RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
 

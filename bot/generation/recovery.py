@@ -35,7 +35,6 @@ from typing import Protocol
 
 from .. import truth
 from ..delivery import plan
-from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
 from ..text import outbound
 from ..records import Attempt, Generation, Post, Segment, Stump, new_id
@@ -191,7 +190,7 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
                                       chars=g.chars))
     calls = sorted({a.segment for a in cut})
-    posts = _posts(g, [("receipt", RECEIPT_PREFIX + line)] * len(calls) if line else [])
+    posts = _posts(g, [("receipt", truth.RECEIPT_PREFIX + line)] * len(calls) if line else [])
     g.stumps += stumps
     await ledger.recover_generation(g, cut, stumps, posts)
     log.warning("generation %s (%s): %d continuation attempt(s) cut by a stop closed as interrupted",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import truth
-from ..delivery.plan import LIMIT, RECEIPT_PREFIX
+from ..truth import LIMIT, RECEIPT_PREFIX
 from ..records import Block, join_text
 from .store import Ledger, dec
 
