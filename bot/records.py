@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -200,6 +201,19 @@ class Post:
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "seq": self.seq, "kind": self.kind, "content": self.content,
                 "message_id": self.message_id, "replacements": self.replacements}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A post as delivery plans it, before it is numbered and recorded."""
+    kind: truth.PostKind
+    content: str
+
+
+def numbered(planned: Iterable[Planned], generation_id: str | None, channel: str, start: int) -> list[Post]:
+    """The posts for `planned`, numbered on from `start` (the ledger's `next_post_seq` of the generation)."""
+    return [Post(id=new_id("p-"), generation_id=generation_id, seq=start + i, kind=p.kind, content=p.content,
+                 channel=channel) for i, p in enumerate(planned)]
 
 
 @dataclass

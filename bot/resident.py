@@ -18,14 +18,14 @@ from . import truth
 from .config import Residence
 from .context import RoomMessage, compile_request
 from .context.compile import ledger_message_ids, own_generation_ids
-from .delivery import Planned, plan, plan_continuation
+from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.send import Room, deliver
 from .generation.run import Generator, never
 from .ledger import Ledger
-from .records import Generation, Post, new_id
+from .records import Generation, Planned, Post, numbered
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +132,7 @@ class Resident:
 
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
         start = await self.ledger.next_post_seq(g.id) if g is not None else 1
-        posts = [Post(id=new_id("p-"), generation_id=g.id if g else None, seq=start + i, kind=p.kind,
-                      content=p.content, channel=channel) for i, p in enumerate(planned)]
+        posts = numbered(planned, g.id if g else None, channel, start)
         await self.ledger.add_posts(posts)
         if g is not None:
             g.posts += posts

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from .. import truth
-from ..records import Generation
-from .plan import Planned, notice
+from ..records import Generation, Planned
+from .plan import notice
 
 log = logging.getLogger(__name__)
 

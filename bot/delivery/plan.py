@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .. import truth
+from ..records import Planned
 from ..truth import LIMIT, RECEIPT_PREFIX
 from ..text import escape_subtext
 
@@ -20,12 +21,6 @@ log = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
-
-
-@dataclass(frozen=True)
-class Planned:
-    kind: truth.PostKind
-    content: str
 
 
 def split_text(text: str, limit: int = LIMIT, *, escape: bool = False) -> list[str]:

@@ -17,7 +17,7 @@ import aiohttp
 import discord
 
 from ..context import RoomMessage
-from ..generation.recovery import RoomUnavailable, Seen
+from ..delivery.resume import RoomUnavailable, Seen
 from ..records import Post
 from ..text import outbound
 

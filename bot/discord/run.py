@@ -21,8 +21,8 @@ import discord
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
 from ..delivery.outbox import Backoff, Outbox
+from ..delivery.resume import recover
 from ..generation.attempts import AttemptRunner
-from ..generation.recovery import settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
@@ -135,7 +135,7 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         raise
     try:
         # Before any bot connects: what a stopped process left open is settled and planned.
-        await settle_interrupted(ledger, {r.name for r in dep.residences})
+        await recover(ledger, {r.name for r in dep.residences})
     except BaseException:
         await ledger.close()
         await client.close()

@@ -399,7 +399,7 @@ class Ledger:
         return [r[0] for r in await self.db.execute_fetchall(
             "SELECT id FROM generations WHERE status='pending' ORDER BY created_at")]
 
-    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery)
+    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
 
     async def streaming_generations(self) -> list[str]:
         """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
