@@ -25,7 +25,7 @@ from .delivery.plan import notice as notice_post
 from .delivery.send import Room, deliver
 from .generation.run import Generator, never
 from .ledger import Ledger
-from .records import Generation, Planned, Post, numbered
+from .records import Generation, Planned, Post, PostReason, numbered
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ class Resident:
             planned = self.key_rejections.review(g, channel, planned)
         set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
         if set_aside and self.residence.policy.notices.retry_abandoned:
-            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))
+            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)),
+                                       PostReason.ABANDONED_NOTICE))
         posts = await self._record(g, planned, channel)
         await self._deliver(room, posts, queued)
         return Reply(g, posts)
@@ -111,7 +112,8 @@ class Resident:
         return Reply(g, posts)
 
     async def _decline(self, room: Room, channel: str, g: Generation | None, reason: str) -> Reply:
-        posts = await self._record(g, [notice_post(truth.declined_continue(reason))], channel)
+        posts = await self._record(g, [notice_post(truth.declined_continue(reason), PostReason.DECLINED_CONTINUE)],
+                                   channel)
         await self._deliver(room, posts)
         return Reply(g, posts, declined=reason)
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 
 from .. import truth
-from ..records import Planned
+from ..records import Planned, PostKind, PostReason
 from ..truth import LIMIT, RECEIPT_PREFIX
 from ..text import escape_subtext
 
@@ -149,11 +149,12 @@ def plan(e: truth.Ending, text: str) -> list[Planned]:
     """Posts for a settled generation: its text by kind, then at most one boundary line."""
     kind = truth.text_kind(e.status)
     if kind is not None and text.strip():
-        out = [Planned(kind, c) for c in split_text(text, escape=True)]
+        out = [Planned(kind, c, PostReason.TEXT) for c in split_text(text, escape=True)]
         line = truth.receipt(e)
-        return out + ([Planned("receipt", RECEIPT_PREFIX + line)] if line else [])
+        return out + ([Planned(PostKind.RECEIPT, RECEIPT_PREFIX + line, PostReason.RECEIPT)] if line else [])
     line = truth.notice(e if text.strip() else replace(e, chars=0))
-    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line)] if line else []
+    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line, truth.no_text_line_reason(e.status))] \
+        if line else []
 
 
 def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
@@ -161,12 +162,13 @@ def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
     out: list[Planned] = []
     kind = truth.text_kind(e.status)
     if kind is not None and added:
-        out += [Planned(kind, c) for c in split_text(added, escape=True)]
+        out += [Planned(kind, c, PostReason.TEXT) for c in split_text(added, escape=True)]
     line = truth.receipt(e)
     if line:
-        out.append(Planned("receipt", RECEIPT_PREFIX + line))
+        out.append(Planned(PostKind.RECEIPT, RECEIPT_PREFIX + line, PostReason.RECEIPT))
     return out
 
 
-def notice(line: str) -> Planned:
-    return Planned("notice", RECEIPT_PREFIX + line)
+def notice(line: str, reason: PostReason) -> Planned:
+    """A notice that is not a generation's boundary line (a declined /continue, a retry, a refused key)."""
+    return Planned(PostKind.NOTICE, RECEIPT_PREFIX + line, reason)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .. import truth
 from ..ledger import Ledger
-from ..records import Attempt, Generation, Planned, Segment, Stump, new_id, numbered
+from ..records import Attempt, Generation, Planned, PostKind, PostReason, Segment, Stump, new_id, numbered
 from .attempts import block_stumps
 
 log = logging.getLogger(__name__)
@@ -144,8 +144,8 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
                                       chars=g.chars))
     calls = sorted({a.segment for a in cut})
-    posts = numbered([Planned("receipt", truth.RECEIPT_PREFIX + line)] * len(calls) if line else [], g.id, g.channel,
-                     await ledger.next_post_seq(g.id))
+    receipt = Planned(PostKind.RECEIPT, truth.RECEIPT_PREFIX + line, PostReason.RECEIPT) if line else None
+    posts = numbered([receipt] * len(calls) if receipt else [], g.id, g.channel, await ledger.next_post_seq(g.id))
     g.posts += posts
     g.stumps += stumps
     await ledger.recover_generation(g, cut, stumps, posts)

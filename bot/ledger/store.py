@@ -17,7 +17,9 @@ from typing import Any, Iterable
 
 import aiosqlite
 
-from ..records import Attempt, Block, Generation, Post, Segment, Stump, join_text
+from ..records import (Attempt, Block, ContinuationEnd, Generation, Outcome, Post, PostKind, PostReason, Segment,
+                       Status, Stump, StumpScope, join_text)
+from ..text import outbound
 from . import migrations
 
 log = logging.getLogger(__name__)
@@ -237,9 +239,9 @@ class Ledger:
     async def _generation(self, r: aiosqlite.Row) -> Generation:
         cols = _cols(r)
         g = Generation(id=cols["id"], residence=cols["residence"], channel=cols["channel"], model=cols["model"],
-                       status=cols["status"], stop_reason=cols["stop_reason"], text=dec(cols["text"]),
+                       status=Status(cols["status"]), stop_reason=cols["stop_reason"], text=dec(cols["text"]),
                        output_tokens=cols["output_tokens"], standing=cols["standing"],
-                       continuation_ended=cols["continuation_ended"], trigger=cols["trigger"],
+                       continuation_ended=ContinuationEnd(cols["continuation_ended"]), trigger=cols["trigger"],
                        seen_upto=cols["seen_upto"],
                        request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
                        created_at=cols["created_at"], finished_at=cols["finished_at"])
@@ -273,7 +275,7 @@ class Ledger:
                 own = await self.streamed_blocks(a["id"])
                 text = join_text(own)
             out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
-                               outcome=a["outcome"], stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
+                               outcome=Outcome(a["outcome"]), stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
                                error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
                                replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"],
                                stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
@@ -447,9 +449,11 @@ class Ledger:
 
     @staticmethod
     def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
-        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements)"
-                " VALUES (?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
-                                             p.replacements))
+        if p.replacements is None:
+            p.replacements = outbound(p.content)[1]
+        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, reason)"
+                " VALUES (?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
+                                               p.replacements, p.reason))
 
 
 def _cols(r: Any) -> dict[str, Any]:
@@ -465,7 +469,7 @@ def _stump(r: Any) -> Stump:
     """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
     s = _cols(r)
     return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
-                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=s["scope"],
+                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=StumpScope(s["scope"]),
                  published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
                  residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"],
                  block=s.get("block"), block_type=s.get("block_type"))
@@ -473,6 +477,9 @@ def _stump(r: Any) -> Stump:
 
 def _post(r: Any) -> Post:
     p = _cols(r)
-    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=p["kind"], content=dec(p["content"]),
+    content = dec(p["content"])
+    replacements = p.get("replacements")
+    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=PostKind(p["kind"]), content=content,
                 channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"],
-                replacements=p.get("replacements"))
+                replacements=outbound(content)[1] if replacements is None else replacements,
+                reason=PostReason(p["reason"]))
