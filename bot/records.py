@@ -342,6 +342,11 @@ class Generation:
     def chars(self) -> int:
         return len(self.text)
 
+    def segments_tokens(self) -> int | None:
+        """Output tokens over all segments, by the provider's own counts; None if any count is missing."""
+        tokens = [s.output_tokens for s in self.segments]
+        return sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
+
     @property
     def last_segment_tokens(self) -> int | None:
         return self.segments[-1].output_tokens if self.segments else None
@@ -371,3 +376,22 @@ class Generation:
                 "segments": [s.as_json() for s in self.segments],
                 "continuation": {"standing": self.standing, "ended": self.continuation_ended},
                 "created_at": self.created_at, "finished_at": self.finished_at}
+
+
+def make_stump(g: Generation, a: Attempt, cause: Cause | str, scope: StumpScope, block: Block | None = None) -> Stump:
+    """The one way a stump is made; what it holds follows from its scope.
+
+    `attempt`: the text of attempt `a`, set aside; `output`: the generation's canonical text and
+    tokens, standing on `a`, its last segment's attempt; `block`: the content of `block`, a non-text
+    block `a` stopped in. Output tokens are the provider's own figure, or None (never an estimate).
+    """
+    if scope == StumpScope.OUTPUT:
+        text, tokens = g.text, g.output_tokens
+    elif scope == StumpScope.BLOCK:
+        assert block is not None
+        text, tokens = block.content, a.output_tokens
+    else:
+        text, tokens = a.text, a.output_tokens
+    return Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=text, output_tokens=tokens,
+                 scope=scope, residence=g.residence, block=block.index if block is not None else None,
+                 block_type=block.type if block is not None else None)

@@ -223,6 +223,13 @@ def abandoned_notice(count: int, chars: int) -> str:
     return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside as stumps.")
 
 
+def standing_refusal(standing: str, residence: str) -> str | None:
+    """Why a /continue may not run under a residence's continuation standing, or None: only `on-request` allows it."""
+    if standing != "on-request":
+        return f"the continuation standing of {residence} is {standing}, not on-request"
+    return None
+
+
 def declined_continue(reason: str) -> str:
     return _compact(f"Continuation not available: {reason}.")
 

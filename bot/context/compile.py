@@ -8,7 +8,6 @@ notes, never as that resident's words; a person's line that looks like one stays
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +15,9 @@ from .. import truth
 from ..config import Residence
 from ..records import Generation, Post
 
-log = logging.getLogger(__name__)
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
-
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,8 @@ def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, G
         if not m.is_self:
             post = posts.get(m.id) if m.is_bot else None
             if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
-                turns.append(("user", truth.context_room_line_note(m.author, post.content.removeprefix(truth.RECEIPT_PREFIX))))
+                line = post.content.removeprefix(truth.RECEIPT_PREFIX)
+                turns.append(("user", truth.context_room_line_note(m.author, line)))
                 continue
             turns.append(("user", f"{m.author}: {m.content}"))
             continue

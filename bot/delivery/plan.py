@@ -8,18 +8,15 @@ owns.
 """
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import replace
 
 from .. import truth
 from ..records import Planned, PostKind, PostReason
 from ..truth import LIMIT, RECEIPT_PREFIX
-from ..text import escape_subtext
+from ..text import FENCE_LINE, escape_subtext
 
-log = logging.getLogger(__name__)
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
 
 
@@ -87,7 +84,7 @@ def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: in
         return cut
     end = text.find("\n", cut)
     end = len(text) if end < 0 else end
-    m = _FENCE.match(text[cut:end])
+    m = FENCE_LINE.match(text[cut:end])
     if m and not m.group(2).strip() and m.group(1)[0] == open_after.lstrip()[0] and end <= limit:
         return end
     back = cut
@@ -98,7 +95,7 @@ def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: in
 
 def _reopen(fence: str) -> str:
     """A plain ``` fence with the block's language, so every chunk's fences read the same way."""
-    m = _FENCE.match(fence)
+    m = FENCE_LINE.match(fence)
     info = m.group(2).strip() if m else ""
     return "```" + (info if len(info) <= 20 else "") + "\n"
 
@@ -135,7 +132,7 @@ def _fence_state(piece: str, fence: str | None, at_line_start: bool, at_line_end
             continue  # the tail of a line cut in the previous chunk: not a line of its own
         if i == len(lines) - 1 and not at_line_end and (line or len(lines) == 1):
             continue  # a line the next chunk finishes: judged there... by its start, which is here
-        m = _FENCE.match(line)
+        m = FENCE_LINE.match(line)
         if not m:
             continue
         if fence is None:

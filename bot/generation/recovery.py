@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .. import truth
 from ..ledger import Ledger
-from ..records import Attempt, Generation, Planned, PostKind, PostReason, Segment, Stump, new_id, numbered
+from ..records import Attempt, Generation, Planned, PostKind, PostReason, Segment, StumpScope, make_stump, numbered
 from .attempts import block_stumps
 
 log = logging.getLogger(__name__)
@@ -103,16 +103,13 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         g.continuation_ended = "disabled" if final.stop_reason == "max_tokens" else "not-needed"
     else:
         g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
-    tokens = [s.output_tokens for s in g.segments]
-    g.output_tokens = sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
+    g.output_tokens = g.segments_tokens()
     g.finished_at = now
-    stumps = [_stump(g, a, truth.INTERRUPTED, "attempt") for a in later
+    stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in later
               if a.text and a.outcome != "abandoned" and not any(s.attempt_id == a.id for s in g.stumps)]
     cause = truth.stump_cause(g.status, g.stop_reason)
     if cause and g.text and final is not None:
-        out = _stump(g, final, cause, "output")
-        out.text, out.output_tokens = g.text, g.output_tokens
-        stumps.append(out)
+        stumps.append(make_stump(g, final, cause, StumpScope.OUTPUT))
     g.stumps += stumps
     # the reasoning or tool-input block each cut attempt stopped in, kept like its text
     for a in later:
@@ -138,7 +135,7 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     """
     now = time.time()
     cut = _interrupt(g.attempts, now)
-    stumps = [_stump(g, a, truth.INTERRUPTED, "attempt") for a in cut if a.text]
+    stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in cut if a.text]
     for a in cut:
         stumps += block_stumps(g, a, truth.INTERRUPTED)
     line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
@@ -151,8 +148,3 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     await ledger.recover_generation(g, cut, stumps, posts)
     log.warning("generation %s (%s): %d continuation attempt(s) cut by a stop closed as interrupted",
                 g.id, g.residence, len(cut))
-
-
-def _stump(g: Generation, a: Attempt, cause: str, scope: str) -> Stump:
-    return Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=a.text,
-                 output_tokens=a.output_tokens, scope=scope, residence=g.residence)

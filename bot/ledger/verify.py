@@ -7,7 +7,6 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 """
 from __future__ import annotations
 
-import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -16,15 +15,13 @@ from typing import Any
 from .. import truth
 from ..truth import LIMIT, RECEIPT_PREFIX
 from ..records import Block, PostReason, join_text
+from ..text import FENCE_LINE
 from .store import Ledger, dec
 
-log = logging.getLogger(__name__)
 
 CUT = frozenset({"truncated", "failed", "incomplete"})
 SETTLED = frozenset({"completed", "truncated", "refused", "failed", "incomplete"})
 TEXT_KINDS = frozenset({"speech", "partial"})
-# A fence line a split may add to close or reopen a code block (the delivery planner's own rule).
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 
@@ -373,12 +370,12 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     """The content as posted, then with an added reopening and/or closing fence line taken off."""
     out = [(content, False)]
     head = None
-    if "\n" in content and _FENCE.match(content.split("\n", 1)[0]):
+    if "\n" in content and FENCE_LINE.match(content.split("\n", 1)[0]):
         head = content.split("\n", 1)[1]
         out.append((head, True))
     for c in (content, head):
-        if c is not None and "\n" in c and _FENCE.match(c.rsplit("\n", 1)[1]):
+        if c is not None and "\n" in c and FENCE_LINE.match(c.rsplit("\n", 1)[1]):
             out.append((c.rsplit("\n", 1)[0], True))
-    if head is not None and _FENCE.match(head):  # a chunk that is only a reopened and closed fence
+    if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
         out.append(("", True))
     return out

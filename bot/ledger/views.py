@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from typing import Any
 
 from ..records import Block, Generation, Stump
-
-log = logging.getLogger(__name__)
 
 
 def when(ts: float | None) -> str:
