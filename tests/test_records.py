@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import aiosqlite
+import pytest
 
 from bot import truth
 from bot.ledger import Ledger
@@ -57,7 +58,8 @@ async def test_verify_tells_notices_apart_by_their_reason_not_their_wording(tmp_
         await _refused_with(ledger, (refusal, PostReason.REFUSAL), (side, PostReason.ABANDONED_NOTICE))
         assert await verify(ledger) == []
         gid = await _refused_with(ledger, (refusal, PostReason.REFUSAL), (side, PostReason.REFUSAL))
-        assert await verify(ledger) == [f"generation {gid}: refused generation has 2 notices of the refusal, expected 1"]
+        assert await verify(ledger) == [
+            f"generation {gid}: refused generation has 2 notices of the refusal, expected 1"]
     finally:
         await ledger.close()
 
@@ -104,3 +106,21 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
         assert all(isinstance(p.reason, PostReason) for p in g.posts)
     finally:
         await ledger.close()
+
+
+async def test_a_ledger_opened_with_async_with_is_closed_however_the_block_ends(tmp_path) -> None:
+    """`async with Ledger.open(path) as ledger:` is how every command opens one; the block's end closes it."""
+    async with Ledger.open(tmp_path / "l.db") as ledger:
+        assert (await ledger.db.execute_fetchall("SELECT count(*) FROM posts"))[0][0] == 0
+    with pytest.raises(ValueError, match="no active connection"):
+        await ledger.db.execute("SELECT 1")
+    with pytest.raises(RuntimeError, match="inside"):
+        async with Ledger.open(tmp_path / "l.db") as again:
+            raise RuntimeError("inside")
+    with pytest.raises(ValueError, match="no active connection"):
+        await again.db.execute("SELECT 1")
+    opened = await Ledger.open(tmp_path / "l.db")  # awaited, it is open until closed
+    async with opened:
+        pass
+    with pytest.raises(ValueError, match="no active connection"):
+        await opened.db.execute("SELECT 1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,11 @@ class UsageError(Exception):
     """A command that cannot run as asked; exit 2 with its message."""
 
 
-async def open_ledger(db: str) -> Ledger:
-    """An existing ledger; a missing file is a usage error, never a new empty ledger."""
+def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
+    """An existing ledger, for `async with`; a missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
         raise UsageError(f"{db}: no ledger there (run a replay or the bot first, or pass --db)")
-    return await Ledger.open(db)
+    return Ledger.open(db)
 
 
 def json_text(obj: Any) -> str:

@@ -40,11 +40,8 @@ def list_(db: str, residence: str | None, limit: int, as_json: bool) -> int:
       residents ledger list --residence cairn -n 5
     """
     async def go() -> list[dict[str, Any]]:
-        lg = await open_ledger(db)
-        try:
+        async with open_ledger(db) as lg:
             return await lg.list_generations(residence, limit)
-        finally:
-            await lg.close()
     rows = asyncio.run(go())
     if as_json:
         emit_json(rows)
@@ -67,13 +64,10 @@ def show(record_id: str, db: str, as_json: bool) -> int:
       residents ledger show g-0123456789ab --json
     """
     async def go() -> Generation | Stump | None:
-        lg = await open_ledger(db)
-        try:
+        async with open_ledger(db) as lg:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
             return await lg.get_generation(record_id)
-        finally:
-            await lg.close()
     rec = asyncio.run(go())
     if rec is None:
         raise UsageError(f"{record_id}: no such generation or stump in {db}")
@@ -107,14 +101,11 @@ def stumps(db: str, residence: str | None, cause: str | None, limit: int, before
       residents ledger stumps --limit 20 --before s-0123456789ab
     """
     async def go() -> tuple[list[Stump], bool]:
-        lg = await open_ledger(db)
-        try:
+        async with open_ledger(db) as lg:
             page = await lg.list_stump_meta(residence, cause, limit=limit + 1, before=before)
             if before is not None and not page and await lg.get_stump(before) is None:
                 raise UsageError(f"--before {before}: no such stump in {db}")
             return page[:limit], len(page) > limit
-        finally:
-            await lg.close()
     page, more = asyncio.run(go())
     if as_json:
         emit_json([s.meta() for s in page])
@@ -140,11 +131,8 @@ def verify(db: str, strict: bool) -> int:
       residents ledger verify --db data/ledger.db --strict
     """
     async def go() -> Report:
-        lg = await open_ledger(db)
-        try:
+        async with open_ledger(db) as lg:
             return await check(lg)
-        finally:
-            await lg.close()
 
     rep = asyncio.run(go())
     lines = list(rep.violations)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import os
 import time
 from pathlib import Path
-from collections.abc import Collection
+from collections.abc import Collection, Generator
 from typing import Any, Iterable
 
 import aiosqlite
@@ -21,8 +20,6 @@ from ..records import (Attempt, Block, ContinuationEnd, Generation, Outcome, Pos
                        Status, Stump, StumpScope, join_text)
 from ..text import outbound
 from . import migrations
-
-log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -48,7 +45,13 @@ class Ledger:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, path: str | Path) -> "Ledger":
+    def open(cls, path: str | Path) -> _Opening:
+        """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
+        `async with Ledger.open(p) as ledger:`, which closes it however the block ends."""
+        return _Opening(cls, path)
+
+    @classmethod
+    async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
         if path != ":memory:":
             p = Path(path)
@@ -73,6 +76,12 @@ class Ledger:
 
     async def close(self) -> None:
         await self.db.close()
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
         # Shielded: a caller cancelled mid-write still gets CancelledError, but the transaction runs to
@@ -454,6 +463,25 @@ class Ledger:
         return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, reason)"
                 " VALUES (?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
                                                p.replacements, p.reason))
+
+
+class _Opening:
+    """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
+
+    def __init__(self, cls: type[Ledger], path: str | Path) -> None:
+        self.cls, self.path = cls, path
+        self.ledger: Ledger | None = None
+
+    def __await__(self) -> Generator[Any, None, Ledger]:
+        return self.cls._connect(self.path).__await__()
+
+    async def __aenter__(self) -> Ledger:
+        self.ledger = await self.cls._connect(self.path)
+        return self.ledger
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
 
 
 def _cols(r: Any) -> dict[str, Any]:
