@@ -6,14 +6,11 @@ loopback; unlike replay it does nothing else: the SDK's raw events, text deltas 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
 import anthropic
 
 from bot.localservers.provider import Call, ProviderServer
-
-log = logging.getLogger(__name__)
 
 
 async def main(path: str, tokens: int) -> str:

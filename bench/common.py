@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import os
 import statistics
@@ -12,7 +11,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

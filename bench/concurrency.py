@@ -19,7 +19,7 @@ from typing import Any
 import bot.generation.attempts as attempts_mod
 from bot.config import Residence
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.records import Attempt, Stump
+from bot.records import Attempt, Stump
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import make_client
@@ -28,7 +28,6 @@ from .common import percentile, scratch
 from .overhead import MODEL, request
 from .server import ServerProcess
 
-log = logging.getLogger(__name__)
 
 DELAYS: list[float] = []
 SINKS: dict[str, "TimedSink"] = {}
@@ -86,25 +85,24 @@ def _status_kib(field_name: str) -> int:
 async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
     server = ServerProcess([tokens], pace)
     folder = scratch("concurrency")
-    ledger = await TimedLedger.open(os.path.join(folder, "ledger.db"))
-    client = make_client(server.url, "bench")
-    attempts_mod.LedgerSink = TimedSink  # type: ignore[misc]  # this process only
-    try:
-        gen = Generator(AttemptRunner(client, ledger))
-        res = Residence(name="bench", model=MODEL, max_tokens=tokens)
-        req = request(tokens)
-        await gen.generate(res, "warm-up", request(64))  # connections, imports and caches warm before the clock
-        DELAYS.clear()
-        base_rss = _status_kib("VmRSS")
-        w, c = time.perf_counter(), time.process_time()
-        gens = await asyncio.gather(*(gen.generate(res, f"c{i}", req) for i in range(n)))
-        wall, cpu = time.perf_counter() - w, time.process_time() - c
-        peak = _status_kib("VmHWM")
-    finally:
-        attempts_mod.LedgerSink = LedgerSink  # type: ignore[misc]
-        await client.close()
-        await ledger.close()
-        server.close()
+    async with TimedLedger.open(os.path.join(folder, "ledger.db")) as ledger:
+        client = make_client(server.url, "bench")
+        attempts_mod.LedgerSink = TimedSink  # type: ignore[misc]  # this process only
+        try:
+            gen = Generator(AttemptRunner(client, ledger))
+            res = Residence(name="bench", model=MODEL, max_tokens=tokens)
+            req = request(tokens)
+            await gen.generate(res, "warm-up", request(64))  # connections, imports and caches warm before the clock
+            DELAYS.clear()
+            base_rss = _status_kib("VmRSS")
+            w, c = time.perf_counter(), time.process_time()
+            gens = await asyncio.gather(*(gen.generate(res, f"c{i}", req) for i in range(n)))
+            wall, cpu = time.perf_counter() - w, time.process_time() - c
+            peak = _status_kib("VmHWM")
+        finally:
+            attempts_mod.LedgerSink = LedgerSink  # type: ignore[misc]
+            await client.close()
+            server.close()
     chars = sum(g.chars for g in gens)
     if any(g.status != "truncated" for g in gens):
         raise AssertionError(f"unexpected statuses: {sorted({g.status for g in gens})}")

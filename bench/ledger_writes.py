@@ -5,20 +5,18 @@ methods (one transaction per logical change, as the pipeline does), on a fresh f
 """
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any
 
 from bot.delivery import plan
 from bot.generation.attempts import FLUSH_CHARS
-from bot.generation.records import Attempt, Generation, Post, Segment, Stump, new_id
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.ledger import Ledger
 
 from . import streams
 from .common import scratch
 
-log = logging.getLogger(__name__)
 
 REQUEST = {"model": "claude-sonnet-4-6", "max_tokens": 4096, "system": "You are a resident.",
            "messages": [{"role": "user", "content": "ana: what do you think of the river today?"}]}
@@ -57,9 +55,8 @@ def _size(path: str) -> int:
 
 async def generations(n: int, chars: int, cut: bool) -> dict[str, Any]:
     path = os.path.join(scratch("ledger"), "ledger.db")
-    ledger = await Ledger.open(path)
-    text = streams.text(chars, seed=3)
-    try:
+    async with Ledger.open(path) as ledger:
+        text = streams.text(chars, seed=3)
         await ledger.db.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
         empty = _size(path)
         w = time.perf_counter()
@@ -69,8 +66,6 @@ async def generations(n: int, chars: int, cut: bool) -> dict[str, Any]:
         wall = time.perf_counter() - w
         await ledger.db.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
         size = _size(path) - empty
-    finally:
-        await ledger.close()
     return {"generations": n, "chars_each": chars, "cut": cut, "posts_total": posts, "wall_s": wall,
             "generations_per_s": n / wall, "db_bytes_per_1000": size * 1000 / n,
             "db_bytes_per_text_byte": size / (n * len(text.encode()))}
@@ -79,11 +74,10 @@ async def generations(n: int, chars: int, cut: bool) -> dict[str, Any]:
 async def records(n: int) -> dict[str, Any]:
     """Attempts, posts and chunks alone, each a sustained stream of its own kind of write."""
     path = os.path.join(scratch("ledger"), "ledger.db")
-    ledger = await Ledger.open(path)
-    text = streams.text(1500, seed=5)
-    chunk = streams.text(FLUSH_CHARS, seed=6)
-    out: dict[str, Any] = {}
-    try:
+    async with Ledger.open(path) as ledger:
+        text = streams.text(1500, seed=5)
+        chunk = streams.text(FLUSH_CHARS, seed=6)
+        out: dict[str, Any] = {}
         g = Generation(id=new_id("g-"), residence="bench", channel="general", model="claude-sonnet-4-6")
         await ledger.create_generation(g)
         w = time.perf_counter()
@@ -106,8 +100,6 @@ async def records(n: int) -> dict[str, Any]:
             await ledger.add_posts([p])
             await ledger.mark_delivered(p, f"m{i}")
         out["posts_per_s"] = n / (time.perf_counter() - w)
-    finally:
-        await ledger.close()
     return out
 
 

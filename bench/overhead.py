@@ -23,7 +23,7 @@ import anthropic
 from bot.config import Residence
 from bot.delivery import plan
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.records import Attempt, Generation, Post, new_id
+from bot.records import Attempt, Generation, Post, new_id
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import ListSink, make_client, stream_once
@@ -115,44 +115,43 @@ async def in_process(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
     """
     server = ServerProcess([t for t, _, _ in sizes.values()])
     folder = scratch("overhead")
-    ledger = await Ledger.open(os.path.join(folder, "ledger.db"))
-    sdk = anthropic.AsyncAnthropic(base_url=server.url, api_key="bench", max_retries=0)
-    client = make_client(server.url, "bench")
-    out: dict[str, Any] = {}
-    try:
-        gen = Generator(AttemptRunner(client, ledger))
-        res = Residence(name="bench", model=MODEL, max_tokens=max(t for t, _, _ in sizes.values()))
-        holder = Generation(id=new_id("g-"), residence="bench", channel="bench", model=MODEL)
-        await ledger.create_generation(holder)  # the attempts of the sink-only layers hang off this one
-        for label, (tokens, rounds, breakdown) in sizes.items():
-            req = request(tokens)
-            expect = streams.text(tokens * streams.CHARS_PER_TOKEN)
-            paths = list(_variants(sdk, client, gen, res, req, holder, breakdown).items())
-            runs: dict[str, list[Sample]] = {name: [] for name, _ in paths}
-            for r in range(rounds + 1):
-                for name, fn in (paths if r % 2 else paths[::-1]):
-                    s, text = await measure(fn)
-                    if text != expect:
-                        raise AssertionError(f"{name} read {len(text)} chars, expected {len(expect)}")
-                    if r:  # round 0 warms caches and connections
-                        runs[name].append(s)
-            out[label] = {"tokens": tokens, "chars": len(expect), "deltas": len(streams.deltas(expect)),
-                          **_summary(runs["bare"], runs["pipeline"], "pipeline")}
-            if breakdown:
-                b_cpu = median([x.cpu for x in runs["bare"]])
-                b_min = min(x.cpu for x in runs["bare"])
-                out[label]["layers"] = {name: {"cpu_ms": median([x.cpu for x in v]) * 1000,
-                                               "cpu_min_ms": min(x.cpu for x in v) * 1000,
-                                               "wall_ms": median([x.wall for x in v]) * 1000,
-                                               "cpu_ratio": median([x.cpu for x in v]) / b_cpu,
-                                               "cpu_ratio_of_minima": min(x.cpu for x in v) / b_min}
-                                        for name, v in runs.items()}
-            log.info("overhead %s: wall %.3fx cpu %.3fx", label, out[label]["wall_ratio"], out[label]["cpu_ratio"])
-    finally:
-        await client.close()
-        await sdk.close()
-        await ledger.close()
-        server.close()
+    async with Ledger.open(os.path.join(folder, "ledger.db")) as ledger:
+        sdk = anthropic.AsyncAnthropic(base_url=server.url, api_key="bench", max_retries=0)
+        client = make_client(server.url, "bench")
+        out: dict[str, Any] = {}
+        try:
+            gen = Generator(AttemptRunner(client, ledger))
+            res = Residence(name="bench", model=MODEL, max_tokens=max(t for t, _, _ in sizes.values()))
+            holder = Generation(id=new_id("g-"), residence="bench", channel="bench", model=MODEL)
+            await ledger.create_generation(holder)  # the attempts of the sink-only layers hang off this one
+            for label, (tokens, rounds, breakdown) in sizes.items():
+                req = request(tokens)
+                expect = streams.text(tokens * streams.CHARS_PER_TOKEN)
+                paths = list(_variants(sdk, client, gen, res, req, holder, breakdown).items())
+                runs: dict[str, list[Sample]] = {name: [] for name, _ in paths}
+                for r in range(rounds + 1):
+                    for name, fn in (paths if r % 2 else paths[::-1]):
+                        s, text = await measure(fn)
+                        if text != expect:
+                            raise AssertionError(f"{name} read {len(text)} chars, expected {len(expect)}")
+                        if r:  # round 0 warms caches and connections
+                            runs[name].append(s)
+                out[label] = {"tokens": tokens, "chars": len(expect), "deltas": len(streams.deltas(expect)),
+                              **_summary(runs["bare"], runs["pipeline"], "pipeline")}
+                if breakdown:
+                    b_cpu = median([x.cpu for x in runs["bare"]])
+                    b_min = min(x.cpu for x in runs["bare"])
+                    out[label]["layers"] = {name: {"cpu_ms": median([x.cpu for x in v]) * 1000,
+                                                   "cpu_min_ms": min(x.cpu for x in v) * 1000,
+                                                   "wall_ms": median([x.wall for x in v]) * 1000,
+                                                   "cpu_ratio": median([x.cpu for x in v]) / b_cpu,
+                                                   "cpu_ratio_of_minima": min(x.cpu for x in v) / b_min}
+                                            for name, v in runs.items()}
+                log.info("overhead %s: wall %.3fx cpu %.3fx", label, out[label]["wall_ratio"], out[label]["cpu_ratio"])
+        finally:
+            await client.close()
+            await sdk.close()
+            server.close()
     return out
 
 

@@ -7,14 +7,12 @@ objects. Run as `python -m bench.replay_frozen replay SCENARIO --json`.
 from __future__ import annotations
 
 import gc
-import logging
 import sys
 
 import bot.cli
 import bot.generation.attempts  # noqa: F401  (the SDK, pydantic and aiohttp come with these)
 import bot.replay.run  # noqa: F401
 
-log = logging.getLogger(__name__)
 
 if __name__ == "__main__":
     gc.freeze()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import subprocess
 import sys
@@ -26,7 +25,6 @@ from bot.localservers.provider import Call, ProviderServer
 
 from . import streams
 
-log = logging.getLogger(__name__)
 
 TICK = 0.05
 

@@ -5,12 +5,10 @@ stream cuts it into small text deltas of 1–7 characters (about one token each)
 """
 from __future__ import annotations
 
-import logging
 import random
 
 from bot.localservers import sse
 
-log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4
 _WORDS = ("the of and to in is that it for as with was on be by this are from at or an have not which but "

@@ -5,7 +5,6 @@ every error names the file, the key path and, where the YAML has one, the line.
 """
 from __future__ import annotations
 
-import logging
 import re
 import unicodedata
 from pathlib import Path
@@ -16,7 +15,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from . import models
 
-log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=BaseModel)
 

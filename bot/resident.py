@@ -19,17 +19,16 @@ from . import truth
 from .config import Residence
 from .context import RoomMessage, compile_request
 from .context.compile import ledger_message_ids, own_generation_ids
-from .delivery import Planned, plan, plan_continuation
+from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.plan import plan_recovered
 from .delivery.send import Room, deliver
-from .generation.records import Generation, Post, new_id
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
-from .ledger.access import next_post_seq
+from .records import Generation, Planned, Post, PostReason, numbered
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +86,8 @@ class Resident:
 
         Recorded before they are sent; a room that fails now leaves them undelivered, in order, for the
         same redelivery every post gets."""
-        start = await next_post_seq(self.ledger, g.id)
-        posts = [Post(id=new_id("p-"), generation_id=g.id, seq=start + i, kind=p.kind, content=p.content,
-                      channel=channel, stump_id=meta["id"]) for i, p in enumerate(plan_recovered(text, meta["cause"]))]
+        posts = numbered(plan_recovered(text, meta["cause"]), g.id, channel, await self.ledger.next_post_seq(g.id),
+                         stump_id=meta["id"])
         await self.ledger.add_posts(posts)
         g.posts += posts
         if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
@@ -122,7 +120,8 @@ class Resident:
             planned = self.key_rejections.review(g, channel, planned)
         set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
         if set_aside and self.residence.policy.notices.retry_abandoned:
-            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside))))
+            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)),
+                                       PostReason.ABANDONED_NOTICE))
         posts = await self._record(g, planned, channel)
         # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
         pending = [p for p in g.posts if p.message_id is None and p not in posts] if self.outbox is None else []
@@ -155,7 +154,8 @@ class Resident:
         return Reply(g, posts)
 
     async def _decline(self, room: Room, channel: str, g: Generation | None, reason: str) -> Reply:
-        posts = await self._record(g, [notice_post(truth.declined_continue(reason))], channel)
+        posts = await self._record(g, [notice_post(truth.declined_continue(reason), PostReason.DECLINED_CONTINUE)],
+                                   channel)
         await self._deliver(room, posts)
         return Reply(g, posts, declined=reason)
 
@@ -176,8 +176,7 @@ class Resident:
 
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
         start = await self.ledger.next_post_seq(g.id) if g is not None else 1
-        posts = [Post(id=new_id("p-"), generation_id=g.id if g else None, seq=start + i, kind=p.kind,
-                      content=p.content, channel=channel) for i, p in enumerate(planned)]
+        posts = numbered(planned, g.id if g else None, channel, start)
         await self.ledger.add_posts(posts)
         if g is not None:
             g.posts += posts

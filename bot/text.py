@@ -8,11 +8,9 @@ and notices render as Discord subtext.
 """
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
-log = logging.getLogger(__name__)
 
 REPLACEMENT = "\ufffd"
 _SURROGATES = re.compile(r"[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")
@@ -63,6 +61,9 @@ def outbound_json(value: Any) -> tuple[Any, int]:
     return value, 0
 
 
+# A line that opens or closes a Markdown code block (up to three spaces, then ``` or ~~~ and an info
+# string): the delivery planner closes and reopens blocks by it, and the ledger's verify reads them back.
+FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 SUBTEXT = "-# "  # Discord's subtext marker; it renders only at the very start of a line
 ESCAPE = "\\"
 _FENCE = "```"

@@ -7,67 +7,64 @@ wording of a receipt exists exactly once.
 """
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
-from typing import Literal
-
-log = logging.getLogger(__name__)
-
-Status = Literal["pending", "completed", "truncated", "refused", "failed", "incomplete"]
-Outcome = Literal["streaming", "completed", "truncated", "abandoned", "refused", "failed", "incomplete"]
-PostKind = Literal["speech", "partial", "receipt", "notice", "recovered"]
+from .records import Cause, ContinuationEnd, Ending, Outcome, PostKind, PostReason, Status
 
 COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence"})
 TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
-REFUSAL = "refusal"
+REFUSAL = Cause.REFUSAL
 TOOL_STOPS = frozenset({"tool_use", "pause_turn"})
+TOOL_USE = "tool_use"  # the stop reason of a round of the tool loop
 
 # Discard and stump causes that are not provider stop reasons.
-RETRY_ABANDONED = "retry-abandoned"
-PROVIDER_ERROR = "provider-error"
-NO_STOP_REASON = "no-stop-reason"
-INTERRUPTED = "interrupted"  # the process stopped while the attempt was streaming
-
-CONTINUATION_ENDS = ("not-needed", "disabled", "completed", "segment-limit", "token-limit",
-                     "no-progress", "repetition", "superseded", "error")
+RETRY_ABANDONED = Cause.RETRY_ABANDONED
+PROVIDER_ERROR = Cause.PROVIDER_ERROR
+NO_STOP_REASON = Cause.NO_STOP_REASON
+INTERRUPTED = Cause.INTERRUPTED  # the process stopped while the attempt was streaming
 
 MAX_LINE = 200  # receipts and notices stay compact
+LIMIT = 2000  # characters in one Discord message: delivery splits to it, the ledger's verify holds posts to it
+RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech
 
 
 def outcome_of_stop(stop_reason: str | None, *, has_tools: bool = False) -> Outcome:
     """What a stream that ended cleanly with this stop reason amounts to. Nothing unknown completes."""
     if stop_reason in COMPLETED_STOPS:
-        return "completed"
+        return Outcome.COMPLETED
     if stop_reason in TRUNCATED_STOPS:
-        return "truncated"
+        return Outcome.TRUNCATED
     if stop_reason == REFUSAL:
-        return "refused"
+        return Outcome.REFUSED
     if stop_reason == TOOL_USE and has_tools:  # a round of the tool loop; `pause_turn` is never resumed here
-        return "completed"
-    return "incomplete"
+        return Outcome.COMPLETED
+    return Outcome.INCOMPLETE
 
 
 def status_of_outcome(outcome: Outcome) -> Status:
     """A generation's status is its final attempt's outcome; an abandoned one never stands last."""
-    if outcome in ("completed", "truncated", "refused", "failed", "incomplete"):
-        return outcome  # type: ignore[return-value]
-    if outcome == "streaming":
-        return "incomplete"
-    raise ValueError(f"an {outcome!r} attempt cannot decide a generation's status")
+    if outcome in (Outcome.COMPLETED, Outcome.TRUNCATED, Outcome.REFUSED, Outcome.FAILED, Outcome.INCOMPLETE):
+        return Status(outcome)
+    if outcome == Outcome.STREAMING:
+        return Status.INCOMPLETE
+    raise ValueError(f"an '{outcome}' attempt cannot decide a generation's status")
 
 
-def stump_cause(status: Status, stop_reason: str | None) -> str | None:
-    """Why a generation's canonical text is a stump, or None when it is completed speech."""
-    if status == "completed":
+def stump_cause(status: Status, stop_reason: str | None) -> Cause | str | None:
+    """Why a generation's canonical text is a stump, or None when it is completed speech.
+
+    A stop reason this project names is its `Cause`; one it does not know is kept as given."""
+    if status == Status.COMPLETED:
         return None
-    if status == "failed":
+    if status == Status.FAILED:
         return PROVIDER_ERROR
-    if status == "incomplete" and stop_reason is None:
+    if not stop_reason:
         return NO_STOP_REASON
-    return stop_reason or NO_STOP_REASON
+    return _CAUSES.get(stop_reason, stop_reason)
 
 
-def block_stump_cause(attempt_cause: str | None, block_type: str) -> str | None:
+_CAUSES: dict[str, Cause] = {c.value: c for c in Cause}
+
+
+def block_stump_cause(attempt_cause: Cause | str | None, block_type: str) -> Cause | str | None:
     """Why a non-text block an attempt stopped in is a stump: its attempt's own cause, or None.
 
     Only text is ever posted, so a reasoning or tool-input block is never speech; it becomes a stump
@@ -95,36 +92,20 @@ def is_internal(error: str | None) -> bool:
 
 def text_kind(status: Status) -> PostKind | None:
     """How a generation's own text is posted: completed → speech; refused → never posted."""
-    if status == "completed":
-        return "speech"
-    if status == "refused":
+    if status == Status.COMPLETED:
+        return PostKind.SPEECH
+    if status == Status.REFUSED:
         return None
-    return "partial"
+    return PostKind.PARTIAL
 
 
 def is_completed_turn(status: Status) -> bool:
     """The one test of whether a text may be treated as a finished, authored turn."""
-    return status == "completed"
+    return status == Status.COMPLETED
 
 
 def fmt_tokens(n: int) -> str:
     return f"{n:,}"
-
-
-@dataclass(frozen=True)
-class Ending:
-    """Plain facts about how a generation ended, as the wording below needs them."""
-    status: Status
-    stop_reason: str | None
-    output_tokens: int | None  # the provider's figure for the last segment, None when it gave none
-    chars: int
-    segments: int = 1
-    continuation_ended: str = "not-needed"
-    attempts: int = 1
-    error: str | None = None  # the last failure's kind, for failed generations
-    cut_in: str | None = None  # declared type of the last content block of the output's final attempt
-    other_content: bool = False  # that attempt produced content outside text blocks (reasoning, tool input)
-    kept_chars: int | None = None  # characters of text kept (a stump), where `chars` counts only visible text
 
 
 # The process (not the model or provider) stopped mid-output; recovery settles such a generation at
@@ -138,12 +119,12 @@ def ceiling_sentence(tokens: int | None, during: str = "", tail: str = "the rema
 
 
 _CONT_REASON = {
-    "segment-limit": "continuation stopped at its segment limit",
-    "token-limit": "continuation stopped at its token limit",
-    "no-progress": "continuation stopped when a segment added nothing new",
-    "repetition": "continuation stopped when a segment repeated earlier text",
-    "superseded": "continuation stopped because the room moved on",
-    "error": "continuation stopped on a provider error",
+    ContinuationEnd.SEGMENT_LIMIT: "continuation stopped at its segment limit",
+    ContinuationEnd.TOKEN_LIMIT: "continuation stopped at its token limit",
+    ContinuationEnd.NO_PROGRESS: "continuation stopped when a segment added nothing new",
+    ContinuationEnd.REPETITION: "continuation stopped when a segment repeated earlier text",
+    ContinuationEnd.SUPERSEDED: "continuation stopped because the room moved on",
+    ContinuationEnd.ERROR: "continuation stopped on a provider error",
 }
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -220,7 +201,12 @@ def no_text_line_kind(status: Status) -> PostKind:
     A cut is a cut even when it landed before any reply text (inside reasoning, say): its line is the
     output's receipt. A refusal, or a failure with nothing emitted, is told in a notice.
     """
-    return "receipt" if status == "truncated" else "notice"
+    return PostKind.RECEIPT if status == Status.TRUNCATED else PostKind.NOTICE
+
+
+def no_text_line_reason(status: Status) -> PostReason:
+    """Why the one line posted for an outcome with no text exists: a refusal, or an output with no text."""
+    return PostReason.REFUSAL if status == Status.REFUSED else PostReason.NO_TEXT
 
 
 def notice(e: Ending) -> str | None:
@@ -238,6 +224,13 @@ def abandoned_notice(count: int, chars: int) -> str:
     """Optional room line (policy `notices.retry_abandoned`) for attempts set aside for a retry."""
     noun = "attempt" if count == 1 else "attempts"
     return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside as stumps.")
+
+
+def standing_refusal(standing: str, residence: str) -> str | None:
+    """Why a /continue may not run under a residence's continuation standing, or None: only `on-request` allows it."""
+    if standing != "on-request":
+        return f"the continuation standing of {residence} is {standing}, not on-request"
+    return None
 
 
 def declined_continue(reason: str) -> str:
@@ -317,7 +310,6 @@ def context_room_line_note(author: str, line: str) -> str:
 
 # ---------------------------------------------------------------- the resident's own `stumps` tool
 
-TOOL_USE = "tool_use"  # the stop reason of a round of the tool loop
 # The generation's stop reason (not a provider's) when the model asked for one more tool round than
 # the policy's `tools.max_rounds` allows: the generation is `incomplete`, and this is its stump cause.
 TOOL_ROUND_LIMIT = "tool-round-limit"

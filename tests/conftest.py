@@ -13,7 +13,7 @@ import pytest
 from bot.config import Residence, build_residence
 from bot.context import RoomMessage
 from bot.generation.attempts import AttemptRunner
-from bot.generation.records import Post
+from bot.records import Post
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.localservers.provider import Call, ProviderServer

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from bot import cli
-from bot.generation.records import Generation, Stump
+from bot.records import Generation, Stump
 from bot.ledger import Ledger, chain
 from bot.ledger.verify import verify
 

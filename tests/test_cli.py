@@ -206,7 +206,7 @@ def test_the_cli_and_config_are_in_no_import_cycle():
 
 async def _ledger_with_stumps(path: Path, n: int) -> list[str]:
     """n stumps of one generation, one second apart (ids oldest first), written through the Ledger API."""
-    from bot.generation.records import Generation, Stump
+    from bot.records import Generation, Stump
     from bot.ledger import Ledger
     lg = await Ledger.open(path)
     try:

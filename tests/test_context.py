@@ -1,8 +1,9 @@
 """The context compiler: what a resident sees of its room, and how it sees its own cuts."""
 from __future__ import annotations
 
-from bot.context import RoomMessage, compile_request, continuation_request
-from bot.generation.records import Generation, Post, Segment, Stump
+from bot.context import RoomMessage, compile_request
+from bot.continuation import continuation_request
+from bot.records import Generation, Post, Segment, Stump
 
 from conftest import residence
 

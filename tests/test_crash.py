@@ -2,9 +2,10 @@
 
 The real command runs as a subprocess against a local room and a local provider served from this
 test process, so the room and the provider outlive the kill, exactly as Discord and Anthropic
-outlive a crashed bot. On restart, start-up recovery (bot/generation/recovery.py) must record the
-generation as interrupted with the text that reached the ledger (within the 2,048-character flush
-bound), deliver or close every undelivered post, post nothing twice, and leave `verify` clean.
+outlive a crashed bot. On restart, start-up recovery (bot/generation/recovery.py settles, then
+bot/delivery/resume.py plans and delivers) must record the generation as interrupted with the text
+that reached the ledger (within the 2,048-character flush bound), deliver or close every
+undelivered post, post nothing twice, and leave `verify` clean.
 
 The first half drives recovery directly over ledger states written the way the pipeline writes
 them, one for each window a crash can fall in, so each rule is pinned down without a subprocess.
@@ -27,8 +28,8 @@ import pytest
 from bot import truth
 from bot.config import build_residence
 from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.generation.records import Attempt, Generation, Post, Segment, Stump, new_id
-from bot.generation.recovery import RoomUnavailable, Seen, resume_delivery, settle_interrupted
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
+from bot.delivery.resume import RoomUnavailable, Seen, recover, resume_delivery
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
@@ -91,7 +92,7 @@ async def ledger(tmp_path: Path) -> AsyncIterator[Ledger]:
 async def test_a_stream_cut_by_a_stop_is_settled_as_interrupted_with_its_flushed_text(ledger: Ledger) -> None:
     g = await pending(ledger)
     a = await streaming(ledger, g, ["First flushed piece. ", "Second piece, cut mid-wo"])
-    rec = await settle_interrupted(ledger, {"cairn"})
+    rec = await recover(ledger, {"cairn"})
     assert rec.interrupted == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None
@@ -112,7 +113,7 @@ async def test_a_stream_cut_by_a_stop_is_settled_as_interrupted_with_its_flushed
 
 async def test_a_stop_before_any_text_leaves_one_notice(ledger: Ledger) -> None:
     g = await pending(ledger)  # the process stopped before the first attempt was recorded
-    await settle_interrupted(ledger)
+    await recover(ledger)
     got = await ledger.get_generation(g.id)
     assert got is not None and got.status == "incomplete" and got.text == ""
     assert [(p.kind, p.content) for p in got.posts] == [
@@ -125,7 +126,7 @@ async def test_an_attempt_that_ended_before_the_stop_settles_the_generation_by_i
     await ended(ledger, g, "A whole answer.", "end_turn", "completed")
     g2 = await pending(ledger)
     await ended(ledger, g2, "Cut at the ceiling", "max_tokens", "truncated", tokens=1024)
-    rec = await settle_interrupted(ledger)
+    rec = await recover(ledger)
     assert sorted(rec.settled) == sorted([g.id, g2.id]) and rec.interrupted == []
     done = await ledger.get_generation(g.id)
     cut = await ledger.get_generation(g2.id)
@@ -147,7 +148,7 @@ async def test_a_stop_during_a_retry_backoff_keeps_the_abandoned_text_and_closes
     await ledger.finish_attempt(a, [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id,
                                           cause=truth.RETRY_ABANDONED, text=a.text, output_tokens=None,
                                           residence="cairn")])
-    await settle_interrupted(ledger)
+    await recover(ledger)
     got = await ledger.get_generation(g.id)
     assert got is not None
     assert (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "")
@@ -161,7 +162,7 @@ async def test_a_stop_during_bounded_continuation_keeps_the_unjudged_segment_as_
     g = await pending(ledger, standing="bounded")
     await ended(ledger, g, "Segment one, cut at the ceil", "max_tokens", "truncated", tokens=1024)
     s2 = await streaming(ledger, g, ["ing and segment two so f"], segment=2)
-    await settle_interrupted(ledger)
+    await recover(ledger)
     got = await ledger.get_generation(g.id)
     assert got is not None
     assert (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "Segment one, cut at the ceil")
@@ -187,7 +188,7 @@ async def test_a_continue_on_request_cut_by_a_stop_gets_its_one_receipt(ledger: 
     for i, p in enumerate(posts):
         await ledger.mark_delivered(p, f"m{i}")
     a2 = await streaming(ledger, g, ["ing, and then"], segment=2)  # a moderator's /continue, cut
-    rec = await settle_interrupted(ledger)
+    rec = await recover(ledger)
     assert rec.stray == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and got.status == "truncated" and got.text == "Cut at the ceil"
@@ -204,7 +205,7 @@ async def test_a_generation_settled_but_never_planned_gets_its_posts(ledger: Led
     g.text, g.status, g.stop_reason, g.finished_at = "Said in full.", "completed", "end_turn", time.time()
     g.segments = [Segment(1, a.id, "end_turn", len(g.text), 100)]
     await ledger.finish_generation(g, [])
-    rec = await settle_interrupted(ledger)
+    rec = await recover(ledger)
     assert rec.planned == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and [(p.kind, p.content) for p in got.posts] == [("speech", "Said in full.")]
@@ -216,9 +217,9 @@ async def test_recovery_is_idempotent_and_leaves_other_residences_alone(ledger: 
     await streaming(ledger, mine, ["some text"])
     theirs = await pending(ledger, residence="replayed")  # perhaps another process's, live
     await streaming(ledger, theirs, ["still streaming elsewhere"])
-    await settle_interrupted(ledger, {"cairn"})
+    await recover(ledger, {"cairn"})
     first = await ledger.get_generation(mine.id)
-    again = await settle_interrupted(ledger, {"cairn"})
+    again = await recover(ledger, {"cairn"})
     assert again.interrupted == again.settled == again.stray == again.planned == []
     assert await ledger.get_generation(mine.id) == first
     other = await ledger.get_generation(theirs.id)
@@ -291,7 +292,7 @@ async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(t
 
     after = await Ledger.open(copy)
     try:
-        rec = await settle_interrupted(after, {"cairn"})
+        rec = await recover(after, {"cairn"})
         (gid,) = rec.interrupted
         g = await after.get_generation(gid)
         assert g is not None and (g.status, g.stop_reason, g.text) == ("incomplete", truth.INTERRUPTED, reply)
@@ -337,7 +338,7 @@ async def planned_generation(ledger: Ledger, contents: list[str], delivered: int
                              residence: str = "cairn") -> list[Post]:
     g = await pending(ledger, residence=residence, channel=channel)
     await streaming(ledger, g, ["".join(contents)])
-    await settle_interrupted(ledger, {residence})
+    await recover(ledger, {residence})
     got = await ledger.get_generation(g.id)
     assert got is not None
     for i, p in enumerate(got.posts[:delivered]):
@@ -630,7 +631,7 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
 
 async def tool_round(ledger: Ledger, g: Generation, text: str, segment: int = 1) -> Attempt:
     """A round's attempt that ended asking for the `stumps` tool (its text, then a tool_use block)."""
-    from bot.generation.records import Block, join_text
+    from bot.records import Block, join_text
     a = await streaming(ledger, g, [], segment)
     a.blocks = [Block(0, "text", text), Block(1, "tool_use", '{"action": "list"}',
                                              start={"id": f"toolu_{segment}", "name": "stumps", "input": {}})]
@@ -642,7 +643,7 @@ async def tool_round(ledger: Ledger, g: Generation, text: str, segment: int = 1)
 async def test_a_stop_while_a_tool_call_runs_is_interrupted_never_a_completed_reply(ledger: Ledger) -> None:
     g = await pending(ledger)
     await tool_round(ledger, g, "Let me look.")
-    rec = await settle_interrupted(ledger)
+    rec = await recover(ledger)
     assert rec.interrupted == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "Let me look.")
@@ -653,14 +654,14 @@ async def test_a_stop_while_a_tool_call_runs_is_interrupted_never_a_completed_re
 
 
 async def test_a_stop_in_a_later_round_keeps_that_rounds_text_as_a_stump(ledger: Ledger) -> None:
-    from bot.generation.records import ToolCall
+    from bot.records import ToolCall
     from bot.ledger.access import add_tool_calls
     g = await pending(ledger)
     first = await tool_round(ledger, g, "Let me look.")
     await add_tool_calls(ledger, g.id, [ToolCall(1, 0, first.id, "toolu_1", "stumps", {"action": "list"},
                                                  {"action": "list", "stumps": []}, False)])
     await streaming(ledger, g, ["Nothing set aside here, as it turns ", "out, so the harbour"], segment=2)
-    rec = await settle_interrupted(ledger)
+    rec = await recover(ledger)
     assert rec.interrupted == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and (got.status, got.text) == ("incomplete", "Let me look.")

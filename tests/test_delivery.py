@@ -6,8 +6,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.delivery import LIMIT, plan, split_text
-from bot.truth import Ending
+from bot.delivery import plan, split_text
+from bot.truth import LIMIT, Ending
 
 OPEN = re.compile(r"^```[^\n`]*\n")
 CLOSE = re.compile(r"\n?```[ \t]*$")

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from bot.cli import main as cli_main
-from bot.context.compile import CONTINUE_NOTE, QUIET_NOTE
+from bot.context.compile import QUIET_NOTE
+from bot.continuation import CONTINUE_NOTE
 from bot.discord.run import Deployment, StartupError, run_bots
 from bot.ledger.verify import verify
 from bot.localservers import sse

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from bot.delivery.outbox import Backoff
 from bot.discord.run import Deployment, run_bots
-from bot.generation.records import Generation
+from bot.records import Generation
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
 from bot.localservers import sse

@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from bot import cli, truth
 from bot.config import Residence, build_residence
-from bot.delivery.plan import RECEIPT_PREFIX, split_text
+from bot.delivery.plan import split_text
+from bot.truth import RECEIPT_PREFIX
 from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.generation.records import Generation
+from bot.records import Generation
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.store import enc

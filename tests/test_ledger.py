@@ -8,7 +8,7 @@ import aiosqlite
 import pytest
 
 from bot.generation.attempts import FLUSH_CHARS, LedgerSink
-from bot.generation.records import Attempt, Generation, Stump
+from bot.records import Attempt, Generation, Stump
 from bot.ledger import Ledger, LedgerError
 from bot.ledger.migrations import MIGRATIONS
 from bot.localservers import sse

@@ -19,7 +19,7 @@ import pytest
 
 from bot.discord import checks
 from bot.discord.run import Deployment, StartupError, run_bots
-from bot.generation.records import Generation, Stump
+from bot.records import Generation, Stump
 from bot.localservers.provider import Call, ProviderServer
 from bot.localservers.room import load_layout
 from bot.localservers.room.model import ApiError

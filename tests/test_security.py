@@ -22,7 +22,7 @@ import yaml
 from bot import cli
 from bot.config import build_residence
 from bot.generation.attempts import AttemptRunner
-from bot.generation.records import Attempt, Generation, Post, Stump
+from bot.records import Attempt, Generation, Post, Stump
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.verify import verify

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from bot.generation.records import Generation, Stump
+from bot.records import Generation, Stump
 from bot.ledger import Ledger
 
 

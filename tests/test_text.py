@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bot import cli, truth
-from bot.delivery import LIMIT, plan, split_text
-from bot.generation.records import Attempt, Generation, new_id
-from bot.generation.recovery import Seen, resume_delivery, settle_interrupted
+from bot.delivery import plan, split_text
+from bot.truth import LIMIT
+from bot.records import Attempt, Generation, new_id
+from bot.delivery.resume import Seen, recover, resume_delivery
 from bot.ledger import Ledger
 from bot.ledger.verify import _cover, verify
 from bot.localservers import sse
@@ -254,7 +255,7 @@ async def test_recovery_recognises_a_post_the_room_holds_with_its_replacement(tm
         a = Attempt(id=new_id("a-"), generation_id=g.id, segment=1, index=1)
         await ledger.start_attempt(a)
         await ledger.add_chunk(a.id, 0, "a wave \ud83d")
-        await settle_interrupted(ledger, {"cairn"})
+        await recover(ledger, {"cairn"})
         got = await ledger.get_generation(g.id)
         assert got is not None and [p.kind for p in got.posts] == ["partial", "receipt"]
         partial = got.posts[0]

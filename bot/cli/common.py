@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,11 +61,11 @@ def ledger_path(db: str | None) -> str:
     return db if db is not None else in_config(DEFAULT_DB)
 
 
-async def open_ledger(db: str) -> Ledger:
-    """An existing ledger; a missing file is a usage error, never a new empty ledger."""
+def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
+    """An existing ledger, for `async with`; a missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
         raise UsageError(f"{db}: no ledger there (run a replay or the bot first, or pass --db)")
-    return await Ledger.open(db)
+    return Ledger.open(db)
 
 
 def json_text(obj: Any) -> str:

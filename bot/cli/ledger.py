@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from ..generation.records import Generation, Stump, ToolCall
 from ..ledger import chain, views
 from ..ledger.access import tool_calls_of
+from ..records import Generation, Stump, ToolCall
 from ..ledger.verify import Report, check
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
@@ -44,11 +44,8 @@ def list_(db: str | None, residence: str | None, limit: int, as_json: bool) -> i
     """
     path = ledger_path(db)
     async def go() -> list[dict[str, Any]]:
-        lg = await open_ledger(path)
-        try:
+        async with open_ledger(path) as lg:
             return await lg.list_generations(residence, limit)
-        finally:
-            await lg.close()
     rows = asyncio.run(go())
     if as_json:
         emit_json(rows)
@@ -74,14 +71,11 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
     calls: list[ToolCall] = []
 
     async def go() -> Generation | Stump | None:
-        lg = await open_ledger(path)
-        try:
+        async with open_ledger(path) as lg:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
             calls.extend(await tool_calls_of(lg, record_id))
             return await lg.get_generation(record_id)
-        finally:
-            await lg.close()
     rec = asyncio.run(go())
     if rec is None:
         raise UsageError(f"{record_id}: no such generation or stump in {path}")
@@ -117,14 +111,11 @@ def stumps(db: str | None, residence: str | None, cause: str | None, limit: int,
     """
     path = ledger_path(db)
     async def go() -> tuple[list[Stump], bool]:
-        lg = await open_ledger(path)
-        try:
+        async with open_ledger(path) as lg:
             page = await lg.list_stump_meta(residence, cause, limit=limit + 1, before=before)
             if before is not None and not page and await lg.get_stump(before) is None:
                 raise UsageError(f"--before {before}: no such stump in {path}")
             return page[:limit], len(page) > limit
-        finally:
-            await lg.close()
     page, more = asyncio.run(go())
     if as_json:
         emit_json([s.meta() for s in page])
@@ -161,11 +152,8 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
 
     path = ledger_path(db)
     async def go() -> Report:
-        lg = await open_ledger(path)
-        try:
+        async with open_ledger(path) as lg:
             return await check(lg)
-        finally:
-            await lg.close()
 
     rep = asyncio.run(go())
     lines = list(rep.violations)
@@ -197,12 +185,12 @@ def _verify_export(path: Path) -> int:
 
 
 @ledger.command()
-@click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger to read.")
+@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
 @click.option("--out", "out", required=True, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the chain, one JSON line per entry ('-': standard output).")
 @click.option("--since", type=click.IntRange(min=1), default=1, show_default=True, metavar="ENTRY",
               help="The first entry to write (its sequence number); earlier ones are left out.")
-def export(db: str, out: Path, since: int) -> int:
+def export(db: str | None, out: Path, since: int) -> int:
     """Write the hash chain as JSON Lines, for anyone to check offline.
 
     One canonical JSON object per line (entry, hash, prev, seq): hashes and metadata of every
@@ -214,16 +202,15 @@ def export(db: str, out: Path, since: int) -> int:
       residents ledger export --out chain.jsonl
       residents ledger export --out newer.jsonl --since 1200
     """
+    path = ledger_path(db)
+
     async def go() -> tuple[list[chain.Entry], int]:
-        lg = await open_ledger(db)
-        try:
+        async with open_ledger(path) as lg:
             head = (await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
             return await chain.entries(lg.db, since), head
-        finally:
-            await lg.close()
     entries, head = asyncio.run(go())
     if since > 1 and not entries:
-        raise UsageError(f"--since {since}: no such entry in {db} (its chain has {head} entries)")
+        raise UsageError(f"--since {since}: no such entry in {path} (its chain has {head} entries)")
     data = "".join(e.line + "\n" for e in entries)
     if str(out) == "-":
         sys.stdout.write(data)

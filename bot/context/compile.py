@@ -8,21 +8,17 @@ notes, never as that resident's words; a person's line that looks like one stays
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .. import models, truth
+from .. import truth
 from ..config import Residence
-from ..generation.records import Generation, Post, Stump
+from ..records import Generation, Post, Stump
 from ..text import SUBTEXT
 
-log = logging.getLogger(__name__)
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
-CONTINUE_NOTE = ("[The previous assistant message was cut off by the output ceiling. Continue it from exactly "
-                 "where it stops, mid-word if it stops mid-word, without repeating any of it.]")
 
 
 @dataclass(frozen=True)
@@ -75,7 +71,8 @@ def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, G
         if not m.is_self:
             post = posts.get(m.id) if m.is_bot else None
             if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
-                turns.append(("user", truth.context_room_line_note(m.author, post.content.removeprefix(SUBTEXT))))
+                line = post.content.removeprefix(truth.RECEIPT_PREFIX)
+                turns.append(("user", truth.context_room_line_note(m.author, line)))
                 continue
             turns.append(("user", f"{m.author}: {m.content}"))
             continue
@@ -154,21 +151,3 @@ def compile_request(res: Residence, history: list[RoomMessage], posts: dict[str,
     if turns[-1][0] != "user":
         turns.append(("user", QUIET_NOTE))
     return {**base_request(res), "messages": _merge(turns)}
-
-
-def continuation_request(base: dict[str, Any], assembled: str, remaining_tokens: int) -> tuple[dict[str, Any], str]:
-    """The request that continues `assembled`, and the trailing whitespace taken off a prefill.
-
-    The partial appears exactly once: as the prefill where the model accepts one, else as the
-    assistant turn before a user turn asking to go on.
-    """
-    msgs = [dict(m) for m in base["messages"]]
-    caps = models.caps(base["model"])
-    req = {**base, "max_tokens": max(1, min(base["max_tokens"], remaining_tokens))}
-    prefill = assembled.rstrip()
-    if caps.accepts_prefill and prefill:
-        stripped = assembled[len(prefill):]
-        req["messages"] = msgs + [{"role": "assistant", "content": prefill}]
-        return req, stripped
-    req["messages"] = msgs + [{"role": "assistant", "content": assembled}, {"role": "user", "content": CONTINUE_NOTE}]
-    return req, ""

@@ -1,12 +1,11 @@
 """Exact overlap removal and the progress/repetition guards for one new segment."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
+from typing import Literal
 
 from rapidfuzz.distance import Indel
 
-log = logging.getLogger(__name__)
 
 # The similarity check compares fixed-size windows, so its cost stays flat whatever the output's size.
 SIMILARITY_WINDOW = 2048
@@ -61,7 +60,7 @@ def similarity(prior: str, new: str, window: int = SIMILARITY_WINDOW) -> float:
 class Decision:
     overlap: int
     added: str  # what the segment adds once the overlap is removed
-    verdict: str  # "append", "no-progress" or "repetition"
+    verdict: Literal["append", "no-progress", "repetition"]
 
 
 def judge_segment(prior: str, new: str, *, min_overlap: int, min_progress: int, similarity_abort: float,

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 from .. import truth
-from ..generation.records import Generation
-from .plan import Planned, notice
+from ..records import Generation, Planned, PostReason
+from .plan import notice
 
 log = logging.getLogger(__name__)
 
@@ -41,4 +41,4 @@ class KeyRejections:
         if last is not None and now - last < self.window:
             return []  # the room was told within the window; the ledger keeps the generation as ever
         self.last_notice[channel] = now
-        return [notice(truth.key_rejected_notice(error))]
+        return [notice(truth.key_rejected_notice(error), PostReason.KEY_REJECTED)]

@@ -9,7 +9,7 @@ backoff (1, 2, 4, 8 s, then every `cap` s), so once the room is back everything 
 So each channel has one queue and one worker. A new reply is appended; posts a stopped process left
 undelivered (start-up) go in front of anything new. A post that was never tried is simply sent; one
 whose send failed may have reached the room anyway (a lost response, a timeout), so after a failure
-the worker first looks for it among the resident's recent messages (`recovery.resume_generation`)
+the worker first looks for it among the resident's recent messages (`resume.resume_generation`)
 and records it instead of sending it again — Discord's nonce check alone lasts only minutes.
 
 The outbox knows nothing of Discord: each resident registers its room (`ResumeRoom`: send a post,
@@ -23,9 +23,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..generation.records import Post
-from ..generation.recovery import ResumeRoom, RoomUnavailable, resume_generation
 from ..ledger import Ledger
+from ..records import Post
+from .resume import ResumeRoom, RoomUnavailable, resume_generation
 
 log = logging.getLogger(__name__)
 

@@ -8,25 +8,16 @@ owns.
 """
 from __future__ import annotations
 
-import logging
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .. import truth
-from ..text import escape_subtext
+from ..records import Planned, PostKind, PostReason
+from ..truth import LIMIT, RECEIPT_PREFIX
+from ..text import FENCE_LINE, escape_subtext
 
-log = logging.getLogger(__name__)
 
-LIMIT = 2000
-RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
-
-
-@dataclass(frozen=True)
-class Planned:
-    kind: truth.PostKind
-    content: str
 
 
 def split_text(text: str, limit: int = LIMIT, *, escape: bool = False) -> list[str]:
@@ -93,7 +84,7 @@ def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: in
         return cut
     end = text.find("\n", cut)
     end = len(text) if end < 0 else end
-    m = _FENCE.match(text[cut:end])
+    m = FENCE_LINE.match(text[cut:end])
     if m and not m.group(2).strip() and m.group(1)[0] == open_after.lstrip()[0] and end <= limit:
         return end
     back = cut
@@ -104,7 +95,7 @@ def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: in
 
 def _reopen(fence: str) -> str:
     """A plain ``` fence with the block's language, so every chunk's fences read the same way."""
-    m = _FENCE.match(fence)
+    m = FENCE_LINE.match(fence)
     info = m.group(2).strip() if m else ""
     return "```" + (info if len(info) <= 20 else "") + "\n"
 
@@ -141,7 +132,7 @@ def _fence_state(piece: str, fence: str | None, at_line_start: bool, at_line_end
             continue  # the tail of a line cut in the previous chunk: not a line of its own
         if i == len(lines) - 1 and not at_line_end and (line or len(lines) == 1):
             continue  # a line the next chunk finishes: judged there... by its start, which is here
-        m = _FENCE.match(line)
+        m = FENCE_LINE.match(line)
         if not m:
             continue
         if fence is None:
@@ -155,11 +146,12 @@ def plan(e: truth.Ending, text: str) -> list[Planned]:
     """Posts for a settled generation: its text by kind, then at most one boundary line."""
     kind = truth.text_kind(e.status)
     if kind is not None and text.strip():
-        out = [Planned(kind, c) for c in split_text(text, escape=True)]
+        out = [Planned(kind, c, PostReason.TEXT) for c in split_text(text, escape=True)]
         line = truth.receipt(e)
-        return out + ([Planned("receipt", RECEIPT_PREFIX + line)] if line else [])
+        return out + ([Planned(PostKind.RECEIPT, RECEIPT_PREFIX + line, PostReason.RECEIPT)] if line else [])
     line = truth.notice(e if text.strip() else replace(e, chars=0))
-    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line)] if line else []
+    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line, truth.no_text_line_reason(e.status))] \
+        if line else []
 
 
 def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
@@ -167,18 +159,20 @@ def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
     out: list[Planned] = []
     kind = truth.text_kind(e.status)
     if kind is not None and added:
-        out += [Planned(kind, c) for c in split_text(added, escape=True)]
+        out += [Planned(kind, c, PostReason.TEXT) for c in split_text(added, escape=True)]
     line = truth.receipt(e)
     if line:
-        out.append(Planned("receipt", RECEIPT_PREFIX + line))
+        out.append(Planned(PostKind.RECEIPT, RECEIPT_PREFIX + line, PostReason.RECEIPT))
     return out
 
 
-def notice(line: str) -> Planned:
-    return Planned("notice", RECEIPT_PREFIX + line)
+def notice(line: str, reason: PostReason) -> Planned:
+    """A notice that is not a generation's boundary line (a declined /continue, a retry, a refused key)."""
+    return Planned(PostKind.NOTICE, RECEIPT_PREFIX + line, reason)
 
 
 def plan_recovered(text: str, cause: str) -> list[Planned]:
     """A stump published at its resident's request: its text as `recovered` posts, then one receipt."""
-    out = [Planned("recovered", c) for c in split_text(text, escape=True)]
-    return out + [Planned("receipt", RECEIPT_PREFIX + truth.recovered_receipt(len(text), cause))]
+    out = [Planned(PostKind.RECOVERED, c, PostReason.RECOVERED) for c in split_text(text, escape=True)]
+    return out + [Planned(PostKind.RECEIPT, RECEIPT_PREFIX + truth.recovered_receipt(len(text), cause),
+                          PostReason.RECOVERED)]

@@ -5,13 +5,10 @@ anything twice; the room adapter is the only part that knows Discord, the local 
 """
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
-from ..generation.records import Post
+from ..records import Post
 from ..ledger import Ledger
-
-log = logging.getLogger(__name__)
 
 
 class Room(Protocol):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import signal
 from dataclasses import dataclass
@@ -22,7 +21,6 @@ from ..localservers.provider import ProviderServer
 from ..localservers.room.server import RoomServer
 from .script import demo_responder
 
-log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 

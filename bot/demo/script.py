@@ -6,7 +6,6 @@ made up deterministically, so the demo reads the same every time.
 """
 from __future__ import annotations
 
-import logging
 import random
 import re
 from collections import defaultdict
@@ -16,7 +15,6 @@ from typing import Any
 from ..localservers import sse
 from ..localservers.provider import Call
 
-log = logging.getLogger(__name__)
 
 NOUNS = ["harbour", "lighthouse", "breakwater", "tide", "ferry", "gull", "net", "quay", "lantern", "buoy",
          "channel", "shoal", "chart", "keel", "current", "mooring", "sandbar", "fog", "bell", "pier"]

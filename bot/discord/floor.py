@@ -13,13 +13,10 @@ message the ledger does not know (another process's bot) counts one reply per ru
 from __future__ import annotations
 
 import asyncio
-import logging
 import weakref
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
-
-log = logging.getLogger(__name__)
 
 
 class Floor:

@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 from typing import TYPE_CHECKING
 
 import aiohttp
 import discord
 
 from ..context import RoomMessage
-from ..generation.recovery import RoomUnavailable, Seen
-from ..generation.records import Post
+from ..delivery.resume import RoomUnavailable, Seen
+from ..records import Post
 from ..text import outbound
 
 if TYPE_CHECKING:
     from .app import ResidentBot
 
-log = logging.getLogger(__name__)
 
 # Every way a REST call to Discord can fail that is not a bug here: HTTP errors (discord.py has already
 # retried 5xx and waited out 429s), a rate limit too long to wait, the network, a timeout.

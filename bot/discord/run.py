@@ -21,8 +21,8 @@ import discord
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
 from ..delivery.outbox import Backoff, Outbox
+from ..delivery.resume import recover
 from ..generation.attempts import AttemptRunner
-from ..generation.recovery import settle_interrupted
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
@@ -129,17 +129,17 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
     client = make_client(base_url, api_key)
     try:
         await check_provider_key(client, key_set=bool(api_key))
-        ledger = await Ledger.open(db)
-    except BaseException:
+        async with Ledger.open(db) as ledger:
+            # Before any bot connects: what a stopped process left open is settled and planned.
+            await recover(ledger, {r.name for r in dep.residences})
+            await _serve(dep, ledger, client, guild_ready_timeout, stop, key_rejections, backoff)
+    finally:
         await client.close()
-        raise
-    try:
-        # Before any bot connects: what a stopped process left open is settled and planned.
-        await settle_interrupted(ledger, {r.name for r in dep.residences})
-    except BaseException:
-        await ledger.close()
-        await client.close()
-        raise
+
+
+async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthropic, guild_ready_timeout: float,
+                 stop: asyncio.Event | None, key_rejections: KeyRejections | None, backoff: Backoff | None) -> None:
+    """The bots, on an open ledger and provider client (their owner closes them), until `stop` or a problem."""
     key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
@@ -185,8 +185,6 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
             raise StartupError(problem)
     finally:
         await outbox.close()
-        await client.close()
-        await ledger.close()
 
 
 def main(base: Path, db: str, discord_api: str | None) -> int:

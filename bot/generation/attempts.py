@@ -21,7 +21,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..provider import BlockSink, stream_once
-from .records import Attempt, Generation, Stump, join_text, new_id
+from ..records import Attempt, Generation, Stump, StumpScope, join_text, make_stump, new_id
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +130,7 @@ def block_stumps(g: Generation, a: Attempt, cause: str | None) -> list[Stump]:
     why = truth.block_stump_cause(cause, b.type) if b is not None else None
     if b is None or why is None or any(s.attempt_id == a.id and s.block == b.index for s in g.stumps):
         return []
-    return [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=why, text=b.content,
-                  output_tokens=a.output_tokens, scope="block", residence=g.residence, block=b.index,
-                  block_type=b.type)]
+    return [make_stump(g, a, why, StumpScope.BLOCK, b)]
 
 
 def backoff(index: int, retry_after: float | None, policy: Retries) -> float:
@@ -183,9 +181,7 @@ class AttemptRunner:
                 a.stop_reason = None  # a failed stream did not stop for a reason of the model's
                 if f.retryable and index < policy.max_attempts:
                     a.outcome, a.discard_reason = "abandoned", truth.RETRY_ABANDONED
-                    stumps = [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=truth.RETRY_ABANDONED,
-                                    text=a.text, output_tokens=a.output_tokens, scope="attempt",
-                                    residence=g.residence)] if a.text else []
+                    stumps = [make_stump(g, a, truth.RETRY_ABANDONED, StumpScope.ATTEMPT)] if a.text else []
                     stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
                     await self.ledger.finish_attempt(a, stumps)

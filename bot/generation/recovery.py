@@ -9,66 +9,25 @@ nothing may be posted twice:
   disk: a streaming attempt becomes `incomplete` with error and discard reason `interrupted` and
   its streamed text; the generation becomes `incomplete` with stop reason `interrupted` (so
   `bot.truth` gives the `interrupted` stump cause and the wording of its receipt), its text kept
-  as an output stump, and its posts (partial + receipt) are planned in the same transaction.
-- `resume_delivery` delivers every undelivered post of a residence, oldest generation first, each
-  in `seq` order. `residents run` does the same through its outbox (`bot.delivery.outbox`) after a
-  bot logs in and before its gateway connects: those posts go first in their channel's queue, ahead
-  of any new turn, and what the room refuses then is retried with backoff (`resume_generation`).
-
-Posting twice is prevented by reading the room before sending. `deliver` records a message id
-before it sends the next post, so at most one post per generation can have reached the room without
-its id reaching the ledger: the one in flight at the crash. For the first undelivered post of a
-generation, this bot's messages in the channel after the generation's last recorded post (or after
-it settled, less `SLACK_SECONDS` of clock difference) that no post in the ledger claims are compared
-with it (content, and the nonce where the room reports one — every post is sent with its post id as
-nonce); a match is adopted as that post's message id instead of being sent again. Discord's own
-`enforce_nonce` check also catches a resend, but only for a few minutes; the history check does not
-expire, so a restart hours later still posts nothing twice.
+  as an output stump. A `/continue` call cut on a settled generation is closed with the one
+  receipt every call gets, in the same transaction.
+- Recovery settles; it plans no posts and delivers nothing. Delivery (`bot.delivery.resume`) then
+  plans the posts of settled generations that have none and delivers what waits, adopting any post
+  that reached the room without its id reaching the ledger.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from .. import truth
-from ..delivery import plan
-from ..delivery.plan import RECEIPT_PREFIX
 from ..ledger import Ledger
-from ..text import outbound
+from ..records import Attempt, Generation, Planned, PostKind, PostReason, Segment, StumpScope, make_stump, numbered
 from .attempts import block_stumps
-from .records import Attempt, Generation, Post, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
-
-SLACK_SECONDS = 120.0  # clock difference tolerated between this host and the room's message ids
-
-
-@dataclass(frozen=True)
-class Seen:
-    """One of the bot's own messages as the room reports it."""
-    id: str
-    content: str
-    nonce: str | None = None
-
-
-class RoomUnavailable(Exception):
-    """The room could not be read or written now (any failure: network, timeout, 5xx, 429, 403).
-
-    The posts wait, in order: the outbox retries them with backoff, or the next start does."""
-
-
-class ResumeRoom(Protocol):
-    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
-        """This bot's messages in `channel` after message `after_id` (or, when None, after `after_time`),
-        oldest first. Raises RoomUnavailable when the channel cannot be read."""
-        ...
-
-    async def send(self, post: Post) -> str:
-        """Deliver one post (with its id as nonce); returns the message id. Raises RoomUnavailable."""
-        ...
 
 
 @dataclass
@@ -77,7 +36,7 @@ class Recovery:
     interrupted: list[str]  # generations settled as interrupted
     settled: list[str]  # generations whose last attempt had ended: settled by its outcome
     stray: list[str]  # settled generations with a streaming /continue attempt, now closed
-    planned: list[str]  # settled generations that had no posts planned; planned now
+    planned: list[str] = field(default_factory=list)  # filled by `bot.delivery.resume.recover`: posts planned
 
 
 async def settle_interrupted(ledger: Ledger, residences: Collection[str] | None = None) -> Recovery:
@@ -86,7 +45,7 @@ async def settle_interrupted(ledger: Ledger, residences: Collection[str] | None 
     Only generations of the residences this process runs are touched: another process (a replay,
     say) may be writing its own generations to the same ledger file right now.
     """
-    rec = Recovery([], [], [], [])
+    rec = Recovery([], [], [])
 
     def ours(g: Generation | None) -> bool:
         return g is not None and (residences is None or g.residence in residences)
@@ -101,14 +60,9 @@ async def settle_interrupted(ledger: Ledger, residences: Collection[str] | None 
         if g is not None and ours(g):
             await _close_stray_attempts(ledger, g)
             rec.stray.append(gid)
-    for gid in await ledger.generations_without_posts():
-        g = await ledger.get_generation(gid)
-        if g is not None and ours(g) and await _plan_missing(ledger, g):
-            rec.planned.append(gid)
-    if rec.interrupted or rec.settled or rec.stray or rec.planned:
+    if rec.interrupted or rec.settled or rec.stray:
         log.warning("recovered after a stop: %d generation(s) interrupted, %d settled by their last attempt, "
-                    "%d /continue attempt(s) closed, %d generation(s) had no posts planned",
-                    len(rec.interrupted), len(rec.settled), len(rec.stray), len(rec.planned))
+                    "%d /continue attempt(s) closed", len(rec.interrupted), len(rec.settled), len(rec.stray))
     return rec
 
 
@@ -150,16 +104,13 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         g.continuation_ended = "disabled" if final.stop_reason == "max_tokens" else "not-needed"
     else:
         g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
-    tokens = [s.output_tokens for s in g.segments]
-    g.output_tokens = sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
+    g.output_tokens = g.segments_tokens()
     g.finished_at = now
-    stumps = [_stump(g, a, truth.INTERRUPTED, "attempt") for a in later
+    stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in later
               if a.text and a.outcome != "abandoned" and not any(s.attempt_id == a.id for s in g.stumps)]
     cause = truth.stump_cause(g.status, g.stop_reason)
     if cause and g.text and final is not None:
-        out = _stump(g, final, cause, "output")
-        out.text, out.output_tokens = g.text, g.output_tokens
-        stumps.append(out)
+        stumps.append(make_stump(g, final, cause, StumpScope.OUTPUT))
     g.stumps += stumps
     # the reasoning or tool-input block each cut attempt stopped in, kept like its text
     for a in later:
@@ -171,10 +122,9 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         cut_blocks = block_stumps(g, final, cause)
         g.stumps += cut_blocks
         stumps += cut_blocks
-    posts = _posts(g, [(p.kind, p.content) for p in plan(g.ending(), g.text)])
-    await ledger.recover_generation(g, cut, stumps, posts)
-    log.warning("generation %s (%s) settled after a stop: %s, %d characters kept, %d post(s) planned",
-                g.id, g.residence, g.status if ended else "interrupted", g.chars, len(posts))
+    await ledger.recover_generation(g, cut, stumps, [])
+    log.warning("generation %s (%s) settled after a stop: %s, %d characters kept",
+                g.id, g.residence, g.status if ended else "interrupted", g.chars)
     return not ended
 
 
@@ -186,103 +136,16 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     """
     now = time.time()
     cut = _interrupt(g.attempts, now)
-    stumps = [_stump(g, a, truth.INTERRUPTED, "attempt") for a in cut if a.text]
+    stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in cut if a.text]
     for a in cut:
         stumps += block_stumps(g, a, truth.INTERRUPTED)
     line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
                                       chars=g.chars))
     calls = sorted({a.segment for a in cut})
-    posts = _posts(g, [("receipt", RECEIPT_PREFIX + line)] * len(calls) if line else [])
+    receipt = Planned(PostKind.RECEIPT, truth.RECEIPT_PREFIX + line, PostReason.RECEIPT) if line else None
+    posts = numbered([receipt] * len(calls) if receipt else [], g.id, g.channel, await ledger.next_post_seq(g.id))
+    g.posts += posts
     g.stumps += stumps
     await ledger.recover_generation(g, cut, stumps, posts)
     log.warning("generation %s (%s): %d continuation attempt(s) cut by a stop closed as interrupted",
                 g.id, g.residence, len(cut))
-
-
-async def _plan_missing(ledger: Ledger, g: Generation) -> bool:
-    """A settled generation with no posts: the process stopped between settling and planning."""
-    planned = plan(g.ending(), g.text)
-    if not planned:
-        return False
-    posts = _posts(g, [(p.kind, p.content) for p in planned])
-    await ledger.add_posts(posts)
-    log.warning("generation %s (%s) was settled but never planned: %d post(s) planned now",
-                g.id, g.residence, len(posts))
-    return True
-
-
-def _stump(g: Generation, a: Attempt, cause: str, scope: str) -> Stump:
-    return Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=a.text,
-                 output_tokens=a.output_tokens, scope=scope, residence=g.residence)
-
-
-def _posts(g: Generation, planned: list[tuple[truth.PostKind, str]]) -> list[Post]:
-    start = max((p.seq for p in g.posts), default=0) + 1
-    posts = [Post(id=new_id("p-"), generation_id=g.id, seq=start + i, kind=kind, content=content, channel=g.channel)
-             for i, (kind, content) in enumerate(planned)]
-    g.posts += posts
-    return posts
-
-
-async def resume_delivery(ledger: Ledger, residence: str, room: ResumeRoom) -> int:
-    """Deliver a residence's undelivered posts in order, adopting any that already reached the room.
-
-    Returns how many posts were delivered or adopted. A room error stops delivery in that channel
-    (later posts must not overtake earlier ones); those posts wait for the next start.
-    """
-    posts = await ledger.undelivered_posts_of(residence)
-    groups: dict[str, list[Post]] = {}
-    for p in posts:
-        groups.setdefault(p.generation_id or "", []).append(p)
-    blocked: set[str] = set()
-    done = 0
-    for gid, group in groups.items():
-        channel = group[0].channel
-        if channel in blocked:
-            continue
-        g = await ledger.get_generation(gid)
-        if g is None:  # pragma: no cover - posts reference their generation
-            continue
-        try:
-            done += await resume_generation(ledger, room, g, group)
-        except RoomUnavailable as e:
-            blocked.add(channel)
-            log.warning("%s: posts of generation %s not delivered yet (channel %s): %s; they wait for the next "
-                        "start", residence, gid, channel, e)
-    if done:
-        log.warning("%s: %d post(s) left undelivered by a stop are now delivered", residence, done)
-    return done
-
-
-async def resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, group: list[Post]) -> int:
-    """Deliver `group` (undelivered posts of `g`, one channel) in order, adopting any already in the room.
-
-    Also how the outbox (`bot.delivery.outbox`) retries a post whose send failed while running.
-    """
-    group = sorted(group, key=lambda p: p.seq)
-    earlier = [p for p in g.posts if p.message_id is not None and p.seq < group[0].seq]
-    anchor = earlier[-1].message_id if earlier else None
-    since = (g.finished_at or g.created_at) - SLACK_SECONDS
-    seen = await room.own_messages(group[0].channel, anchor, since)
-    known = await ledger.posts_by_message([m.id for m in seen])
-    fresh = [m for m in seen if m.id not in known]
-    done, j, adopting = 0, 0, True
-    for p in group:
-        if adopting:
-            k = next((i for i in range(j, len(fresh)) if _same(fresh[i], p)), None)
-            if k is not None:
-                await ledger.mark_delivered(p, fresh[k].id)
-                log.warning("post %s (generation %s) had reached the room as message %s though its send never "
-                            "returned (a stop or a lost answer): recorded, not sent again", p.id, g.id, fresh[k].id)
-                j, done = k + 1, done + 1
-                continue
-            adopting = False  # what was never sent before cannot be followed by something that was
-        await ledger.mark_delivered(p, await room.send(p))
-        done += 1
-    return done
-
-
-def _same(m: Seen, p: Post) -> bool:
-    if m.nonce is not None:
-        return m.nonce == p.id
-    return m.content.strip() == outbound(p.content)[0].strip()  # what the room was sent

@@ -13,11 +13,11 @@ from typing import Any
 
 from .. import truth
 from ..config import Residence
-from ..context import continuation_request
-from ..continuation import judge_segment
+from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
+from ..records import (Attempt, ContinuationEnd, Generation, Segment, Stump, StumpScope, make_stump, new_id,
+                       provider_tokens)
 from .attempts import AttemptRunner, block_stumps
-from .records import Attempt, Generation, Segment, Stump, new_id
 from .tools import Toolbox, ToolLoop, with_tools, without_tools
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class Generator:
         unsettled: Attempt | None = final
         rounds = loop.finals if loop is not None and len(loop.finals) > 1 else None
         if g.stop_reason == "max_tokens":
-            g.continuation_ended = "disabled"
+            g.continuation_ended = ContinuationEnd.DISABLED
             if res.policy.continuation.standing == "bounded" and rounds is None:  # never after tool rounds
                 await self.ledger.finish_attempt(final)  # on disk before any continuation call
                 unsettled = None
@@ -86,8 +86,9 @@ class Generator:
                                   superseded: Callable[[], bool] = never) -> ContinueResult:
         """A moderator's request: at most one more segment for a cut output, where the standing allows."""
         cont = res.policy.continuation
-        if cont.standing != "on-request":
-            return ContinueResult(g, "", f"the continuation standing of {res.name} is {cont.standing}")
+        refused = truth.standing_refusal(cont.standing, res.name)
+        if refused:
+            return ContinueResult(g, "", refused)
         if g.status != "truncated" or g.stop_reason != "max_tokens":
             return ContinueResult(g, "", f"generation {g.id} is {g.status}, not cut at the output ceiling")
         if g.request is None:
@@ -101,7 +102,8 @@ class Generator:
         await self._continue(g, res, superseded, max_new=1)
         added = g.text[before:]
         await self._settle(g, res, previous_output=previous if added else None)
-        if not added and g.continuation_ended in ("segment-limit", "token-limit", "superseded"):
+        if not added and g.continuation_ended in (ContinuationEnd.SEGMENT_LIMIT, ContinuationEnd.TOKEN_LIMIT,
+                                                  ContinuationEnd.SUPERSEDED):
             return ContinueResult(g, "", f"continuation of {g.id} stopped: {g.continuation_ended}")
         return ContinueResult(g, added)
 
@@ -113,22 +115,22 @@ class Generator:
         while g.stop_reason == "max_tokens":
             spent = sum(s.output_tokens if s.output_tokens is not None else g.request["max_tokens"] for s in g.segments)
             if len(g.segments) - 1 >= (cont.max_segments or 0):
-                ended = "segment-limit"
+                ended = ContinuationEnd.SEGMENT_LIMIT
                 break
             if spent >= (cont.max_output_tokens or 0):
-                ended = "token-limit"
+                ended = ContinuationEnd.TOKEN_LIMIT
                 break
             if calls >= max_new:
                 break
             if superseded():
-                ended = "superseded"
+                ended = ContinuationEnd.SUPERSEDED
                 break
             request, stripped = continuation_request(without_tools(g.request), g.text,
                                                      (cont.max_output_tokens or 0) - spent)
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1
             if final.outcome not in ("completed", "truncated"):
-                ended = "error"
+                ended = ContinuationEnd.ERROR
                 self._set_aside(g, final, truth.stump_cause(truth.status_of_outcome(final.outcome), final.stop_reason))
                 break
             d = judge_segment(g.text, final.text, min_overlap=cont.min_overlap_chars,
@@ -136,7 +138,7 @@ class Generator:
                               similarity_abort=cont.similarity_abort if cont.similarity_abort is not None else 1.0,
                               stripped_tail=stripped)
             if d.verdict != "append":
-                ended = d.verdict
+                ended = ContinuationEnd(d.verdict)
                 self._set_aside(g, final, d.verdict)
                 log.info("continuation of %s ended: %s (overlap %d, %d new chars)", g.id, d.verdict, d.overlap,
                          len(d.added))
@@ -147,25 +149,23 @@ class Generator:
             g.stop_reason = final.stop_reason
             g.status = truth.status_of_outcome(final.outcome)
             if g.status == "completed":
-                ended = "completed"
+                ended = ContinuationEnd.COMPLETED
         else:
             if g.status == "truncated":
-                ended = "error"  # cut for a reason continuation cannot address (a full context window)
+                ended = ContinuationEnd.ERROR  # cut for a reason continuation cannot address (a full context window)
         g.continuation_ended = ended
 
     @staticmethod
     def _set_aside(g: Generation, a: Attempt, cause: str | None) -> None:
         """A continuation segment that is not appended is kept, unpublished, as a stump."""
         if a.text and cause:
-            g.stumps.append(Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=a.text,
-                                  output_tokens=a.output_tokens, scope="attempt", residence=g.residence))
+            g.stumps.append(make_stump(g, a, cause, StumpScope.ATTEMPT))
         g.stumps += block_stumps(g, a, cause)
 
     async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None,
                       last_attempt: Attempt | None = None, rounds: list[Attempt] | None = None) -> None:
         """`rounds`: a tool loop's last attempt of each round, whose tokens add up to the generation's."""
-        tokens = [a.output_tokens for a in rounds] if rounds else [s.output_tokens for s in g.segments]
-        g.output_tokens = sum(t for t in tokens if t is not None) if tokens and None not in tokens else None
+        g.output_tokens = provider_tokens(a.output_tokens for a in rounds) if rounds else g.segments_tokens()
         g.finished_at = time.time()
         new = [s for s in g.stumps if not s.stored]
         cause = truth.stump_cause(g.status, g.stop_reason)
@@ -174,12 +174,12 @@ class Generator:
             last = g.segments[-1].attempt_id
             previous_output.replaced_by = last
             replaced = (previous_output.id, last)
-        if cause and g.text and (previous_output is not None or not any(s.scope == "output" for s in g.stumps)):
-            out = Stump(id=new_id("s-"), generation_id=g.id, attempt_id=g.segments[-1].attempt_id, cause=cause,
-                        text=g.text, output_tokens=g.output_tokens, scope="output", residence=g.residence)
+        final = next((a for a in g.attempts if g.segments and a.id == g.segments[-1].attempt_id), None)
+        if cause and g.text and final is not None and \
+                (previous_output is not None or not any(s.scope == "output" for s in g.stumps)):
+            out = make_stump(g, final, cause, StumpScope.OUTPUT)
             g.stumps.append(out)
             new.append(out)
-        final = next((a for a in g.attempts if g.segments and a.id == g.segments[-1].attempt_id), None)
         if final is not None:  # a reasoning or tool-input block the output stopped in
             cut = block_stumps(g, final, cause)
             g.stumps += cut

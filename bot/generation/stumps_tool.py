@@ -18,7 +18,7 @@ from .. import truth
 from ..config import Residence
 from ..ledger import Ledger
 from ..ledger import access as acc
-from .records import Generation
+from ..records import Generation
 
 log = logging.getLogger(__name__)
 

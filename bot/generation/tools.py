@@ -20,7 +20,7 @@ from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
 from .attempts import AttemptRunner
-from .records import TEXT_JOIN, Attempt, Block, Generation, ToolCall
+from ..records import TEXT_JOIN, Attempt, Block, Generation, ToolCall
 
 log = logging.getLogger(__name__)
 

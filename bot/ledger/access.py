@@ -12,7 +12,7 @@ import json
 import time
 from typing import Any
 
-from ..generation.records import Post, ToolCall
+from ..records import Post, ToolCall
 from .store import Ledger, _post, dec, enc
 
 ACCESS = ("moderators", "private")
@@ -97,12 +97,6 @@ async def publication_of(ledger: Ledger, stump_id: str) -> list[Post]:
     """The posts that published a stump at its resident's request (recovered text and its receipt)."""
     return [_post(r) for r in await ledger.db.execute_fetchall(
         "SELECT * FROM posts WHERE stump_id=? ORDER BY seq", (stump_id,))]
-
-
-async def next_post_seq(ledger: Ledger, generation_id: str) -> int:
-    rows = await ledger.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM posts WHERE generation_id=?",
-                                            (generation_id,))
-    return rows[0][0] + 1
 
 
 async def add_tool_calls(ledger: Ledger, generation_id: str, calls: list[ToolCall]) -> None:

@@ -46,7 +46,7 @@ from typing import Any, Iterable
 
 import aiosqlite
 
-from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump
+from ..records import Attempt, Block, Generation, Post, Segment, Stump
 from ..text import outbound
 
 log = logging.getLogger(__name__)

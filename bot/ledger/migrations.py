@@ -169,6 +169,22 @@ step("m013_post_replacements", """
 ALTER TABLE posts ADD COLUMN replacements INTEGER;
 """)
 
+# Why each post exists (`bot.records.PostReason`), so `ledger verify` reads meaning from a column and
+# never from a post's wording. Rows recorded before this step are derived once, here: a text post
+# from its kind, a receipt from its kind, a notice from the wording `bot.truth` gave it when it was
+# written (frozen here as it was then); any other notice was an output's no-text line.
+step("m016_post_reason", """
+ALTER TABLE posts ADD COLUMN reason TEXT NOT NULL DEFAULT 'unknown';
+UPDATE posts SET reason = CASE
+  WHEN kind IN ('speech', 'partial') THEN 'text'
+  WHEN kind = 'receipt' THEN 'receipt'
+  WHEN CAST(content AS TEXT) LIKE '-# Continuation not available:%' THEN 'declined-continue'
+  WHEN CAST(content AS TEXT) LIKE '-# Provider attempt% interrupted and retried;%' THEN 'abandoned-notice'
+  WHEN CAST(content AS TEXT) LIKE '-# Provider rejected the API key%' THEN 'key-rejected'
+  WHEN CAST(content AS TEXT) LIKE '-# Provider declined this reply%' THEN 'refusal'
+  ELSE 'no-text' END;
+""")
+
 
 # The resident decides who may read its stumps' text (`stumps` tool, `set_access`): `access` is
 # `moderators` or `private`. A new stump starts with its residence's `stumps.default_access`, kept in

@@ -8,20 +8,19 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import os
 import sqlite3
 import time
 from pathlib import Path
-from collections.abc import Collection
+from collections.abc import Collection, Generator
 from typing import Any, Iterable
 
 import aiosqlite
 
-from ..generation.records import Attempt, Block, Generation, Post, Segment, Stump, join_text
+from ..records import (Attempt, Block, ContinuationEnd, Generation, Outcome, Post, PostKind, PostReason, Segment,
+                       Status, Stump, StumpScope, join_text)
+from ..text import outbound
 from . import chain, migrations
-
-log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -47,7 +46,13 @@ class Ledger:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, path: str | Path) -> "Ledger":
+    def open(cls, path: str | Path) -> _Opening:
+        """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
+        `async with Ledger.open(p) as ledger:`, which closes it however the block ends."""
+        return _Opening(cls, path)
+
+    @classmethod
+    async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
         if path != ":memory:":
             p = Path(path)
@@ -74,6 +79,12 @@ class Ledger:
 
     async def close(self) -> None:
         await self.db.close()
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
         # Shielded: a caller cancelled mid-write still gets CancelledError, but the transaction runs to
@@ -230,9 +241,9 @@ class Ledger:
     async def _generation(self, r: aiosqlite.Row) -> Generation:
         cols = _cols(r)
         g = Generation(id=cols["id"], residence=cols["residence"], channel=cols["channel"], model=cols["model"],
-                       status=cols["status"], stop_reason=cols["stop_reason"], text=dec(cols["text"]),
+                       status=Status(cols["status"]), stop_reason=cols["stop_reason"], text=dec(cols["text"]),
                        output_tokens=cols["output_tokens"], standing=cols["standing"],
-                       continuation_ended=cols["continuation_ended"], trigger=cols["trigger"],
+                       continuation_ended=ContinuationEnd(cols["continuation_ended"]), trigger=cols["trigger"],
                        seen_upto=cols["seen_upto"],
                        request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
                        created_at=cols["created_at"], finished_at=cols["finished_at"])
@@ -266,7 +277,7 @@ class Ledger:
                 own = await self.streamed_blocks(a["id"])
                 text = join_text(own)
             out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
-                               outcome=a["outcome"], stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
+                               outcome=Outcome(a["outcome"]), stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
                                error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
                                replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"],
                                stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
@@ -392,7 +403,7 @@ class Ledger:
         return [r[0] for r in await self.db.execute_fetchall(
             "SELECT id FROM generations WHERE status='pending' ORDER BY created_at")]
 
-    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery)
+    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
 
     async def streaming_generations(self) -> list[str]:
         """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
@@ -442,9 +453,11 @@ class Ledger:
 
     @staticmethod
     def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
-        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id)"
-                " VALUES (?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
-                                               p.replacements, p.stump_id))
+        if p.replacements is None:
+            p.replacements = outbound(p.content)[1]
+        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
+                " VALUES (?,?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
+                                                 p.replacements, p.stump_id, p.reason))
 
 
 def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
@@ -464,6 +477,25 @@ def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any
         raise
 
 
+class _Opening:
+    """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
+
+    def __init__(self, cls: type[Ledger], path: str | Path) -> None:
+        self.cls, self.path = cls, path
+        self.ledger: Ledger | None = None
+
+    def __await__(self) -> Generator[Any, None, Ledger]:
+        return self.cls._connect(self.path).__await__()
+
+    async def __aenter__(self) -> Ledger:
+        self.ledger = await self.cls._connect(self.path)
+        return self.ledger
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
+
+
 def _cols(r: Any) -> dict[str, Any]:
     return dict(r) if not isinstance(r, dict) else r
 
@@ -477,7 +509,7 @@ def _stump(r: Any) -> Stump:
     """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
     s = _cols(r)
     return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
-                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=s["scope"],
+                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=StumpScope(s["scope"]),
                  published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
                  residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"],
                  block=s.get("block"), block_type=s.get("block_type"))
@@ -485,6 +517,9 @@ def _stump(r: Any) -> Stump:
 
 def _post(r: Any) -> Post:
     p = _cols(r)
-    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=p["kind"], content=dec(p["content"]),
+    content = dec(p["content"])
+    replacements = p.get("replacements")
+    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=PostKind(p["kind"]), content=content,
                 channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"],
-                replacements=p.get("replacements"), stump_id=p.get("stump_id"))
+                replacements=outbound(content)[1] if replacements is None else replacements,
+                stump_id=p.get("stump_id"), reason=PostReason(p["reason"]))

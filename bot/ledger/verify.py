@@ -7,37 +7,37 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 """
 from __future__ import annotations
 
-import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import truth
-from ..delivery.plan import LIMIT, RECEIPT_PREFIX
-from ..generation.records import Block, join_text
+from ..records import Block, PostReason, join_text
+from ..text import FENCE_LINE
+from ..truth import LIMIT, RECEIPT_PREFIX
 from . import chain
 from .store import Ledger, dec
 from .verify_tools import check_tool_calls, joined_upto, round_finals
 
-log = logging.getLogger(__name__)
 
 CUT = frozenset({"truncated", "failed", "incomplete"})
 SETTLED = frozenset({"completed", "truncated", "refused", "failed", "incomplete"})
 TEXT_KINDS = frozenset({"speech", "partial"})
-# A fence line a split may add to close or reopen a code block (the delivery planner's own rule).
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 
-def _prefix_of(line: str, sep: str) -> str:
-    return RECEIPT_PREFIX + line.split(sep)[0]
-
-
 # Room lines that are not a generation's boundary line: the optional retry notice and a declined
-# /continue. Their prefixes come from the wording in bot.truth, so they cannot drift apart.
-_SIDE_NOTICES = (_prefix_of(truth.abandoned_notice(1, 0), ";"), _prefix_of(truth.abandoned_notice(2, 0), ";"),
-                 _prefix_of(truth.declined_continue("x"), ":"))
+# /continue. A post records why it exists (`posts.reason`); its wording is never parsed here.
+_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE})
+# The kinds each reason may be posted as.
+_REASON_KINDS: dict[str, frozenset[str]] = {
+    PostReason.TEXT: TEXT_KINDS, PostReason.RECEIPT: frozenset({"receipt"}),
+    PostReason.NO_TEXT: frozenset({"receipt", "notice"}), PostReason.REFUSAL: frozenset({"notice"}),
+    PostReason.DECLINED_CONTINUE: frozenset({"notice"}), PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
+    PostReason.KEY_REJECTED: frozenset({"notice"}),
+    PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
+}
 
 
 @dataclass
@@ -256,7 +256,7 @@ def _check_output_stump(v: list[str], where: str, g: dict[str, Any], text: str, 
     if s["text"] != text:
         v.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
     if s["cause"] != cause:
-        v.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected {cause!r}")
+        v.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
     text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
     some = any(p["message_id"] is not None for p in text_posts)
     every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
@@ -281,7 +281,7 @@ def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempt
         _check_line(v, f"post {p['id']} ({where})", p)
     text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
     receipts = [p for p in posts if p["kind"] == "receipt"]
-    boundary_notices = [p for p in posts if p["kind"] == "notice" and not p["content"].startswith(_SIDE_NOTICES)]
+    boundary_notices = [p for p in posts if p["kind"] == "notice" and p["reason"] not in _SIDE_NOTICES]
     if status != "completed" and any(p["kind"] == "speech" for p in posts):
         v.append(f"{where}: speech post for a {status} generation")
     if status == "completed" and calls == 0 and any(p["kind"] == "partial" for p in posts):
@@ -330,6 +330,9 @@ def _check_line(v: list[str], who: str, p: dict[str, Any]) -> None:
             v.append(f"{who}: {p['kind']} addresses someone in the second person")
     elif p["kind"] not in TEXT_KINDS and p["kind"] != "recovered":
         v.append(f"{who}: unknown post kind {p['kind']!r}")
+    reason = p.get("reason")
+    if reason is not None and p["kind"] not in _REASON_KINDS.get(reason, ()):
+        v.append(f"{who}: a {p['kind']} post with reason {reason!r}")
 
 
 def _cover(text: str, contents: list[str]) -> str | None:
@@ -396,13 +399,13 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     """The content as posted, then with an added reopening and/or closing fence line taken off."""
     out = [(content, False)]
     head = None
-    if "\n" in content and _FENCE.match(content.split("\n", 1)[0]):
+    if "\n" in content and FENCE_LINE.match(content.split("\n", 1)[0]):
         head = content.split("\n", 1)[1]
         out.append((head, True))
     for c in (content, head):
-        if c is not None and "\n" in c and _FENCE.match(c.rsplit("\n", 1)[1]):
+        if c is not None and "\n" in c and FENCE_LINE.match(c.rsplit("\n", 1)[1]):
             out.append((c.rsplit("\n", 1)[0], True))
-    if head is not None and _FENCE.match(head):  # a chunk that is only a reopened and closed fence
+    if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
         out.append(("", True))
     return out
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import truth
-from ..generation.records import TEXT_JOIN
+from ..records import TEXT_JOIN
 from .store import dec
 
 

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 from typing import Any
 
 from .. import truth
-from ..generation.records import Block, Generation, Post, Stump, ToolCall
+from ..records import Block, Generation, Post, Stump, ToolCall
 from . import chain
 from .chain import Entry
-
-log = logging.getLogger(__name__)
 
 
 def when(ts: float | None) -> str:

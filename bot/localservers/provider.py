@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-log = logging.getLogger(__name__)
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 def event(name: str, data: dict[str, Any]) -> bytes:

@@ -21,7 +21,7 @@ import anthropic
 import httpx2
 
 from .. import truth
-from ..generation.records import Block, join_text
+from ..records import Block, join_text
 from ..text import outbound_json
 
 log = logging.getLogger(__name__)

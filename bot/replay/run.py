@@ -7,7 +7,6 @@ room's history is the scenario's turns.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 from ..context import RoomMessage
 from ..generation.attempts import AttemptRunner
-from ..generation.records import Post
+from ..records import Post
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..ledger.access import tool_calls_of
@@ -25,7 +24,6 @@ from ..resident import Resident
 from ..text import outbound
 from .scenario import Scenario
 
-log = logging.getLogger(__name__)
 
 CHANNEL = "replay"
 
@@ -64,40 +62,42 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
         db_path = tmp
     server = ProviderServer()
     await server.start()
-    ledger = await Ledger.open(db_path)
-    client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
     try:
-        resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
-        room = CollectingRoom(sc.residence.name)
-        turns = []
-        for t in sc.turns:
-            server.reset(t.calls)
-            first = len(room.sent)
-            if t.say is not None:
-                m = room.say(t.say.author, t.say.content)
-                reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id)
-            else:
-                reply = await resident.continue_generation(room, CHANNEL, None)
-            g = reply.generation
-            gj = None
-            if g is not None:
-                g = await ledger.get_generation(g.id)
-            if g is not None:
-                gj = {**g.as_json(), "tool_rounds": [c.as_json() for c in await tool_calls_of(ledger, g.id)]}
-            turns.append({
-                "generation": gj,
-                "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
-                           "replacements": p.replacements}
-                          for p in room.sent[first:]],
-                "requests": list(server.requests),
-                "provider_calls": len(server.requests),
-                **({"declined": reply.declined} if reply.declined else {}),
-            })
-        stumps = [{**s.meta(), "text": s.text} for s in await ledger.list_stumps(limit=1_000_000)]
-        return {"residence": sc.residence.name, "db": None if tmp else db_path, "turns": turns, "stumps": stumps}
+        async with Ledger.open(db_path) as ledger:
+            client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
+            try:
+                resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
+                room = CollectingRoom(sc.residence.name)
+                turns = []
+                for t in sc.turns:
+                    server.reset(t.calls)
+                    first = len(room.sent)
+                    if t.say is not None:
+                        m = room.say(t.say.author, t.say.content)
+                        reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id)
+                    else:
+                        reply = await resident.continue_generation(room, CHANNEL, None)
+                    g = reply.generation
+                    gj = None
+                    if g is not None:
+                        g = await ledger.get_generation(g.id)
+                    if g is not None:
+                        gj = {**g.as_json(), "tool_rounds": [c.as_json() for c in await tool_calls_of(ledger, g.id)]}
+                    turns.append({
+                        "generation": gj,
+                        "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
+                                   "replacements": p.replacements}
+                                  for p in room.sent[first:]],
+                        "requests": list(server.requests),
+                        "provider_calls": len(server.requests),
+                        **({"declined": reply.declined} if reply.declined else {}),
+                    })
+                stumps = [{**s.meta(), "text": s.text} for s in await ledger.list_stumps(limit=1_000_000)]
+                return {"residence": sc.residence.name, "db": None if tmp else db_path, "turns": turns,
+                        "stumps": stumps}
+            finally:
+                await client.close()
     finally:
-        await client.close()
-        await ledger.close()
         await server.stop()
         if tmp:
             for suffix in ("", "-wal", "-shm"):

@@ -4,7 +4,6 @@ Everything is checked before anything runs, so a bad scenario exits 2 with nothi
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -13,8 +12,6 @@ from pydantic import Field, model_validator
 
 from ..config import ConfigError, Residence, Strict, build_residence, dotted, line_of, mapping, read_yaml, validate
 from ..localservers.provider import Call
-
-log = logging.getLogger(__name__)
 
 
 class Say(Strict):

@@ -11,7 +11,6 @@ tree's error handler (`checks.on_app_command_error`).
 """
 from __future__ import annotations
 
-import logging
 import re
 
 import discord
@@ -19,15 +18,15 @@ import yaml
 from discord import app_commands
 from discord.ext import commands
 
+from ... import truth
 from ...delivery import split_text
-from ...generation.records import Generation
+from ...records import Generation
 from ...ledger import views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
 
-log = logging.getLogger(__name__)
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
@@ -155,10 +154,9 @@ class Moderation(commands.Cog):
         if g is None or g.residence != self.bot.residence.name:
             await self._say(interaction, f"No generation {generation} of {self.bot.residence.name}.")
             return
-        standing = self.bot.residence.policy.continuation.standing
-        if standing != "on-request":
-            await self._say(interaction,
-                            f"Not continued: the continuation standing of {g.residence} is {standing}, not on-request.")
+        refused = truth.standing_refusal(self.bot.residence.policy.continuation.standing, g.residence)
+        if refused:
+            await self._say(interaction, f"Not continued: {refused}.")
             return
         channel = scope.channel(g.channel)
         if channel is None:  # in scope, so in this guild: not reachable only if the bot cannot see it

@@ -6,7 +6,6 @@ The invoking member's roles and the channel's overwrites decide the permissions 
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections.abc import Sequence
@@ -17,7 +16,6 @@ from .model import FLAG_EPHEMERAL, FLAG_LOADING, ApiError, Channel, Command, Int
     Message, RoomEvent, form_error, unknown
 from .state import RoomState, Upload
 
-log = logging.getLogger(__name__)
 
 FOLLOWUP_WINDOW_S = 15 * 60.0  # interaction tokens stay valid 15 minutes
 USER_OPTIONS = (6, 9)  # USER, MENTIONABLE

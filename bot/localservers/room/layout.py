@@ -13,7 +13,6 @@ Without a layout the room is one guild whose `moderator` role the /_room/ `moder
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,6 @@ import yaml
 
 from .model import MODERATOR_PERMS, MODERATOR_ROLE
 
-log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 PERSON = re.compile(r"^[^\s/@#:`]{1,32}$")

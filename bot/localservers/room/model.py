@@ -9,7 +9,6 @@ ownership, then the channel's overwrites (@everyone, roles, the member).
 from __future__ import annotations
 
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +16,6 @@ from typing import Any
 
 import discord
 
-log = logging.getLogger(__name__)
 
 # What every member may do (Discord's defaults for a new server's @everyone, trimmed to text).
 EVERYONE_PERMS = discord.Permissions(

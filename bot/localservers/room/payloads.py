@@ -6,7 +6,6 @@ same way. Pure functions of the model: no state, no sockets.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import discord
@@ -14,7 +13,6 @@ import discord
 from .model import FLAG_EPHEMERAL, FLAG_LOADING, Attachment, Channel, Command, Guild, Interaction, Member, \
     Message, Role, User
 
-log = logging.getLogger(__name__)
 
 ATTACHMENT_LIMIT = 10 * 1024 * 1024
 INTENT_MESSAGE_CONTENT = 1 << 15

@@ -6,14 +6,12 @@ of application commands a bot syncs.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from .model import ApiError, Channel, Message, User, form_error
 
-log = logging.getLogger(__name__)
 
 MAX_CONTENT = 2000
 USER_MENTION = re.compile(r"<@!?(\d{1,20})>")

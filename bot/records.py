@@ -1,20 +1,120 @@
-"""Plain records of a generation and its attempts, segments, stumps and posts.
+"""Plain records of a generation and its attempts, segments, stumps and posts, and the names of their states.
 
 These are what the ledger stores and what replay, delivery and the moderation commands read; they
-carry data only, and the rules that give them meaning live in `bot.truth`.
+carry data only, and the rules that give them meaning live in `bot.truth`. Every layer imports this
+module and it imports none of them. The states are `StrEnum`s: each member equals its string, so
+the ledger's columns and the JSON written from these records are the same bytes as plain strings.
 """
 from __future__ import annotations
 
-import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
-from .. import truth
-from ..text import outbound
 
-log = logging.getLogger(__name__)
+class Status(StrEnum):
+    """A generation's status: `pending` until settled, then how its output ended."""
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    REFUSED = "refused"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+
+
+class Outcome(StrEnum):
+    """An attempt's outcome: `streaming` until it ends; `abandoned` when set aside for a retry."""
+    STREAMING = "streaming"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABANDONED = "abandoned"
+    REFUSED = "refused"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+
+
+class PostKind(StrEnum):
+    """How a post reads in the room: a generation's text (speech, partial) or a boundary line."""
+    SPEECH = "speech"
+    PARTIAL = "partial"
+    RECEIPT = "receipt"
+    NOTICE = "notice"
+    RECOVERED = "recovered"  # a stump's text published later at its resident's request
+
+
+class PostReason(StrEnum):
+    """Why a post exists: what `ledger verify` checks a post against, never its wording."""
+    TEXT = "text"  # a piece of a generation's own text (speech or partial)
+    RECEIPT = "receipt"  # the boundary line after a cut, interrupted or assembled output
+    REFUSAL = "refusal"  # the notice that the provider declined the reply
+    NO_TEXT = "no-text"  # the one line for an output that ended with no text to post
+    DECLINED_CONTINUE = "declined-continue"  # a /continue that was not run, and why
+    ABANDONED_NOTICE = "abandoned-notice"  # the optional line on attempts set aside for a retry
+    KEY_REJECTED = "key-rejected"  # the provider refused the API key (at most one per channel per window)
+    RECOVERED = "recovered"  # a stump's text, or the receipt after it, published at the resident's request
+    UNKNOWN = "unknown"  # a post recorded before posts said why (see migration m016_post_reason)
+
+
+class StumpScope(StrEnum):
+    """What a stump holds: the output's own text, a text set aside, or a non-text block cut."""
+    OUTPUT = "output"
+    ATTEMPT = "attempt"
+    BLOCK = "block"
+
+
+class Cause(StrEnum):
+    """Stump and discard causes that are not provider stop reasons (a stump's cause may also be one)."""
+    MAX_TOKENS = "max_tokens"
+    CONTEXT_WINDOW = "model_context_window_exceeded"
+    REFUSAL = "refusal"
+    RETRY_ABANDONED = "retry-abandoned"
+    PROVIDER_ERROR = "provider-error"
+    NO_STOP_REASON = "no-stop-reason"
+    INTERRUPTED = "interrupted"  # the process stopped while the attempt was streaming
+    NO_PROGRESS = "no-progress"  # a continuation segment that added too little, set aside
+    REPETITION = "repetition"  # a continuation segment that repeated earlier text, set aside
+
+
+class ContinuationEnd(StrEnum):
+    """How continuation of a generation ended (or that it was never needed or allowed)."""
+    NOT_NEEDED = "not-needed"
+    DISABLED = "disabled"
+    COMPLETED = "completed"
+    SEGMENT_LIMIT = "segment-limit"
+    TOKEN_LIMIT = "token-limit"
+    NO_PROGRESS = "no-progress"
+    REPETITION = "repetition"
+    SUPERSEDED = "superseded"
+    ERROR = "error"
+
+
+# A residence's continuation standing (a Literal, as the validated configuration carries it).
+Standing = Literal["none", "on-request", "bounded"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Plain facts about how a generation ended, as the wording below needs them."""
+    status: Status
+    stop_reason: str | None
+    output_tokens: int | None  # the provider's figure for the last segment, None when it gave none
+    chars: int
+    segments: int = 1
+    continuation_ended: ContinuationEnd = ContinuationEnd.NOT_NEEDED
+    attempts: int = 1
+    error: str | None = None  # the last failure's kind, for failed generations
+    cut_in: str | None = None  # declared type of the last content block of the output's final attempt
+    other_content: bool = False  # that attempt produced content outside text blocks (reasoning, tool input)
+    kept_chars: int | None = None  # characters of text kept (a stump), where `chars` counts only visible text
+
+
+def provider_tokens(counts: Iterable[int | None]) -> int | None:
+    """A sum of the provider's own token counts; None when there are none or any is missing, never an estimate."""
+    values = list(counts)
+    return sum(t for t in values if t is not None) if values and None not in values else None
 
 
 def new_id(prefix: str) -> str:
@@ -99,7 +199,7 @@ class Attempt:
     segment: int
     index: int
     text: str = ""
-    outcome: truth.Outcome = "streaming"
+    outcome: Outcome = Outcome.STREAMING
     stop_reason: str | None = None
     discard_reason: str | None = None
     error: str | None = None
@@ -154,10 +254,10 @@ class Stump:
     id: str
     generation_id: str
     attempt_id: str | None
-    cause: str
+    cause: Cause | str  # one of this project's causes, or a provider stop reason as given
     text: str
     output_tokens: int | None
-    scope: str = "attempt"  # "output": the generation's own text; "attempt": a text set aside; "block": see below
+    scope: StumpScope = StumpScope.ATTEMPT  # "output": the generation's own text; "attempt": a text set aside; "block": see below
     published: bool = False
     replaced_by: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -184,23 +284,48 @@ class Post:
     id: str
     generation_id: str | None
     seq: int
-    kind: truth.PostKind
+    kind: PostKind
     content: str
     channel: str = ""
     message_id: str | None = None
     delivered_at: float | None = None
     # Lone surrogates in `content` that leave the process as U+FFFD (`bot.text.outbound`): counted
-    # when the post is planned, since the ledger keeps the content exactly and the room gets it valid.
+    # when the ledger records the post, since it keeps the content exactly and the room gets it valid.
     replacements: int | None = None
     stump_id: str | None = None  # kind `recovered` and the receipt after it: the stump published at the resident's request
+    # Why the post exists. A text post or a receipt says so by its kind; a notice must be told why.
+    reason: PostReason | None = None
 
     def __post_init__(self) -> None:
-        if self.replacements is None:
-            self.replacements = outbound(self.content)[1]
+        if self.reason is None:
+            self.reason = PostReason.RECOVERED if self.stump_id is not None else \
+                _REASON_OF_KIND.get(self.kind, PostReason.UNKNOWN)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "seq": self.seq, "kind": self.kind, "content": self.content,
                 "message_id": self.message_id, "replacements": self.replacements}
+
+
+_REASON_OF_KIND = {PostKind.SPEECH: PostReason.TEXT, PostKind.PARTIAL: PostReason.TEXT,
+                   PostKind.RECEIPT: PostReason.RECEIPT, PostKind.RECOVERED: PostReason.RECOVERED}
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A post as delivery plans it, before it is numbered and recorded: what it is, says, and why."""
+    kind: PostKind
+    content: str
+    reason: PostReason
+
+
+def numbered(planned: Iterable[Planned], generation_id: str | None, channel: str, start: int,
+             stump_id: str | None = None) -> list[Post]:
+    """The posts for `planned`, numbered on from `start` (the ledger's `next_post_seq` of the generation).
+
+    The one numbering of posts: a live turn, a /continue, a publication, recovery and resume all number
+    through here. `stump_id`: the stump these posts publish at its resident's request."""
+    return [Post(id=new_id("p-"), generation_id=generation_id, seq=start + i, kind=p.kind, content=p.content,
+                 channel=channel, reason=p.reason, stump_id=stump_id) for i, p in enumerate(planned)]
 
 
 @dataclass
@@ -209,12 +334,12 @@ class Generation:
     residence: str
     channel: str
     model: str
-    status: truth.Status = "pending"
+    status: Status = Status.PENDING
     stop_reason: str | None = None
     text: str = ""
     output_tokens: int | None = None
-    standing: str = "none"
-    continuation_ended: str = "not-needed"
+    standing: Standing = "none"
+    continuation_ended: ContinuationEnd = ContinuationEnd.NOT_NEEDED
     trigger: str | None = None
     seen_upto: str | None = None  # the newest room message its request was compiled from
     request: dict[str, Any] | None = None
@@ -229,25 +354,29 @@ class Generation:
     def chars(self) -> int:
         return len(self.text)
 
+    def segments_tokens(self) -> int | None:
+        """Output tokens over all segments, by the provider's own counts; None if any count is missing."""
+        return provider_tokens(s.output_tokens for s in self.segments)
+
     @property
     def last_segment_tokens(self) -> int | None:
         return self.segments[-1].output_tokens if self.segments else None
 
-    def ending(self) -> truth.Ending:
+    def ending(self) -> Ending:
         last = self.attempts[-1] if self.attempts else None
         # the attempt whose text stands last in the canonical output (a set-aside segment may follow it)
         final = next((a for a in self.attempts if a.id == self.segments[-1].attempt_id), last) \
             if self.segments else last
         blocks = final.blocks if final is not None else []
-        return truth.Ending(status=self.status, stop_reason=self.stop_reason,
-                            output_tokens=self.last_segment_tokens if self.segments else None,
-                            chars=self.chars, segments=max(1, len(self.segments)),
-                            continuation_ended=self.continuation_ended,
-                            attempts=sum(1 for a in self.attempts if a.segment == (last.segment if last else 1)),
-                            error=last.error if last else None,
-                            cut_in=blocks[-1].type if blocks else None,
-                            other_content=any(b.content for b in blocks if not b.is_text),
-                            kept_chars=self.chars)
+        return Ending(status=self.status, stop_reason=self.stop_reason,
+                      output_tokens=self.last_segment_tokens if self.segments else None,
+                      chars=self.chars, segments=max(1, len(self.segments)),
+                      continuation_ended=self.continuation_ended,
+                      attempts=sum(1 for a in self.attempts if a.segment == (last.segment if last else 1)),
+                      error=last.error if last else None,
+                      cut_in=blocks[-1].type if blocks else None,
+                      other_content=any(b.content for b in blocks if not b.is_text),
+                      kept_chars=self.chars)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "residence": self.residence, "channel": self.channel, "model": self.model,
@@ -277,3 +406,22 @@ class ToolCall:
     def as_json(self) -> dict[str, Any]:
         return {"round": self.round, "name": self.name, "input": self.input, "result": self.result,
                 "is_error": self.is_error, "attempt_id": self.attempt_id, "tool_use_id": self.tool_use_id}
+
+
+def make_stump(g: Generation, a: Attempt, cause: Cause | str, scope: StumpScope, block: Block | None = None) -> Stump:
+    """The one way a stump is made; what it holds follows from its scope.
+
+    `attempt`: the text of attempt `a`, set aside; `output`: the generation's canonical text and
+    tokens, standing on `a`, its last segment's attempt; `block`: the content of `block`, a non-text
+    block `a` stopped in. Output tokens are the provider's own figure, or None (never an estimate).
+    """
+    if scope == StumpScope.OUTPUT:
+        text, tokens = g.text, g.output_tokens
+    elif scope == StumpScope.BLOCK:
+        assert block is not None
+        text, tokens = block.content, a.output_tokens
+    else:
+        text, tokens = a.text, a.output_tokens
+    return Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=text, output_tokens=tokens,
+                 scope=scope, residence=g.residence, block=block.index if block is not None else None,
+                 block_type=block.type if block is not None else None)
