@@ -20,6 +20,7 @@ import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
+from ..delivery.live import LiveBoard
 from ..delivery.outbox import Backoff, Outbox
 from ..generation.attempts import AttemptRunner
 from ..generation.recovery import settle_interrupted
@@ -146,8 +147,10 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
     outbox = Outbox(ledger, backoff)
     try:
         generator = Generator(AttemptRunner(client, ledger))
+        board = LiveBoard()  # the process's live messages in progress, as its outbox is the process's
         for r in dep.residences:
             registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
+            registry[r.name].board = board
         for r in dep.residences:
             bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
         stop = stop or asyncio.Event()

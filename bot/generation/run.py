@@ -15,7 +15,7 @@ from .. import truth
 from ..config import Residence
 from ..context import continuation_request
 from ..continuation import judge_segment
-from .attempts import AttemptRunner, block_stumps
+from .attempts import AttemptRunner, AttemptWatch, block_stumps
 from .records import Attempt, Generation, Segment, Stump, new_id
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,14 @@ class Generator:
         self.ledger = runner.ledger
 
     async def generate(self, res: Residence, channel: str, request: dict[str, Any], trigger: str | None = None,
-                       superseded: Callable[[], bool] = never, seen_upto: str | None = None) -> Generation:
+                       superseded: Callable[[], bool] = never, seen_upto: str | None = None,
+                       watch: AttemptWatch | None = None) -> Generation:
+        """`watch` sees the first segment's attempts stream (a live reply); continuation segments are not shown live."""
         g = Generation(id=new_id("g-"), residence=res.name, channel=channel, model=res.model,
                        standing=res.policy.continuation.standing, trigger=trigger, request=request,
                        seen_upto=seen_upto)
         final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
-                                              settle_last=False)
+                                              settle_last=False, watch=watch)
         g.text, g.stop_reason = final.text, final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)
         g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)]

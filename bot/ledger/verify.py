@@ -35,7 +35,7 @@ def _prefix_of(line: str, sep: str) -> str:
 # Room lines that are not a generation's boundary line: the optional retry notice and a declined
 # /continue. Their prefixes come from the wording in bot.truth, so they cannot drift apart.
 _SIDE_NOTICES = (_prefix_of(truth.abandoned_notice(1, 0), ";"), _prefix_of(truth.abandoned_notice(2, 0), ";"),
-                 _prefix_of(truth.declined_continue("x"), ":"))
+                 _prefix_of(truth.declined_continue("x"), ":"), _prefix_of(truth.live_set_aside_notice(0), " after"))
 
 
 @dataclass
@@ -70,6 +70,10 @@ async def check(ledger: Ledger) -> Report:
         for r in await rows(f"SELECT * FROM {table} ORDER BY generation_id, {order}"):
             d = dict(r)
             by_gen[d["generation_id"]][table].append(d)
+    # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
+    shown_live = {r[0] for r in await rows("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
+    for s in (s for t in by_gen.values() for s in t["stumps"]):
+        s["shown_live"] = s["id"] in shown_live
     chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
     blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
@@ -206,8 +210,10 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
             for s in match:
                 if s["text"] != a["text"]:
                     v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if s["published"]:
+                if s["published"] and not s.get("shown_live"):
                     v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
+                if s.get("shown_live") and not s["published"]:
+                    v.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
             v.append(f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
                      "nor kept as a stump")

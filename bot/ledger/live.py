@@ -1,0 +1,77 @@
+"""The ledger's record of live replies (policy `delivery.live`): each message shown while generating.
+
+Kept apart from the posts: a live message is what the room saw while a reply was written; once the
+reply settles it is either one of the reply's posts (`adopted`), the published text of a retried
+attempt (`set-aside`, its stump marked published), or — left in progress by a stopped process —
+`withdrawn` from the room at the next start, so the room ends as it would without live mode.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .store import Ledger, dec, enc
+
+
+@dataclass
+class LiveMessage:
+    message_id: str
+    generation_id: str
+    attempt_id: str
+    idx: int
+    channel: str
+    residence: str
+    content: str  # what it showed last, without the in-progress marker
+    state: str = "live"
+
+
+async def add(ledger: Ledger, m: LiveMessage) -> None:
+    await ledger._tx([("INSERT INTO live_messages (message_id, generation_id, attempt_id, idx, channel, residence,"
+                       " content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+                       (m.message_id, m.generation_id, m.attempt_id, m.idx, m.channel, m.residence, enc(m.content),
+                        m.state, time.time()))])
+
+
+async def shown(ledger: Ledger, message_id: str, content: str) -> None:
+    await ledger._tx([("UPDATE live_messages SET content=? WHERE message_id=?", (enc(content), message_id))])
+
+
+async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> None:
+    """The live message is now post `post_id` of the settled reply (its message id recorded on the post)."""
+    now = time.time()
+    await ledger._tx([
+        ("UPDATE live_messages SET state='adopted', post_id=?, content=? WHERE message_id=?",
+         (post_id, enc(content), message_id)),
+        ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, now, post_id)),
+    ])
+
+
+async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None, contents: list[str]) -> None:
+    """The messages of a retried attempt stay as shown; their text's stump is marked published."""
+    statements = [("UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
+                   (stump_id, enc(c), mid)) for mid, c in zip(message_ids, contents)]
+    if stump_id is not None:
+        statements.append(("UPDATE stumps SET published=1 WHERE id=?", (stump_id,)))
+    await ledger._tx(statements)
+
+
+async def withdraw(ledger: Ledger, message_id: str) -> None:
+    await ledger._tx([("UPDATE live_messages SET state='withdrawn' WHERE message_id=?", (message_id,))])
+
+
+async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
+    """Live messages a stopped process left in progress, oldest first."""
+    rows = await ledger.db.execute_fetchall(
+        "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx", (residence,))
+    return [_row(r) for r in rows]
+
+
+async def of_generation(ledger: Ledger, generation_id: str) -> list[LiveMessage]:
+    rows = await ledger.db.execute_fetchall(
+        "SELECT * FROM live_messages WHERE generation_id=? ORDER BY created_at, idx", (generation_id,))
+    return [_row(r) for r in rows]
+
+
+def _row(r) -> LiveMessage:  # type: ignore[no-untyped-def]
+    return LiveMessage(r["message_id"], r["generation_id"], r["attempt_id"], r["idx"], r["channel"], r["residence"],
+                       dec(r["content"]), r["state"])
