@@ -197,3 +197,41 @@ async def test_another_resident_reacts_only_to_the_settled_live_reply(tmp_path) 
         assert len(answers) == 2 and answers[1][0] > settled_at, "sill answered cairn's reply once it settled"
         assert d.provider.arrived == 3
         assert await verify(d.ledger) == []
+
+
+async def test_a_live_reply_cut_by_sigkill_is_withdrawn_and_posted_as_recovered(tmp_path) -> None:
+    """`residents run` killed while a live reply is in progress: at the next start the live message is removed
+    (the ledger keeps what it showed, `withdrawn`) and the recovered partial and receipt are posted as they
+    would be without live mode; nothing with the in-progress marker is left in the room."""
+    from test_crash import (MODEL, assert_posts_match_room, bot_messages, check_ledger, crash_rig, restart,
+                            until, words)
+
+    async with crash_rig(tmp_path) as (room, provider, proc):
+        (tmp_path / "policies" / "crash.yaml").write_text(
+            "retries:\n  max_attempts: 1\n  timeout_seconds: 60\n"
+            "floor:\n  cooldown_seconds: 0\n  reply_to: mentions\ndelivery:\n  live: true\n")
+        full = words(3000, "k")
+        provider.enqueue([Call(sse=sse.stream(full, finish=False, model=MODEL), end="stall", stall_seconds=10)])
+        await restart(room, proc)
+        room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
+        await until(proc, lambda: len(bot_messages(room)) >= 2 and
+                    any(MARK in m["content"] for m in bot_messages(room)), timeout=10)
+        await proc.kill()
+        shown = [m["id"] for m in bot_messages(room)]
+        await restart(room, proc)
+        await room.wait_for_message(lambda m: m["author"] == "cairn" and truth.INTERRUPTED_SENTENCE in m["content"],
+                                    timeout=10)
+        assert not any(MARK in m["content"] for m in bot_messages(room))
+        assert not set(shown) & {m["id"] for m in bot_messages(room)}
+        led = await check_ledger(proc.db)
+        try:
+            [row] = await led.list_generations("cairn")
+            g = await led.get_generation(row["id"])
+            assert g is not None and g.status == "incomplete"
+            assert_posts_match_room(g, room)
+            assert len(bot_messages(room)) == len(g.posts)
+            lives = await live_ledger.of_generation(led, g.id)
+            assert [m.message_id for m in lives] == shown and {m.state for m in lives} == {"withdrawn"}
+            assert all(g.text.startswith(m.content) or m.content in g.text for m in lives)
+        finally:
+            await led.close()

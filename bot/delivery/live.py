@@ -58,6 +58,32 @@ def supports_live(room: object) -> bool:
     return all(callable(getattr(room, m, None)) for m in ("send_live", "edit", "delete"))
 
 
+class StaleRoom(Protocol):
+    async def delete(self, channel: str, message_id: str) -> None: ...
+
+
+async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: str) -> int:
+    """At start-up, before undelivered posts go out: live messages a stopped process left in progress are
+    removed from the room (recorded `withdrawn`), so the recovered reply is posted as without live mode.
+
+    One that cannot be removed now stays `live` in the ledger and is tried again at the next start.
+    """
+    done = 0
+    for m in await live_ledger.in_progress(ledger, residence):
+        try:
+            await room.delete(m.channel, m.message_id)
+        except RoomUnavailable as e:
+            log.warning("%s: live message %s left in progress by a stop could not be removed: %s", residence,
+                        m.message_id, e)
+            continue
+        await live_ledger.withdraw(ledger, m.message_id)
+        done += 1
+    if done:
+        log.warning("%s: %d live message(s) left in progress by a stop were removed; the reply is posted as "
+                    "recovered", residence, done)
+    return done
+
+
 class LiveBoard:
     """The process's live messages still in progress (by nonce and by id), and who wants to hear of them
     settling. Shared by every resident of a process, as the outbox is."""

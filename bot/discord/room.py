@@ -143,3 +143,11 @@ class DiscordResumeRoom:
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
         return await DiscordRoom(channel).send(post)
+
+    async def delete(self, channel_ref: str, message_id: str) -> None:
+        """Remove one of the bot's messages (a live reply a stopped process left in progress)."""
+        try:
+            channel = await asyncio.wait_for(self._channel(channel_ref), timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+        await DiscordRoom(channel).delete(message_id)

@@ -20,7 +20,7 @@ import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
-from ..delivery.live import LiveBoard
+from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
 from ..generation.attempts import AttemptRunner
 from ..generation.recovery import settle_interrupted
@@ -114,7 +114,9 @@ async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
     nothing planned later overtakes it.
     """
     await bot.login(token)
-    outbox.register(bot.residence.name, DiscordResumeRoom(bot))
+    room = DiscordResumeRoom(bot)
+    await withdraw_left_in_progress(outbox.ledger, room, bot.residence.name)  # a live reply cut by a stop
+    outbox.register(bot.residence.name, room)
     await outbox.resume(bot.residence.name)
     await bot.connect()
 
