@@ -33,9 +33,10 @@ from typing import Protocol
 from .. import truth
 from ..generation.attempts import LiveLedgerSink
 from ..generation.records import Attempt, Post, Stump, join_text, new_id
-from ..generation.recovery import RoomUnavailable
+from ..generation.recovery import RoomUnavailable, Seen
 from ..ledger import Ledger
 from ..ledger import live as live_ledger
+from ..text import outbound
 from .plan import LIMIT, split_text
 
 log = logging.getLogger(__name__)
@@ -61,22 +62,38 @@ def supports_live(room: object) -> bool:
 class StaleRoom(Protocol):
     async def delete(self, channel: str, message_id: str) -> None: ...
 
+    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]: ...
+
+
+def shown_as(content: str) -> tuple[str, str]:
+    """How a live message with this content may stand in the room: closed, or open with the marker."""
+    return content, content[:LIMIT - len(truth.LIVE_MARKER)] + truth.LIVE_MARKER
+
 
 async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: str) -> int:
     """At start-up, before undelivered posts go out: live messages a stopped process left in progress are
     removed from the room (recorded `withdrawn`), so the recovered reply is posted as without live mode.
 
-    One that cannot be removed now stays `live` in the ledger and is tried again at the next start.
+    A message whose send was not answered before the stop is looked for among the bot's own messages
+    (by nonce where the room reports one, else by content). One that cannot be removed now stays `live`
+    in the ledger and is tried again at the next start.
     """
     done = 0
     for m in await live_ledger.in_progress(ledger, residence):
         try:
-            await room.delete(m.channel, m.message_id)
+            mid = m.message_id
+            if mid is None:
+                seen = await room.own_messages(m.channel, None, m.created_at - 60)
+                mid = next((x.message_id for x in seen if x.nonce == m.nonce or
+                            (x.nonce is None and outbound(x.content)[0] in map(lambda c: outbound(c)[0],
+                                                                               shown_as(m.content)))), None)
+            if mid is not None:
+                await room.delete(m.channel, mid)
         except RoomUnavailable as e:
             log.warning("%s: live message %s left in progress by a stop could not be removed: %s", residence,
-                        m.message_id, e)
+                        m.message_id or m.nonce, e)
             continue
-        await live_ledger.withdraw(ledger, m.message_id)
+        await live_ledger.withdraw(ledger, m.nonce, mid)
         done += 1
     if done:
         log.warning("%s: %d live message(s) left in progress by a stop were removed; the reply is posted as "
@@ -198,7 +215,7 @@ class LiveView:
             try:
                 if post is None:
                     await self.room.delete(m.message_id)
-                    await live_ledger.withdraw(self.ledger, m.message_id)
+                    await live_ledger.withdraw(self.ledger, m.nonce)
                     continue
                 await self._edit(m, post.content, post.content, wait=True)
             except RoomUnavailable as e:
@@ -261,13 +278,13 @@ class LiveView:
         nonce = new_id("l-")
         self.board.hide(nonce)  # before the send: the room tells other bots before it answers this one
         self.keys.append(nonce)
+        await live_ledger.add(self.ledger, live_ledger.LiveMessage(nonce, None, a.generation_id, a.id, idx,
+                                                                   self.channel, self.residence, content))
         mid = await self.room.send_live(display, nonce)
         self.board.hide(mid)
         self.keys.append(mid)
-        m = LiveMessage(mid, nonce, display, content, time.monotonic() + self.interval, [time.monotonic()])
-        await live_ledger.add(self.ledger, live_ledger.LiveMessage(mid, a.generation_id, a.id, idx, self.channel,
-                                                                   self.residence, content))
-        return m
+        await live_ledger.sent(self.ledger, nonce, mid)
+        return LiveMessage(mid, nonce, display, content, time.monotonic() + self.interval, [time.monotonic()])
 
     async def _edit(self, m: LiveMessage, display: str, content: str, *, wait: bool) -> None:
         if m.display == display:
@@ -297,7 +314,7 @@ class LiveView:
             await self.room.delete(m.message_id)
         except RoomUnavailable as e:
             log.warning("%s: live message %s stays in the room in progress (%s)", self.residence, m.message_id, e)
-        await live_ledger.withdraw(self.ledger, m.message_id)
+        await live_ledger.withdraw(self.ledger, m.nonce)
 
     def _broke(self, e: RoomUnavailable) -> None:
         if not self.broken:

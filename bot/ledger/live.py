@@ -15,7 +15,8 @@ from .store import Ledger, dec, enc
 
 @dataclass
 class LiveMessage:
-    message_id: str
+    nonce: str
+    message_id: str | None  # None until the room answered the send
     generation_id: str
     attempt_id: str
     idx: int
@@ -23,13 +24,20 @@ class LiveMessage:
     residence: str
     content: str  # what it showed last, without the in-progress marker
     state: str = "live"
+    created_at: float = 0.0
 
 
 async def add(ledger: Ledger, m: LiveMessage) -> None:
-    await ledger._tx([("INSERT INTO live_messages (message_id, generation_id, attempt_id, idx, channel, residence,"
-                       " content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-                       (m.message_id, m.generation_id, m.attempt_id, m.idx, m.channel, m.residence, enc(m.content),
-                        m.state, time.time()))])
+    """Before the send: a stop between the send and its answer leaves the message findable by nonce or content."""
+    m.created_at = time.time()
+    await ledger._tx([("INSERT INTO live_messages (nonce, message_id, generation_id, attempt_id, idx, channel,"
+                       " residence, content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (m.nonce, m.message_id, m.generation_id, m.attempt_id, m.idx, m.channel, m.residence,
+                        enc(m.content), m.state, m.created_at))])
+
+
+async def sent(ledger: Ledger, nonce: str, message_id: str) -> None:
+    await ledger._tx([("UPDATE live_messages SET message_id=? WHERE nonce=?", (message_id, nonce))])
 
 
 async def shown(ledger: Ledger, message_id: str, content: str) -> None:
@@ -55,8 +63,10 @@ async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None
     await ledger._tx(statements)
 
 
-async def withdraw(ledger: Ledger, message_id: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET state='withdrawn' WHERE message_id=?", (message_id,))])
+async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) -> None:
+    """No longer in the room (or never reached it): `message_id` is what a stopped send turned out to be."""
+    await ledger._tx([("UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, ?)"
+                       " WHERE nonce=?", (message_id, nonce))])
 
 
 async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
@@ -73,5 +83,5 @@ async def of_generation(ledger: Ledger, generation_id: str) -> list[LiveMessage]
 
 
 def _row(r) -> LiveMessage:  # type: ignore[no-untyped-def]
-    return LiveMessage(r["message_id"], r["generation_id"], r["attempt_id"], r["idx"], r["channel"], r["residence"],
-                       dec(r["content"]), r["state"])
+    return LiveMessage(r["nonce"], r["message_id"], r["generation_id"], r["attempt_id"], r["idx"], r["channel"],
+                       r["residence"], dec(r["content"]), r["state"], r["created_at"])

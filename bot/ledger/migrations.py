@@ -175,7 +175,8 @@ ALTER TABLE posts ADD COLUMN replacements INTEGER;
 # withdrawn (left in progress by a stopped process; removed from the room at the next start).
 step("m030_live_messages", """
 CREATE TABLE live_messages (
-  message_id TEXT PRIMARY KEY,
+  nonce TEXT PRIMARY KEY,           -- recorded before the message is sent: a stop mid-send leaves it findable
+  message_id TEXT UNIQUE,           -- NULL until the room answered the send
   generation_id TEXT NOT NULL REFERENCES generations(id),
   attempt_id TEXT NOT NULL REFERENCES attempts(id),
   idx INTEGER NOT NULL,
@@ -190,6 +191,7 @@ CREATE TABLE live_messages (
 );
 CREATE INDEX live_messages_generation ON live_messages(generation_id);
 """)
+
 
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
