@@ -97,7 +97,7 @@ def _annotator(ledger: Ledger):
 async def _until_connected(demo: Demo, n: int, timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while sum(1 for b in demo.room.snapshot()["bots"] if b.get("connected") and b.get("commands")) < n:
+    while sum(1 for b in demo.room.snapshot()["bots"] if b.get("connected") and b.get("synced")) < n:
         if demo.task.done():
             demo.task.result()
             raise RuntimeError("the residents stopped before they connected")

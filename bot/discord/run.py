@@ -28,7 +28,7 @@ from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
 from ..resident import Resident
-from .app import ResidentBot
+from .app import ResidentBot, commands_bot_of
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -68,6 +68,7 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
                                   f"environment variable {r.discord.token_env} is not set")
             token = f"local-{r.name}"
         tokens[r.name] = token
+    commands_bot_of(residences)  # two residences marked `discord.commands: true` stop start-up here
     return Deployment(residences, tokens)
 
 
@@ -153,8 +154,12 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         for r in dep.residences:
             registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
             registry[r.name].board = board
+        commander = commands_bot_of(dep.residences)
+        peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
-            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
+            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout,
+                                    commands_bot=r.name == commander, peers=peers))
+            peers[r.name] = bots[-1]
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
