@@ -82,6 +82,16 @@ async def of_generation(ledger: Ledger, generation_id: str) -> list[LiveMessage]
     return [_row(r) for r in rows]
 
 
+async def by_message(ledger: Ledger, message_ids: list[str]) -> list[LiveMessage]:
+    """Live messages by room message id (those not adopted as posts are known only here)."""
+    if not message_ids:
+        return []
+    marks = ",".join("?" * len(message_ids))
+    rows = await ledger.db.execute_fetchall(f"SELECT * FROM live_messages WHERE message_id IN ({marks})"
+                                            " AND state IN ('live', 'set-aside')", list(message_ids))
+    return [_row(r) for r in rows]
+
+
 def _row(r) -> LiveMessage:  # type: ignore[no-untyped-def]
     return LiveMessage(r["nonce"], r["message_id"], r["generation_id"], r["attempt_id"], r["idx"], r["channel"],
                        r["residence"], dec(r["content"]), r["state"], r["created_at"])

@@ -336,6 +336,9 @@ function onMessage(m, what) {
     room.messages[i] = m;
     const li = list.querySelector(`li[data-id="${m.id}"]`);
     if (li) li.replaceWith(messageItem(m, room.messages[i - 1]));
+    // A live reply is recorded when it settles (its last edit): ask its kind afresh.
+    const k = room.kinds.get(m.id);
+    if (m.bot && (!k || k.kind === "live")) { room.tries.delete(m.id); wantKind(m.id); }
   } else if (what === "delete" && i >= 0) {
     room.messages.splice(i, 1);
     renderMessages();
