@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from . import ledger_writes, overhead, plot, scaling
+from . import ledger_writes, live, overhead, plot, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,8 @@ def run(quick: bool) -> dict[str, Any]:
     r["concurrency"] = {"saturated": _concurrency(n, 4096, None), "paced": _concurrency(n, 320, 64.0)}
     log.info("4/5 ledger")
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
+    log.info("5/5 first visible text, live and not")
+    r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
     r["targets"] = {"overhead_max_ratio": TARGET, "linear_max_exponent": LINEAR}
     for section in ("overhead", "process"):
         for label, v in r[section].items():
@@ -105,6 +107,13 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"   {label}: {v['generations_per_s']:.0f} whole generations/s, "
                      f"{v['db_bytes_per_1000'] / 2**20:.1f} MiB per 1,000 generations "
                      f"({v['db_bytes_per_text_byte']:.1f}× the text)")
+    lv = r.get("live")
+    if lv:
+        lines += ["", f"5. a person's message → first visible text ({lv['tokens']} tokens at {lv['pace_tokens_per_s']:.0f} tok/s,"
+                      f" median of {lv['rounds']})",
+                  f"   settled delivery: first text {lv['settled']['first_visible_s']:.2f} s, whole reply "
+                  f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
+                  f"whole reply {lv['live']['whole_reply_s']:.2f} s"]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
     lines += ["", f"targets (≤{TARGET}× the bare SDK): " + ", ".join(verdicts),

@@ -85,6 +85,11 @@ class Floor(Strict):
     history_limit: int = Field(50, ge=1, le=500)
 
 
+class Delivery(Strict):
+    """How a reply reaches the room. `live`: shown while it is generated, edited as text arrives."""
+    live: bool = False
+
+
 class Policy(Strict):
     name: str = "default"
     description: str = ""
@@ -94,6 +99,7 @@ class Policy(Strict):
     stumps: StumpAccess = StumpAccess()
     floor: Floor = Floor()
     tools: Tools = Tools()
+    delivery: Delivery = Delivery()
 
 
 def _channel_ref(ref: str) -> str:
@@ -106,6 +112,9 @@ class DiscordSettings(Strict):
     token_env: str = Field(min_length=1)
     # A channel's name, its id, or `guild/channel` (a bare name must be in only one of the bot's guilds).
     channels: list[Annotated[str, AfterValidator(_channel_ref)]] = Field(default_factory=list)
+    # This bot registers the moderators' slash commands and answers them for every resident of the
+    # process (one copy per guild); without any such residence, the first one does.
+    commands: bool = False
 
 
 class Residence(Strict):

@@ -55,6 +55,7 @@ class PostReason(StrEnum):
     ABANDONED_NOTICE = "abandoned-notice"  # the optional line on attempts set aside for a retry
     KEY_REJECTED = "key-rejected"  # the provider refused the API key (at most one per channel per window)
     RECOVERED = "recovered"  # a stump's text, or the receipt after it, published at the resident's request
+    LIVE_SET_ASIDE = "live-set-aside"  # an attempt whose text was shown live was set aside for a retry
     UNKNOWN = "unknown"  # a post recorded before posts said why (see migration m016_post_reason)
 
 

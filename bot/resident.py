@@ -21,6 +21,7 @@ from .context import RoomMessage, compile_request
 from .context.compile import ledger_message_ids, own_generation_ids
 from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
+from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.plan import plan_recovered
@@ -51,6 +52,7 @@ class Resident:
         self.outbox = outbox
         self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
         self._busy: dict[str, asyncio.Lock] = {}
+        self.board: LiveBoard = shared_board()  # live messages in progress, across the process
 
     def busy(self, channel: str) -> asyncio.Lock:
         """Held while this resident works in `channel`: generating, recording or delivering a reply."""
@@ -112,21 +114,47 @@ class Resident:
     async def _respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None,
                        superseded: Callable[[], bool], queued: Callable[[list[Post]], None] | None) -> Reply:
         request = await self.compile(history)
-        g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
-                                          seen_upto=history[-1].id if history else None,
-                                          tools=self.tools(room, channel))
+        view = self._live_view(room, channel)
+        try:
+            g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
+                                              seen_upto=history[-1].id if history else None,
+                                              tools=self.tools(room, channel), watch=view)
+        finally:
+            if view is not None:
+                await view.halt()
         planned = plan(g.ending(), g.text)
         if self.key_rejections is not None:
             planned = self.key_rejections.review(g, channel, planned)
-        set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED]
+        # A stump shown live was told in a notice of its own as it was set aside (`LiveView.set_aside`).
+        set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED
+                     and not s.published]
         if set_aside and self.residence.policy.notices.retry_abandoned:
             planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)),
                                        PostReason.ABANDONED_NOTICE))
         posts = await self._record(g, planned, channel)
+        if view is not None:
+            final = next((a for a in g.attempts if g.segments and a.id == g.segments[0].attempt_id), None)
+            await view.settle(final, posts)
         # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
         pending = [p for p in g.posts if p.message_id is None and p not in posts] if self.outbox is None else []
         await self._deliver(room, pending + posts, queued)
         return Reply(g, posts)
+
+    def _live_view(self, room: Room, channel: str) -> LiveView | None:
+        """A live view of the reply, where the policy asks for one and the room can edit its messages."""
+        if not self.residence.policy.delivery.live or not supports_live(room):
+            return None
+        outbox = self.outbox
+        return LiveView(self.name, channel, self.ledger, room, self.board,  # type: ignore[arg-type]
+                        lambda gid, line: self._notice(room, gid, line, channel),
+                        pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False))
+
+    async def _notice(self, room: Room, generation_id: str, line: str, channel: str) -> None:
+        """One notice post of a generation still being written (an attempt shown live was set aside)."""
+        posts = numbered([notice_post(line, PostReason.LIVE_SET_ASIDE)], generation_id, channel,
+                         await self.ledger.next_post_seq(generation_id))
+        await self.ledger.add_posts(posts)
+        await self._deliver(room, posts)
 
     async def continue_generation(self, room: Room, channel: str, generation_id: str | None,
                                   superseded: Callable[[], bool] = never) -> Reply:

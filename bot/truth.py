@@ -233,6 +233,17 @@ def standing_refusal(standing: str, residence: str) -> str | None:
     return None
 
 
+# Shown at the end of a reply's live message while it is still being generated; never in the ledger,
+# never left after the reply settles. A cursor, not words: it reads as "still being written".
+LIVE_MARKER = " \u258d"
+
+
+def live_set_aside_notice(chars: int) -> str:
+    """One room line when a provider attempt whose text was already shown live is set aside for a retry."""
+    return _compact(f"Provider attempt set aside after {fmt_tokens(chars)} characters shown; "
+                    "a new attempt follows as new messages.")
+
+
 def declined_continue(reason: str) -> str:
     return _compact(f"Continuation not available: {reason}.")
 

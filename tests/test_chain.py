@@ -286,3 +286,31 @@ def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
         finally:
             await ledger.close()
     assert asyncio.run(go()) == []
+
+
+def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain(tmp_path, capsys):
+    """Issue 12: stump access (the resident's choice, and each read of the text) is chained like a record."""
+    from bot.ledger import access
+    db = replayed(tmp_path, capsys, ("retry",))
+    [(sid,)] = sql(db, "SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
+
+    async def choose_read_and_verify() -> list[str]:
+        async with Ledger.open(db) as lg:
+            await access.set_access(lg, sid, "private", "cairn", None)
+            await access.record_read(lg, sid, "mo (42)", "moderator")
+            return await verify(lg)
+
+    async def verify_again() -> list[str]:
+        async with Ledger.open(db) as lg:
+            return await verify(lg)
+
+    assert asyncio.run(choose_read_and_verify()) == []
+    assert entry_of(db, "stump-access", sid) > entry_of(db, "stump", sid)
+    [(body,)] = sql(db, "SELECT body FROM chain WHERE kind='stump-read' AND record=?", (sid,))
+    assert json.loads(body)["reader"] == "mo (42)" and "text" not in body
+    # rewriting who chose, or who read, is named with its entry
+    sql(db, "UPDATE stump_access_changes SET access='moderators' WHERE stump_id=?", (sid,))
+    sql(db, "UPDATE stump_reads SET reader='nobody' WHERE stump_id=?", (sid,))
+    found = asyncio.run(verify_again())
+    assert any(f"(stump-access {sid}): the ledger no longer matches it: access" in v for v in found), found
+    assert any(f"(stump-read {sid}): the ledger no longer matches it: reader" in v for v in found), found

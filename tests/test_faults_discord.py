@@ -99,7 +99,7 @@ async def rig(tmp_path: Path, names: tuple[str, ...] = ("cairn",),
                                             backoff=FAST))
         try:
             # on_ready syncs the slash commands: once they are in the room, the bots take turns.
-            await eventually(lambda: task.done() or sum(bool(b["commands"]) for b in room.snapshot()["bots"])
+            await eventually(lambda: task.done() or sum(bool(b["synced"]) for b in room.snapshot()["bots"])
                              == len(names), timeout=15)
             if task.done():
                 task.result()

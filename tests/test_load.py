@@ -110,7 +110,7 @@ async def test_twenty_residents_five_rooms_mixed_faults(tmp_path: Path) -> None:
         task = asyncio.create_task(run_bots(dep, str(db), provider.url, "test-key", guild_ready_timeout=0.05,
                                             stop=stop))
         try:
-            await eventually(lambda: task.done() or sum(1 for b in room.snapshot()["bots"] if b["commands"])
+            await eventually(lambda: task.done() or sum(1 for b in room.snapshot()["bots"] if b["synced"])
                              == RESIDENTS, timeout=30, interval=0.05)
             assert not task.done(), task.result()
             # And Discord pushes back now and then: a rate limit, and a 500 after storing the message.

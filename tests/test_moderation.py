@@ -89,7 +89,7 @@ async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
         room_before, asked_before = d.room.messages("harbour/yard"), len(d.provider.requests)
         # eve administers elsewhere: every lookup of harbour's records answers as for a record that does not exist.
         out = await run(d, "elsewhere/yard", "eve", "stumps", sub("list"))
-        assert answer(out) == [("callback", 4, True, "No stumps for cairn.")]
+        assert answer(out) == [("callback", 4, True, "No stumps for any resident.")]
         for real, made_up in [(stump.id, "s-000000000000")]:
             assert answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=real)), real) == \
                 answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=made_up)), made_up) == \
@@ -101,7 +101,7 @@ async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
                 [("callback", 4, True, "No generation found for <ID>.")]
         assert answer(await run(d, "elsewhere/yard", "eve", "continue", opts(generation=g.id)), g.id) == \
             answer(await run(d, "elsewhere/yard", "eve", "continue", opts(generation="g-000000000000")),
-                   "g-000000000000") == [("callback", 4, True, "No generation <ID> of cairn.")]
+                   "g-000000000000") == [("callback", 4, True, "No generation <ID> of a resident here.")]
         assert answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show")), "cairn") == \
             answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show", resident="nobody")), "nobody") == \
             [("callback", 4, True, "No resident <ID> here.")]
@@ -154,7 +154,7 @@ async def test_stumps_list_is_newest_first_and_paged(tmp_path):
         second = await run(d, "harbour/yard", "mo", "stumps", sub("list", page=2))
         assert listed(second) == newest[20:] and "older:" not in second["responses"][0]["content"]
         third = await run(d, "harbour/yard", "mo", "stumps", sub("list", page=3))
-        assert answer(third) == [("callback", 4, True, "No stumps for cairn on page 3.")]
+        assert answer(third) == [("callback", 4, True, "No stumps for any resident on page 3.")]
 
 
 async def test_a_command_that_fails_inside_is_answered_and_logged_once(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Residence, load_all_residences
+from ..ledger import live as live_ledger
 from ..discord.localapi import point_at_local
 from ..discord.run import Deployment, run_bots
 from ..ledger import Ledger
@@ -88,14 +89,19 @@ async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: st
 def _annotator(ledger: Ledger):
     async def annotate(ids: list[str]) -> dict[str, dict[str, Any]]:
         posts = await ledger.posts_by_message(ids)
-        return {mid: {"kind": p.kind, "generation_id": p.generation_id} for mid, p in posts.items()}
+        found = {mid: {"kind": p.kind, "generation_id": p.generation_id} for mid, p in posts.items()}
+        # A live reply still being written (or its set-aside attempt) is known from its live messages.
+        for m in await live_ledger.by_message(ledger, [i for i in ids if i not in found]):
+            found[m.message_id] = {"kind": "live" if m.state == "live" else "stump",  # type: ignore[index]
+                                   "generation_id": m.generation_id}
+        return found
     return annotate
 
 
 async def _until_connected(demo: Demo, n: int, timeout: float = 20.0) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while sum(1 for b in demo.room.snapshot()["bots"] if b.get("connected") and b.get("commands")) < n:
+    while sum(1 for b in demo.room.snapshot()["bots"] if b.get("connected") and b.get("synced")) < n:
         if demo.task.done():
             demo.task.result()
             raise RuntimeError("the residents stopped before they connected")
@@ -154,7 +160,8 @@ async def play(demo: Demo, out) -> None:
             {"name": "ref", "type": 3, "value": gens[0]}]}]),
     ]:
         name = label.split()[0].lstrip("/")
-        res = await demo.room.invoke_command("general", "moderator", name, bot=bot, options=options, moderator=True)
+        # One bot of the process has the commands and answers for every resident (`bot` names whose record it is).
+        res = await demo.room.invoke_command("general", "moderator", name, options=options, moderator=True)
         print(f"> {label}", file=out)
         for r in res["responses"]:
             content = r["content"] or ""

@@ -89,7 +89,7 @@ def demo_responder(models: dict[str, str]) -> Scripted:
     return Scripted(
         queues={
             "cairn": [Call(sse=sse.stream(ceiling, "max_tokens", 4096, model=models.get("cairn", "claude")),
-                           chunk_bytes=1024)],
+                           chunk_bytes=1024, chunk_delay=0.02)],  # ~4 s: Cairn's live reply is seen growing
             "sill": [Call(sse=sse.head(models.get("sill", "claude")) + b"".join(sse.delta(p) for p in sse.pieces(fragment))
                           + sse.error("overloaded_error", "Overloaded"))],
         },

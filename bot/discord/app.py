@@ -10,12 +10,15 @@ import logging
 import discord
 from discord.ext import commands
 
+from ..config import ConfigError, Residence
 from ..resident import Resident
 from . import checks
 
 log = logging.getLogger(__name__)
 
-COGS = ("bot.discord.cogs.resident", "bot.discord.cogs.moderation", "bot.discord.cogs.provenance")
+COGS = ("bot.discord.cogs.resident",)
+# Application commands, loaded by the process's one commands bot, which answers for every resident.
+COMMANDS_COGS = ("bot.discord.cogs.moderation", "bot.discord.cogs.provenance")
 
 # Residents never join voice; the warnings about voice libraries would only alarm operators.
 discord.VoiceClient.warn_nacl = False
@@ -29,11 +32,16 @@ def intents() -> discord.Intents:
 
 
 class ResidentBot(commands.Bot):
-    def __init__(self, resident: Resident, registry: dict[str, Resident], *, guild_ready_timeout: float = 2.0) -> None:
+    def __init__(self, resident: Resident, registry: dict[str, Resident], *, guild_ready_timeout: float = 2.0,
+                 commands_bot: bool = True, peers: dict[str, "ResidentBot"] | None = None) -> None:
         super().__init__(command_prefix=commands.when_mentioned, intents=intents(), help_command=None,
                          allowed_mentions=discord.AllowedMentions.none(), guild_ready_timeout=guild_ready_timeout)
         self.resident = resident
         self.registry = registry
+        # One bot of the process registers the moderators' slash commands and answers them for every
+        # resident (`commands_bot`); the others put an empty list, so a guild shows one copy of each.
+        self.commands_bot = commands_bot
+        self.peers: dict[str, ResidentBot] = peers if peers is not None else {resident.residence.name: self}
         self.synced: set[int] = set()
         self.startup_problem: str | None = None
 
@@ -45,12 +53,13 @@ class ResidentBot(commands.Bot):
         """Residents have no prefix commands: a mention is conversation, handled by the resident cog."""
 
     async def setup_hook(self) -> None:
-        for ext in COGS:
+        for ext in COGS + (COMMANDS_COGS if self.commands_bot else ()):
             await self.load_extension(ext)
         self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
 
     async def on_ready(self) -> None:
-        """Commands are synced per guild (immediate, unlike global ones); configured channels are checked."""
+        """Commands are synced per guild (immediate, unlike global ones; a bot that is not the commands bot
+        puts an empty list, removing any copies an earlier version registered); configured channels are checked."""
         for guild in self.guilds:
             if guild.id in self.synced:
                 continue
@@ -83,6 +92,18 @@ class ResidentBot(commands.Bot):
         settings = self.residence.discord
         names = settings.channels if settings else []
         return not names or any(names_channel(e, channel) for e in names)
+
+
+def commands_bot_of(residences: list[Residence]) -> str:
+    """The residence whose bot registers the slash commands: the one marked `discord.commands: true`, or the first.
+
+    Two marked is a configuration error (`ConfigError` naming the second).
+    """
+    marked = [r for r in residences if r.discord is not None and r.discord.commands]
+    if len(marked) > 1:
+        raise ConfigError(f"residences/{marked[1].name}.yaml", "discord.commands",
+                          f"only one residence may register the slash commands; {marked[0].name} already does")
+    return marked[0].name if marked else residences[0].name
 
 
 def names_channel(entry: str, channel: object) -> bool:

@@ -53,6 +53,37 @@ class DiscordRoom:
             raise unavailable(e) from e
         return str(message.id)
 
+    # A live reply (`bot.delivery.live`): its messages are created, edited and, when the settled reply
+    # has no text post for one, removed. The same timeout and errors as a send.
+
+    async def send_live(self, content: str, nonce: str) -> str:
+        try:
+            message = await asyncio.wait_for(
+                self.channel.send(outbound(content)[0], nonce=nonce, allowed_mentions=discord.AllowedMentions.none()),
+                timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+        return str(message.id)
+
+    async def edit(self, message_id: str, content: str) -> None:
+        try:
+            await asyncio.wait_for(self._partial(message_id).edit(content=outbound(content)[0],
+                                                                  allowed_mentions=discord.AllowedMentions.none()),
+                                   timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+
+    async def delete(self, message_id: str) -> None:
+        try:
+            await asyncio.wait_for(self._partial(message_id).delete(), timeout=SEND_TIMEOUT)
+        except discord.NotFound:
+            return
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+
+    def _partial(self, message_id: str) -> discord.PartialMessage:
+        return discord.PartialMessage(channel=self.channel, id=int(message_id))  # type: ignore[arg-type]
+
 
 def as_room_message(m: discord.Message, self_id: int) -> RoomMessage:
     """What the context compiler needs of a Discord message: who, whether it is the resident, what."""
@@ -110,3 +141,11 @@ class DiscordResumeRoom:
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
         return await DiscordRoom(channel).send(post)
+
+    async def delete(self, channel_ref: str, message_id: str) -> None:
+        """Remove one of the bot's messages (a live reply a stopped process left in progress)."""
+        try:
+            channel = await asyncio.wait_for(self._channel(channel_ref), timeout=SEND_TIMEOUT)
+        except ROOM_ERRORS as e:
+            raise unavailable(e) from e
+        await DiscordRoom(channel).delete(message_id)

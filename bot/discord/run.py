@@ -20,6 +20,7 @@ import discord
 
 from ..config import ConfigError, Residence, load_all_residences
 from ..delivery.keys import KeyRejections
+from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
 from ..delivery.resume import recover
 from ..generation.attempts import AttemptRunner
@@ -27,7 +28,7 @@ from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
 from ..resident import Resident
-from .app import ResidentBot
+from .app import ResidentBot, commands_bot_of
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -67,6 +68,7 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
                                   f"environment variable {r.discord.token_env} is not set")
             token = f"local-{r.name}"
         tokens[r.name] = token
+    commands_bot_of(residences)  # two residences marked `discord.commands: true` stop start-up here
     return Deployment(residences, tokens)
 
 
@@ -113,7 +115,9 @@ async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
     nothing planned later overtakes it.
     """
     await bot.login(token)
-    outbox.register(bot.residence.name, DiscordResumeRoom(bot))
+    room = DiscordResumeRoom(bot)
+    await withdraw_left_in_progress(outbox.ledger, room, bot.residence.name)  # a live reply cut by a stop
+    outbox.register(bot.residence.name, room)
     await outbox.resume(bot.residence.name)
     await bot.connect()
 
@@ -146,10 +150,16 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
     outbox = Outbox(ledger, backoff)
     try:
         generator = Generator(AttemptRunner(client, ledger))
+        board = LiveBoard()  # the process's live messages in progress, as its outbox is the process's
         for r in dep.residences:
             registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
+            registry[r.name].board = board
+        commander = commands_bot_of(dep.residences)
+        peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
-            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout))
+            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout,
+                                    commands_bot=r.name == commander, peers=peers))
+            peers[r.name] = bots[-1]
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

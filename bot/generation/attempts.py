@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import anthropic
 
@@ -121,6 +121,33 @@ class LedgerSink(BlockSink):
             await asyncio.wait(list(self._tasks))
 
 
+class AttemptWatch(Protocol):
+    """Who watches attempts as they stream (a live reply). Only a resident with live delivery has one,
+    so the plain sink's hot path is untouched when live is off."""
+
+    def started(self, a: Attempt, sink: "LiveLedgerSink") -> None: ...
+
+    def grew(self) -> None:
+        """The attempt's reply text grew: called once per text delta, so it only takes note."""
+
+    async def set_aside(self, a: Attempt, stumps: list[Stump]) -> None:
+        """The attempt was abandoned for a retry (its stumps already in the ledger)."""
+
+
+class LiveLedgerSink(LedgerSink):
+    """The ledger's sink that also tells a watcher when reply text arrives."""
+
+    def __init__(self, ledger: Ledger, attempt_id: str, watch: AttemptWatch) -> None:
+        super().__init__(ledger, attempt_id)
+        self.watch = watch
+
+    def add(self, text: str) -> bool:
+        due = super().add(text)
+        if self._cur.type == "text":  # type: ignore[union-attr]
+            self.watch.grew()
+        return due
+
+
 def block_stumps(g: Generation, a: Attempt, cause: str | None) -> list[Stump]:
     """The stump of the non-text block an attempt stopped in, where `bot.truth` gives it a cause.
 
@@ -149,12 +176,14 @@ class AttemptRunner:
     sleep: Sleep = asyncio.sleep
 
     async def run_segment(self, g: Generation, segment: int, request: dict[str, Any], policy: Retries, *,
-                          new_generation: bool = False, settle_last: bool = True, tools: bool = False) -> Attempt:
+                          new_generation: bool = False, settle_last: bool = True, tools: bool = False,
+                          watch: AttemptWatch | None = None) -> Attempt:
         """Call the provider until an attempt settles, or the policy's attempts run out; returns the last.
 
         `new_generation`: the generation is written with the first attempt. `settle_last=False`: the
         caller writes the last attempt together with the outcome it decides (`finish_generation`).
         `tools`: the request offers tools, so a `tool_use` stop completes the attempt (a round of the tool loop).
+        `watch`: told of each attempt's text as it streams (a live reply).
         """
         prev: Attempt | None = None
         for index in range(1, policy.max_attempts + 1):
@@ -166,7 +195,9 @@ class AttemptRunner:
                     if s.attempt_id == prev.id and s.scope == "attempt":
                         s.replaced_by = a.id
             await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
-            sink = LedgerSink(self.ledger, a.id)
+            sink = LedgerSink(self.ledger, a.id) if watch is None else LiveLedgerSink(self.ledger, a.id, watch)
+            if watch is not None:
+                watch.started(a, sink)  # type: ignore[arg-type]
             try:
                 end = await stream_once(self.client, request, sink, timeout=policy.timeout_seconds)
             finally:
@@ -185,6 +216,8 @@ class AttemptRunner:
                     stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
                     await self.ledger.finish_attempt(a, stumps)
+                    if watch is not None:
+                        await watch.set_aside(a, stumps)
                     wait = backoff(index, f.retry_after, policy)
                     log.info("attempt %s (%s) abandoned after %d chars: %s; retrying in %.2fs",
                              a.id, g.residence, a.chars, f.kind, wait)

@@ -17,7 +17,7 @@ from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
 from ..records import (Attempt, ContinuationEnd, Generation, Segment, Stump, StumpScope, make_stump, new_id,
                        provider_tokens)
-from .attempts import AttemptRunner, block_stumps
+from .attempts import AttemptRunner, AttemptWatch, block_stumps
 from .tools import Toolbox, ToolLoop, with_tools, without_tools
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,11 @@ class Generator:
 
     async def generate(self, res: Residence, channel: str, request: dict[str, Any], trigger: str | None = None,
                        superseded: Callable[[], bool] = never, seen_upto: str | None = None,
-                       tools: Toolbox | None = None) -> Generation:
-        """One reply; with `tools`, a tool loop of rounds (`bot.generation.tools`) whose text is joined."""
+                       tools: Toolbox | None = None, watch: AttemptWatch | None = None) -> Generation:
+        """One reply; with `tools`, a tool loop of rounds (`bot.generation.tools`) whose text is joined.
+
+        `watch` sees the first segment's (or round's) attempts stream (a live reply); continuation
+        segments and later tool rounds are not shown live, they arrive when the generation settles."""
         await self._use_default_access(res)
         if tools is not None:
             request = with_tools(request, tools)
@@ -59,11 +62,11 @@ class Generator:
                        seen_upto=seen_upto)
         loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
         if loop is not None:
-            final = await loop.run(g, request, res.policy.retries)
+            final = await loop.run(g, request, res.policy.retries, watch=watch)
             g.text = loop.text
         else:
             final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
-                                                  settle_last=False)
+                                                  settle_last=False, watch=watch)
             g.text = final.text
         g.stop_reason = final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)

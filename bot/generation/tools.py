@@ -19,7 +19,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
-from .attempts import AttemptRunner
+from .attempts import AttemptRunner, AttemptWatch
 from ..records import TEXT_JOIN, Attempt, Block, Generation, ToolCall
 
 log = logging.getLogger(__name__)
@@ -112,11 +112,13 @@ class ToolLoop:
     def text(self) -> str:
         return joined(self.finals)
 
-    async def run(self, g: Generation, request: dict[str, Any], retries: Retries) -> Attempt:
+    async def run(self, g: Generation, request: dict[str, Any], retries: Retries,
+                  watch: AttemptWatch | None = None) -> Attempt:
         """The rounds, until an answer stops for a reason other than a tool call; returns the last
-        round's last attempt, not yet settled (the generation's settlement writes it)."""
+        round's last attempt, not yet settled (the generation's settlement writes it). `watch` sees
+        the first round stream (a live reply)."""
         final = await self.runner.run_segment(g, 1, request, retries, new_generation=True, settle_last=False,
-                                              tools=True)
+                                              tools=True, watch=watch)
         self.finals = [final]
         while final.outcome == "completed" and final.stop_reason == truth.TOOL_USE:
             uses = tool_uses(final)

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ..records import Post, ToolCall
+from . import chain
 from .store import Ledger, _post, dec, enc
 
 ACCESS = ("moderators", "private")
@@ -38,7 +39,9 @@ async def set_access(ledger: Ledger, stump_id: str, access: str, residence: str,
     now = time.time()
     await ledger._tx([("UPDATE stumps SET access=? WHERE id=?", (access, stump_id)),
                       ("INSERT INTO stump_access_changes (stump_id, access, set_by, generation_id, set_at)"
-                       " VALUES (?,?,?,?,?)", (stump_id, access, residence, generation_id, now))])
+                       " VALUES (?,?,?,?,?)", (stump_id, access, residence, generation_id, now)),
+                      chain.append("stump-access", stump_id,
+                                   chain.stump_access_payload(stump_id, access, residence, generation_id))])
     return now
 
 
@@ -49,7 +52,9 @@ async def record_read(ledger: Ledger, stump_id: str, reader: str, reader_kind: s
         raise ValueError(f"reader kind must be resident or moderator, not {reader_kind!r}")
     now = time.time()
     await ledger._tx([("INSERT INTO stump_reads (stump_id, reader, reader_kind, generation_id, read_at)"
-                       " VALUES (?,?,?,?,?)", (stump_id, reader, reader_kind, generation_id, now))])
+                       " VALUES (?,?,?,?,?)", (stump_id, reader, reader_kind, generation_id, now)),
+                      chain.append("stump-read", stump_id,
+                                   chain.stump_read_payload(stump_id, reader, reader_kind, generation_id))])
     return now
 
 

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 GENESIS_PREV = "0" * 64
 Statement = tuple[str, tuple[Any, ...]]
-RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered")
+RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered", "stump-access", "stump-read")
 
 
 def canonical(obj: Any) -> str:
@@ -147,6 +147,16 @@ def delivered_payload(post_id: str, message_id: str) -> dict[str, Any]:
     return {"id": post_id, "message_id": message_id}
 
 
+def stump_access_payload(stump_id: str, access: str, set_by: str, generation_id: str | None) -> dict[str, Any]:
+    """The resident's choice of who may read a stump's text (its `stumps` tool, `set_access`)."""
+    return {"id": stump_id, "access": access, "set_by": set_by, "generation_id": generation_id}
+
+
+def stump_read_payload(stump_id: str, reader: str, reader_kind: str, generation_id: str | None) -> dict[str, Any]:
+    """One read of a stump's text, by its resident's tool or a moderator: who, never what."""
+    return {"id": stump_id, "reader": reader, "reader_kind": reader_kind, "generation_id": generation_id}
+
+
 def generation(g: Generation) -> Statement:
     return append("generation", g.id, generation_payload(g))
 
@@ -229,6 +239,14 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
         out.append(("post", post.id, post_payload(post)))
         if p[6] is not None:
             delivered_.append(("delivered", post.id, delivered_payload(post.id, p[6])))
+    # Access to stumps: each stump's latest choice and latest read must be what their latest entries say.
+    for kind, sql, build in (
+            ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes"
+                             " ORDER BY rowid", stump_access_payload),
+            ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
+             stump_read_payload)):
+        latest = {r[0]: r for r in await rows(sql)}
+        out += [(kind, sid, build(*r)) for sid, r in latest.items()]
     return out + delivered_
 
 

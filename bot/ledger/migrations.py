@@ -273,6 +273,30 @@ CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain BEGIN SELECT RAISE(ABORT, 
 CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain BEGIN SELECT RAISE(ABORT, 'the chain is append-only'); END;
 """)
 
+# A reply shown live (policy `delivery.live`): every message created while it was generated, with
+# what it showed last (without the in-progress marker). `state`: live (in progress), adopted (became
+# post `post_id` of the settled reply), set-aside (the text of a retried attempt: a published stump),
+# withdrawn (left in progress by a stopped process; removed from the room at the next start).
+step("m030_live_messages", """
+CREATE TABLE live_messages (
+  nonce TEXT PRIMARY KEY,           -- recorded before the message is sent: a stop mid-send leaves it findable
+  message_id TEXT UNIQUE,           -- NULL until the room answered the send
+  generation_id TEXT NOT NULL REFERENCES generations(id),
+  attempt_id TEXT NOT NULL REFERENCES attempts(id),
+  idx INTEGER NOT NULL,
+  channel TEXT NOT NULL,
+  residence TEXT NOT NULL,
+  content BLOB NOT NULL,
+  state TEXT NOT NULL DEFAULT 'live',
+  post_id TEXT REFERENCES posts(id),
+  stump_id TEXT REFERENCES stumps(id),
+  created_at REAL NOT NULL,
+  UNIQUE (attempt_id, idx)
+);
+CREATE INDEX live_messages_generation ON live_messages(generation_id);
+""")
+
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

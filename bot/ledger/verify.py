@@ -29,13 +29,13 @@ _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 # Room lines that are not a generation's boundary line: the optional retry notice and a declined
 # /continue. A post records why it exists (`posts.reason`); its wording is never parsed here.
-_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE})
+_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE})
 # The kinds each reason may be posted as.
 _REASON_KINDS: dict[str, frozenset[str]] = {
     PostReason.TEXT: TEXT_KINDS, PostReason.RECEIPT: frozenset({"receipt"}),
     PostReason.NO_TEXT: frozenset({"receipt", "notice"}), PostReason.REFUSAL: frozenset({"notice"}),
     PostReason.DECLINED_CONTINUE: frozenset({"notice"}), PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
-    PostReason.KEY_REJECTED: frozenset({"notice"}),
+    PostReason.KEY_REJECTED: frozenset({"notice"}), PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 
@@ -74,6 +74,10 @@ async def check(ledger: Ledger) -> Report:
         for r in await rows(f"SELECT * FROM {table} ORDER BY generation_id, {order}"):
             d = dict(r)
             by_gen[d["generation_id"]][table].append(d)
+    # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
+    shown_live = {r[0] for r in await rows("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
+    for s in (s for t in by_gen.values() for s in t["stumps"]):
+        s["shown_live"] = s["id"] in shown_live
     chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
     blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
@@ -232,8 +236,10 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
             for s in match:
                 if s["text"] != a["text"]:
                     v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if s["published"] and not s.get("recovered"):  # published only at its resident's request
+                if s["published"] and not s.get("recovered") and not s.get("shown_live"):  # published only at its resident's request, or shown live
                     v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
+                if s.get("shown_live") and not s["published"]:
+                    v.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
             v.append(f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
                      "nor kept as a stump")

@@ -70,16 +70,16 @@ class Moderation(commands.Cog):
         return g if g is not None and g.channel in scope else None
 
     @stumps.command(name="list", description="Stumps of a resident, newest first (metadata only)")
-    @app_commands.describe(resident="resident name (default: this bot's)", cause="e.g. max_tokens, retry-abandoned",
+    @app_commands.describe(resident="resident name (default: every resident)", cause="e.g. max_tokens, retry-abandoned",
                            page=f"page of {STUMPS_PER_PAGE}, newest first (default 1)")
     async def stumps_list(self, interaction: discord.Interaction, resident: str | None = None,
                           cause: str | None = None, page: app_commands.Range[int, 1, 1000] = 1) -> None:
-        name = resident or self.bot.residence.name
+        name = resident.strip() if resident else None
         found = await self.ledger.list_stump_meta(name, cause, limit=page * STUMPS_PER_PAGE + 1,
                                                   channels=moderation_scope(interaction).ids)
         shown = found[(page - 1) * STUMPS_PER_PAGE:page * STUMPS_PER_PAGE]
         if not shown:
-            await self._say(interaction, f"No stumps for {name}" + (f" with cause {cause}" if cause else "")
+            await self._say(interaction, f"No stumps for {name or 'any resident'}" + (f" with cause {cause}" if cause else "")
                             + (f" on page {page}" if page > 1 else "") + ".")
             return
         more = len(found) > page * STUMPS_PER_PAGE
@@ -137,7 +137,8 @@ class Moderation(commands.Cog):
         if r is not None:
             entries = r.residence.discord.channels if r.residence.discord else []
             here = any(names_channel(e, c) for e in entries for c in scope.channels) if entries else \
-                (r is self.bot.resident and bool(scope.channels))
+                (bool(scope.channels) and name in self.bot.peers
+                 and self.bot.peers[name].get_guild(interaction.guild_id or 0) is not None)
             r = r if here else None
         if r is None:
             await self._say(interaction, f"No resident {name} here.")
@@ -151,19 +152,23 @@ class Moderation(commands.Cog):
     async def continue_(self, interaction: discord.Interaction, generation: str) -> None:
         scope = moderation_scope(interaction)
         g = await self._generation(generation.strip(), scope)
-        if g is None or g.residence != self.bot.residence.name:
-            await self._say(interaction, f"No generation {generation} of {self.bot.residence.name}.")
+        # The generation names its resident; this bot answers for every resident of the process.
+        owner = self.bot.registry.get(g.residence) if g is not None else None
+        owner_bot = self.bot.peers.get(g.residence) if g is not None else None
+        if g is None or owner is None or owner_bot is None:
+            await self._say(interaction, f"No generation {generation} of a resident here.")
             return
-        refused = truth.standing_refusal(self.bot.residence.policy.continuation.standing, g.residence)
+        refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence)
         if refused:
             await self._say(interaction, f"Not continued: {refused}.")
             return
-        channel = scope.channel(g.channel)
-        if channel is None:  # in scope, so in this guild: not reachable only if the bot cannot see it
+        # In scope, so in this guild; the resident's own bot posts, so it must see the channel too.
+        channel = owner_bot.get_channel(int(g.channel)) if scope.channel(g.channel) is not None else None
+        if channel is None:
             await self._say(interaction, f"The channel of {g.id} is not reachable.")
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
-        reply = await self.bot.resident.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]
+        reply = await owner.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]
         if reply.declined:
             await interaction.followup.send(f"Not continued: {reply.declined}.", ephemeral=True)
             return

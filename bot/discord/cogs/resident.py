@@ -55,6 +55,38 @@ class ResidentCog(commands.Cog):
         self.queued: dict[int, bool] = defaultdict(bool)
         self.moved_on: dict[int, bool] = defaultdict(bool)
         self.last_reply: dict[int, float] = {}
+        # Another resident's live reply (`delivery.live`) is taken only once settled: its messages are
+        # ignored while in progress, and read afresh when the board says they settled.
+        self.board = bot.resident.board
+        self.board.listeners.append(self._settled)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def cog_unload(self) -> None:
+        if self._settled in self.board.listeners:
+            self.board.listeners.remove(self._settled)
+
+    def _settled(self, channel: str, message_ids: list[str]) -> None:
+        me = self.bot.user
+        if self.bot.is_closed() or me is None or not channel.isdigit():
+            return
+        ch = self.bot.get_channel(int(channel))
+        if ch is None or not self.bot.listens_in(ch):
+            return
+        task = asyncio.create_task(self._take_settled(ch, message_ids), name=f"settled:{self.bot.residence.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _take_settled(self, channel: discord.abc.Messageable, message_ids: list[str]) -> None:
+        """The settled messages of a live reply, as they now stand, each taken as a new message."""
+        for mid in message_ids:
+            try:
+                message = await asyncio.wait_for(channel.fetch_message(int(mid)), timeout=SEND_TIMEOUT)
+            except ROOM_ERRORS as e:
+                log.warning("%s: a settled live message %s could not be read: %s: %s", self.bot.residence.name,
+                            mid, type(e).__name__, e)
+                continue
+            if message.author.id != getattr(self.bot.user, "id", None):
+                await self.on_message(message)
 
     def addressed(self, message: discord.Message) -> bool:
         me = self.bot.user
@@ -72,6 +104,8 @@ class ResidentCog(commands.Cog):
         me = self.bot.user
         if me is None or message.author.id == me.id or message.guild is None:
             return
+        if self.board.hidden(message.nonce, message.id):
+            return  # a live reply still being written: taken when it settles (`_settled`)
         if not self.bot.listens_in(message.channel) or not self.addressed(message):
             return
         ch = message.channel.id
@@ -139,6 +173,8 @@ class ResidentCog(commands.Cog):
             history = await self._history(message.channel, self.bot.residence.policy.floor.history_limit)
             if history is None:
                 return None
+            # A live reply in progress is counted by its claim, not by its messages.
+            history = [m for m in history if not self.board.hidden(m.nonce, m.id)]
             run = since_person(history)
             posts = await self.bot.resident.ledger.posts_by_message([str(m.id) for m in run])
             after = moving()

@@ -124,7 +124,9 @@ class RoomServer:
             "bots": [{"id": str(b.id), "name": b.name, "application_id": str(b.application_id),
                       "connected": self.gateway.connected(b),
                       "commands": sorted({c.name for c in state.commands.values()
-                                          if c.application_id == b.application_id})}
+                                          if c.application_id == b.application_id}),
+                      # in how many guilds it has put its command list (an empty one included)
+                      "synced": sum(1 for app, _g in state.synced if app == b.application_id)}
                      for b in state.bots()],
             "people": [{"id": str(p.id), "name": p.name, "moderator": state.is_moderator(p),
                         "guilds": {g.name: [r.name for r in g.members[p.id].roles] for g in guilds if p.id in g.members}}

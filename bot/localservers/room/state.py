@@ -58,6 +58,7 @@ class RoomState:
         self.guilds: dict[int, Guild] = {}
         self.channels: dict[int, Channel] = {}
         self.commands: dict[int, Command] = {}
+        self.synced: set[tuple[int, int | None]] = set()  # (application, guild or None) that put its commands
         self.interactions: dict[int, Interaction] = {}
         self.attachments: dict[int, Attachment] = {}
         self._nonces: dict[tuple[int, str], tuple[float, Message]] = {}
@@ -401,6 +402,7 @@ class RoomState:
                 kept.append(cmd)
         for gone in existing.values():
             del self.commands[gone.id]
+        self.synced.add((bot.application_id, guild_id))
         return kept
 
     def find_command(self, name: str, bot_name: str | None, guild: Guild, ctype: int = 1) -> Command:

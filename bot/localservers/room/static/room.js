@@ -108,8 +108,8 @@ const hasModeratorRole = () => guildOf(room.guild).roles.some((r) => r.name === 
 function renderBotPicker() {
   const select = $("#mod-bot");
   const previous = select.value;
-  const owners = room.state.bots.filter((b) => b.commands.includes("stumps") || b.commands.includes("generation"));
-  select.replaceChildren(...(owners.length ? owners : room.state.bots).map((b) => {
+  // Residents, whichever bot has the commands: one bot answers for every resident of its process.
+  select.replaceChildren(...room.state.bots.map((b) => {
     const opt = document.createElement("option");
     opt.value = b.name;
     opt.textContent = b.name + (b.connected ? "" : " (offline)");
@@ -336,6 +336,9 @@ function onMessage(m, what) {
     room.messages[i] = m;
     const li = list.querySelector(`li[data-id="${m.id}"]`);
     if (li) li.replaceWith(messageItem(m, room.messages[i - 1]));
+    // A live reply is recorded when it settles (its last edit): ask its kind afresh.
+    const k = room.kinds.get(m.id);
+    if (m.bot && (!k || k.kind === "live")) { room.tries.delete(m.id); wantKind(m.id); }
   } else if (what === "delete" && i >= 0) {
     room.messages.splice(i, 1);
     renderMessages();
@@ -399,18 +402,23 @@ function togglePanel() {
 
 const sub = (name, options = []) => [{name, type: 1, options}];
 
-function runStumpsList() { return runCommand("/stumps list", "stumps", sub("list")); }
+function runStumpsList() {
+  const who = $("#mod-bot").value;
+  return runCommand(`/stumps list`, "stumps", sub("list", who ? [{name: "resident", type: 3, value: who}] : []));
+}
 function runStumpsShow(id) { return runCommand(`/stumps show ${id}`, "stumps", sub("show", [{name: "id", type: 3, value: id}])); }
 function runGenerationShow(ref) {
   return runCommand(`/generation show ${ref}`, "generation", sub("show", [{name: "ref", type: 3, value: ref}]));
 }
 
 async function runCommand(label, name, options) {
-  const bot = $("#mod-bot").value;
+  const picked = $("#mod-bot").value;
+  const owner = room.state.bots.find((b) => b.commands.includes(name));  // the bot that registered the command
+  const bot = owner ? owner.name : picked;
   const entry = document.createElement("section");
   entry.className = "ephemeral running";
   entry.innerHTML = `<header><span class="cmd"></span><span class="only">only you can see this</span></header><div class="answer">running…</div>`;
-  entry.querySelector(".cmd").textContent = `${label} · ${bot || "no resident"}`;
+  entry.querySelector(".cmd").textContent = `${label} · ${picked || "no resident"}`;
   $("#mod-out").prepend(entry);
   const answer = entry.querySelector(".answer");
   try {
