@@ -245,6 +245,25 @@ async def test_bad_request_is_not_retried(tmp_path: Path) -> None:
                          "Provider error (invalid_request_error) after 1 attempt; no text was generated."))
 
 
+@pytest.mark.parametrize("error", [{"type": 5, "message": "x"}, {"type": None}, {"type": ["api_error"]},
+                                   {"type": "internal-TypeError"}],
+                         ids=["number", "null", "array", "of-this-process"])
+@pytest.mark.parametrize("status", [500, 400])
+async def test_an_http_error_body_whose_type_is_not_a_usable_string_is_named_by_status(
+        tmp_path: Path, error: dict[str, Any], status: int) -> None:
+    """The body's `error.type` is the provider's word only when it is a string: else the kind is
+    `http-CODE`, retried or not by the status, and never an internal error of this process."""
+    body = {"type": "error", "error": error}
+    t = await run_turn(tmp_path, [Call(status=status, body=body), ok()])
+    if status == 500:
+        check_turn(t, Expect("completed", RETRY_TEXT, [("abandoned", ""), ("completed", RETRY_TEXT)], [], None,
+                             stop_reason="end_turn", output_tokens=77))
+    else:
+        check_turn(t, Expect("failed", "", [("failed", "")], [],
+                             "Provider error (http-400) after 1 attempt; no text was generated."))
+    assert t.generation.attempts[0].error == f"http-{status}"
+
+
 async def test_overload_on_every_attempt_fails_within_max_attempts(tmp_path: Path) -> None:
     calls = [Call(status=529, headers={"retry-after": "0"}) for _ in range(5)] + [ok()]
     t = await run_turn(tmp_path, calls)
@@ -341,8 +360,17 @@ def _event(name: str, data: Any) -> bytes:
                                    "delta": {"type": "text_delta", "text": "a block that never started"}}),
     _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
     _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
+    _event("error", 42),
+    _event("error", None),
+    b"event: error\ndata: not json at all\n\n",
+    _event("error", {}),
+    _event("error", {"type": "error", "error": "overloaded_error"}),
+    _event("error", {"type": "error", "error": {"type": 5, "message": "x"}}),
+    _event("error", {"type": "error", "error": {"type": "", "message": "x"}}),
+    _event("error", {"type": "error", "error": {"type": "internal-TypeError", "message": "x"}}),
 ], ids=["string", "array", "null", "no-text", "text-not-a-string", "unstarted-block", "restarted-block",
-        "delta-not-an-object"])
+        "delta-not-an-object", "error-number", "error-null", "error-not-json", "error-empty-object",
+        "error-not-an-object", "error-type-a-number", "error-type-empty", "error-type-of-this-process"])
 async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
     """Data that is not an object, or not the protocol's shape, fails the attempt as `malformed-stream`
     (retryable), never as an internal error, and never lets text of an unstarted block through."""
