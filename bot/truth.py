@@ -125,6 +125,7 @@ class Ending:
     cut_in: str | None = None  # declared type of the last content block of the output's final attempt
     other_content: bool = False  # that attempt produced content outside text blocks (reasoning, tool input)
     kept_chars: int | None = None  # characters of text kept (a stump), where `chars` counts only visible text
+    last_outcome: str | None = None  # the outcome of the generation's last attempt (a set-aside segment's own)
 
 
 # The process (not the model or provider) stopped mid-output; recovery settles such a generation at
@@ -145,6 +146,24 @@ _CONT_REASON = {
     "superseded": "continuation stopped because the room moved on",
     "error": "continuation stopped on a provider error",
 }
+
+
+
+def _continuation_stop(e: Ending) -> str | None:
+    """Why continuation stopped, as it was. `error` (the replay contract's value) stands for every segment
+    that neither completed nor was cut at the ceiling, so its wording follows that segment's own outcome."""
+    if e.continuation_ended != "error":
+        return _CONT_REASON.get(e.continuation_ended)
+    if e.last_outcome == "refused":
+        return "continuation stopped when the provider declined a segment"
+    if e.last_outcome == "incomplete":
+        return "continuation stopped when a segment ended without a usable stop reason"
+    if e.last_outcome == "failed" and is_internal(e.error):
+        return "continuation stopped on an internal error"
+    if e.last_outcome == "truncated" and e.stop_reason == "model_context_window_exceeded":
+        return "continuation stopped when the model context window filled"
+    return _CONT_REASON["error"]
+
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -184,8 +203,9 @@ def _boundary(e: Ending, nothing: str | None) -> str | None:
             parts.append(ceiling_sentence(e.output_tokens, during, cut))
         if e.segments > 1:
             parts.append(f"{e.segments} segments.")
-        if e.continuation_ended in _CONT_REASON:
-            parts.append(_CONT_REASON[e.continuation_ended].capitalize() + ".")
+        why = _continuation_stop(e)
+        if why:
+            parts.append(why.capitalize() + ".")
     elif e.status == "failed":
         if is_internal(e.error):
             assert e.error is not None

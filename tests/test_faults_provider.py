@@ -36,6 +36,8 @@ from bot.provider import make_client
 from bot.replay.run import CollectingRoom
 from bot.resident import Resident
 
+from conftest import specimen
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "claude-3-opus-20240229"
 TURN_TIMEOUT = 20.0  # no case may hang the suite
@@ -552,6 +554,36 @@ async def test_fault_during_bounded_continuation(tmp_path: Path) -> None:
     assert sorted((st.cause, st.text) for st in g.stumps) == sorted(
         [("max_tokens", first), (truth.RETRY_ABANDONED, frags[0]), (truth.RETRY_ABANDONED, frags[1]),
          (truth.PROVIDER_ERROR, frags[2])])
+
+
+@pytest.mark.parametrize("standing", ["bounded", "on-request"])
+@pytest.mark.parametrize("segment, cause, why", [
+    (specimen("refusal-no-content.sse"), None, "Continuation stopped when the provider declined a segment."),
+    (body("and then, no.") + sse.tail("refusal", 5), "refusal",
+     "Continuation stopped when the provider declined a segment."),
+    (body("and then the water r") + sse.tail(None, 6), truth.NO_STOP_REASON,
+     "Continuation stopped when a segment ended without a usable stop reason."),
+], ids=["refusal-no-content", "refusal-with-text", "no-stop-reason"])
+async def test_a_continuation_segment_that_was_not_a_provider_error_is_not_called_one(
+        tmp_path: Path, standing: str, segment: bytes, cause: str | None, why: str) -> None:
+    """The ledger's ending stays the contract's `error`, but the receipt says what stopped the segment."""
+    first = "The river begins high in the hills, where snow melts into thin streams. " * 12
+    async with Session(tmp_path, make_residence(max_attempts=2, standing=standing)) as s:
+        calls_first = [Call(sse=sse.stream(first, "max_tokens", 4096))]
+        if standing == "bounded":
+            reply, posts, calls = await s.say(calls_first + [Call(sse=segment), ok()])
+            assert calls == 2 and [p.kind for p in posts] == ["partial", "receipt"]
+        else:
+            reply, _, _ = await s.say(calls_first)
+            _, posts, calls = await s.continue_([Call(sse=segment), ok()])
+            assert calls == 1 and [p.kind for p in posts] == ["receipt"]
+        assert posts[-1].content == RECEIPT_PREFIX + truth.ceiling_sentence(4096) + " " + why
+        assert "provider error" not in posts[-1].content
+        assert await verify(s.ledger, unsettled_as_violations=True) == []
+    g = await reopen(s.db, reply.generation.id)
+    assert (g.status, g.text, g.continuation_ended) == ("truncated", first, "error")
+    assert sorted((st.cause, st.scope) for st in g.stumps) == sorted([("max_tokens", "output")]
+                                                                    + ([(cause, "attempt")] if cause else []))
 
 
 async def test_retry_notice_policy_is_a_side_line_verify_accepts(tmp_path: Path) -> None:

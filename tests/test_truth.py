@@ -89,6 +89,23 @@ def test_every_boundary_line_is_compact_factual_and_impersonal(e):
             assert word not in line.lower()
 
 
+@pytest.mark.parametrize("last, error, stop, why", [
+    ("failed", "overloaded_error", "max_tokens", "Continuation stopped on a provider error."),
+    ("refused", None, "max_tokens", "Continuation stopped when the provider declined a segment."),
+    ("incomplete", None, "max_tokens", "Continuation stopped when a segment ended without a usable stop reason."),
+    ("failed", "internal-TypeError", "max_tokens", "Continuation stopped on an internal error."),
+    ("truncated", None, "model_context_window_exceeded",
+     "Continuation stopped when the model context window filled."),
+])
+def test_a_continuation_ended_by_error_is_worded_by_what_stopped_its_segment(last, error, stop, why):
+    """`error` is the contract's one value for these; the receipt says which it was, from the facts."""
+    e = Ending("truncated", stop, 600, 100, segments=2 if last == "truncated" else 1, continuation_ended="error",
+               error=error, last_outcome=last)
+    line = truth.receipt(e)
+    assert line is not None and line.endswith(" " + why) and len(line) <= truth.MAX_LINE
+    assert ("provider error" in line) == (last == "failed" and error == "overloaded_error")
+
+
 def test_end_turn_has_no_receipt_and_no_notice():
     e = Ending("completed", "end_turn", 200, 900)
     assert truth.receipt(e) is None and truth.notice(e) is None

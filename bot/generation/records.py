@@ -247,7 +247,7 @@ class Generation:
                             error=last.error if last else None,
                             cut_in=blocks[-1].type if blocks else None,
                             other_content=any(b.content for b in blocks if not b.is_text),
-                            kept_chars=self.chars)
+                            kept_chars=self.chars, last_outcome=last.outcome if last else None)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "residence": self.residence, "channel": self.channel, "model": self.model,
