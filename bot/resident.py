@@ -150,6 +150,8 @@ class Resident:
         if result.refused:
             return await self._decline(room, channel, g, result.refused)
         planned = plan_continuation(g.ending(), result.added)
+        if self.key_rejections is not None:
+            planned = self.key_rejections.review(g, channel, planned, added=result.added)
         posts = await self._record(g, planned, channel)
         await self._deliver(room, posts)
         return Reply(g, posts)

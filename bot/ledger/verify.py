@@ -33,10 +33,11 @@ def _prefix_of(line: str, sep: str) -> str:
     return RECEIPT_PREFIX + line.split(sep)[0]
 
 
-# Room lines that are not a generation's boundary line: the optional retry notice and a declined
-# /continue. Their prefixes come from the wording in bot.truth, so they cannot drift apart.
+# Room lines that are not a generation's boundary line: the optional retry notice, a declined
+# /continue and a refused provider key's notice (delivery.keys: in place of a line, once per window).
+# Their prefixes come from the wording in bot.truth, so they cannot drift apart.
 _SIDE_NOTICES = (_prefix_of(truth.abandoned_notice(1, 0), ";"), _prefix_of(truth.abandoned_notice(2, 0), ";"),
-                 _prefix_of(truth.declined_continue("x"), ":"))
+                 _prefix_of(truth.declined_continue("x"), ":"), _prefix_of(truth.key_rejected_notice("x"), "("))
 
 
 @dataclass
@@ -303,7 +304,10 @@ def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempt
     # so such a failure with nothing to post may stand with no line at all.
     withheld = status == "failed" and not visible and not calls and not receipts and not boundary_notices \
         and bool(attempts) and truth.key_rejected(attempts[-1]["error"])
-    if found != want and not withheld:
+    # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
+    keyless = sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed"
+                  and truth.key_rejected(a["error"])) if calls else 0
+    if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
         v.append(f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
                  f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)")
