@@ -260,8 +260,44 @@ def abandoned_notice(count: int, chars: int) -> str:
     return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside as stumps.")
 
 
-def declined_continue(reason: str) -> str:
-    return _compact(f"Continuation not available: {reason}.")
+# Why a /continue makes no provider call, each worded once below from the facts it names.
+DeclineReason = Literal["unknown-generation", "no-generation-here", "standing", "not-cut", "no-request",
+                        "tool-calls", "stopped"]
+
+_DECLINED: dict[str, str] = {
+    "unknown-generation": "no generation {generation_id} of {residence}",
+    "no-generation-here": "{residence} has no generation here",
+    "standing": "the continuation standing of {residence} is {detail}, not on-request",
+    "not-cut": "generation {generation_id} is {detail}, not cut at the output ceiling",
+    "no-request": "generation {generation_id} has no recorded request to continue",
+    "tool-calls": "generation {generation_id} made tool calls, and continuation never mixes with the tool loop",
+    "stopped": "continuation of {generation_id} stopped: {detail}",
+}
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A /continue declined, as facts: the reason, whose, which generation, and the one fact the reason
+    names (`standing`: the standing; `not-cut`: the status; `stopped`: the continuation's ending)."""
+    reason: DeclineReason
+    residence: str
+    generation_id: str | None = None
+    detail: str | None = None
+
+
+def declined_reason(d: Declined) -> str:
+    """The reason a /continue was declined, as a clause (in the room's notice and a moderator's answer)."""
+    return _DECLINED[d.reason].format(residence=d.residence, generation_id=d.generation_id, detail=d.detail)
+
+
+def declined_continue(d: Declined) -> str:
+    """The room's notice for a declined /continue."""
+    return _compact(f"Continuation not available: {declined_reason(d)}.")
+
+
+def not_continued(d: Declined) -> str:
+    """A moderator's own (ephemeral) answer to a /continue that was declined."""
+    return f"Not continued: {declined_reason(d)}."
 
 
 def context_boundary_note(e: Ending) -> str:

@@ -215,3 +215,22 @@ def test_a_recovered_fragment_is_named_by_where_it_came_from(cause, origin):
 def test_the_tool_description_is_impersonal():
     assert not SECOND_PERSON.search(truth.STUMPS_TOOL_DESCRIPTION)
     assert all(a in truth.STUMPS_TOOL_DESCRIPTION for a in ("`list`", "`read`", "`set_access`", "`publish`"))
+
+
+@pytest.mark.parametrize("d, clause", [
+    (truth.Declined("unknown-generation", "cairn", "g-000000000001"), "no generation g-000000000001 of cairn"),
+    (truth.Declined("no-generation-here", "cairn"), "cairn has no generation here"),
+    (truth.Declined("standing", "cairn", "g-1", "none"), "the continuation standing of cairn is none, not on-request"),
+    (truth.Declined("not-cut", "cairn", "g-1", "completed"), "generation g-1 is completed, not cut at the output ceiling"),
+    (truth.Declined("no-request", "cairn", "g-1"), "generation g-1 has no recorded request to continue"),
+    (truth.Declined("tool-calls", "cairn", "g-1"),
+     "generation g-1 made tool calls, and continuation never mixes with the tool loop"),
+    (truth.Declined("stopped", "cairn", "g-1", "segment-limit"), "continuation of g-1 stopped: segment-limit"),
+])
+def test_every_reason_to_decline_a_continue_is_worded_here_from_facts(d, clause):
+    """Callers name a reason and its facts; the room's notice and a moderator's answer are worded once, here."""
+    assert truth.declined_reason(d) == clause
+    notice = truth.declined_continue(d)
+    assert notice == f"Continuation not available: {clause}." and len(notice) <= truth.MAX_LINE
+    assert not SECOND_PERSON.search(notice)
+    assert truth.not_continued(d) == f"Not continued: {clause}."

@@ -37,7 +37,8 @@ def _prefix_of(line: str, sep: str) -> str:
 # /continue and a refused provider key's notice (delivery.keys: in place of a line, once per window).
 # Their prefixes come from the wording in bot.truth, so they cannot drift apart.
 _SIDE_NOTICES = (_prefix_of(truth.abandoned_notice(1, 0), ";"), _prefix_of(truth.abandoned_notice(2, 0), ";"),
-                 _prefix_of(truth.declined_continue("x"), ":"), _prefix_of(truth.key_rejected_notice("x"), "("))
+                 _prefix_of(truth.declined_continue(truth.Declined("stopped", "x")), ":"),
+                 _prefix_of(truth.key_rejected_notice("x"), "("))
 
 
 @dataclass

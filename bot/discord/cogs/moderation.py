@@ -19,6 +19,7 @@ import yaml
 from discord import app_commands
 from discord.ext import commands
 
+from ... import truth
 from ...delivery import split_text
 from ...generation.records import Generation
 from ...ledger import views
@@ -157,8 +158,7 @@ class Moderation(commands.Cog):
             return
         standing = self.bot.residence.policy.continuation.standing
         if standing != "on-request":
-            await self._say(interaction,
-                            f"Not continued: the continuation standing of {g.residence} is {standing}, not on-request.")
+            await self._say(interaction, truth.not_continued(truth.Declined("standing", g.residence, g.id, standing)))
             return
         channel = scope.channel(g.channel)
         if channel is None:  # in scope, so in this guild: not reachable only if the bot cannot see it
@@ -166,8 +166,8 @@ class Moderation(commands.Cog):
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         reply = await self.bot.resident.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]
-        if reply.declined:
-            await interaction.followup.send(f"Not continued: {reply.declined}.", ephemeral=True)
+        if reply.decline:
+            await interaction.followup.send(truth.not_continued(reply.decline), ephemeral=True)
             return
         assert reply.generation is not None
         await interaction.followup.send(
