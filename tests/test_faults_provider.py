@@ -642,30 +642,42 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
 
 
 async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path: Path) -> None:
-    """800 characters arrive, then the provider stalls: they reach disk within the 250 ms bound (and
-    load slack), long before the stall ends; no later delta is needed to write them."""
+    """800 characters arrive at once, then the provider stalls for 3 s: no later delta comes, yet they
+    reach disk by the 250 ms timer plus one ledger write. Measured from the moment the server sends
+    them: not yet on disk at 0.05 s (the timer, not a write per delta, is what is held), all on disk
+    by 0.6 s (a timer of 1 s, or none, fails)."""
     text = text_of(800)
     db = tmp_path / "ledger.db"
     res = make_residence(max_attempts=1, timeout=10.0)
-    server = ProviderServer()
+    loop = asyncio.get_running_loop()
+    sent: list[float] = []
+
+    def answer(_body: dict[str, Any]) -> Call:  # runs as the request lands; the body is written at once after
+        sent.append(loop.time())
+        return Call(sse=body(text), end="stall", stall_seconds=3.0)
+    server = ProviderServer(answer)
     await server.start()
-    server.reset([Call(sse=body(text), end="stall", stall_seconds=2.5)])
     ledger, reader = await Ledger.open(db), await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
-    loop = asyncio.get_running_loop()
     try:
         resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
         room = CollectingRoom(res.name)
         m = room.say("alice", "Say a little, then wait.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
-        began, seen = loop.time(), ""
-        while seen != text and loop.time() - began < 1.2:
-            await asyncio.sleep(0.05)
+        samples: list[tuple[float, int]] = []  # (seconds after the server sent the text, characters on disk)
+        seen = ""
+        while seen != text and (not sent or loop.time() - sent[0] < 2.0):
+            await asyncio.sleep(0.01)
             rows = await reader.db.execute_fetchall("SELECT id FROM attempts WHERE outcome='streaming'")
             seen = await reader.streamed_text(rows[0][0]) if rows else ""
+            if sent:
+                samples.append((loop.time() - sent[0], len(seen)))
         assert not task.done(), "the stall should still be holding the stream open"
-        assert seen == text, f"{len(text) - len(seen)} of {len(text)} characters still off disk after " \
-                             f"{loop.time() - began:.2f} s of a stall"
+        on_disk = next((t for t, n in samples if n == len(text)), None)
+        assert on_disk is not None and on_disk <= 0.6, \
+            f"{len(text) - len(seen)} of {len(text)} characters still off disk; samples {samples[-3:]}"
+        assert on_disk > 0.05, f"on disk {on_disk:.3f} s after it was sent: sooner than the timer could write it"
+        assert seen == text
         reply = await asyncio.wait_for(task, TURN_TIMEOUT)
         assert reply.generation is not None and reply.generation.text == text
         assert await verify(reader) == []
