@@ -24,6 +24,7 @@ from ...delivery import split_text
 from ...generation.records import Generation
 from ...ledger import views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
+from ...text import outbound
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
@@ -37,6 +38,16 @@ STUMPS_PER_PAGE = 20
 
 def fenced_pages(lines: list[str]) -> list[str]:
     return [f"```\n{chunk}\n```" for chunk in split_text("\n".join(lines), PAGE)]
+
+
+def for_discord(pages: list[str]) -> list[str]:
+    """Pages as they may leave the process: valid UTF-8, a lone surrogate (kept exactly in the ledger) as U+FFFD."""
+    return [outbound(p)[0] for p in pages]
+
+
+def stump_pages(head: list[str], text: str | None) -> list[str]:
+    """A /stumps show answer: the stump's provenance lines, then its text where it is shown."""
+    return for_discord(fenced_pages(head) + (split_text(text, PAGE) if text is not None else []))
 
 
 class Moderation(commands.Cog):
@@ -58,13 +69,14 @@ class Moderation(commands.Cog):
         return self.bot.resident.ledger
 
     async def _send_pages(self, interaction: discord.Interaction, pages: list[str]) -> None:
-        first, rest = pages[0], pages[1:]
+        first, *rest = for_discord(pages)
         await interaction.response.send_message(first, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
         for page in rest:
             await interaction.followup.send(page, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
 
     async def _say(self, interaction: discord.Interaction, text: str) -> None:
-        await interaction.response.send_message(text, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
+        await interaction.response.send_message(outbound(text)[0], ephemeral=True,
+                                                allowed_mentions=discord.AllowedMentions.none())
 
     async def _generation(self, gid: str, scope: Scope) -> Generation | None:
         """The generation, if it was made in a channel of the scope; None as for one that does not exist."""
@@ -111,8 +123,7 @@ class Moderation(commands.Cog):
             head.append("Text withheld: the residence's policy does not let moderators read stumps.")
         elif not shown:
             head.append(f"Text withheld: {s.residence} set this stump private.")
-        pages = fenced_pages(head) + ([c for c in split_text(s.text, PAGE)] if shown else [])
-        await self._send_pages(interaction, pages)
+        await self._send_pages(interaction, stump_pages(head, s.text if shown else None))
 
     @generation.command(name="show", description="Provenance: attempts, segments, stop and discard reasons, counts")
     @app_commands.describe(ref="a generation id, or a link to one of its messages")
