@@ -31,7 +31,9 @@ class ModelCaps:
 UNKNOWN = ModelCaps("unknown model", 128000, False)
 
 # Decorations providers add around a model id, taken off before matching (see bot/models.yaml).
-_BEDROCK_PREFIX = re.compile(r"^(?:[a-z]{2,6}\.)?anthropic\.")
+# Bedrock: `anthropic.` after an optional inference-profile prefix, a geography or region in lower-case
+# words joined by `-` (`us.`, `eu.`, `apac.`, `global.`, `us-gov.`, ...), taken generically.
+_BEDROCK_PREFIX = re.compile(r"^(?:[a-z]{2,12}(?:-[a-z]{2,12})*\.)?anthropic\.")
 _DECORATIONS = (re.compile(r"@.*$"), re.compile(r"-v\d+(?::\d+)?$"), re.compile(r"-\d{8}$"), re.compile(r"-latest$"))
 _OPEN_END = re.compile(r"^(\d+)\+$")
 

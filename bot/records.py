@@ -110,6 +110,7 @@ class Ending:
     cut_in: str | None = None  # declared type of the last content block of the output's final attempt
     other_content: bool = False  # that attempt produced content outside text blocks (reasoning, tool input)
     kept_chars: int | None = None  # characters of text kept (a stump), where `chars` counts only visible text
+    last_outcome: str | None = None  # the outcome of the generation's last attempt (a set-aside segment's own)
 
 
 def provider_tokens(counts: Iterable[int | None]) -> int | None:
@@ -377,7 +378,7 @@ class Generation:
                       error=last.error if last else None,
                       cut_in=blocks[-1].type if blocks else None,
                       other_content=any(b.content for b in blocks if not b.is_text),
-                      kept_chars=self.chars)
+                      kept_chars=self.chars, last_outcome=last.outcome if last else None)
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "residence": self.residence, "channel": self.channel, "model": self.model,

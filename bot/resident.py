@@ -40,7 +40,8 @@ PUBLISH_WAIT = 5.0  # seconds a publication waits to reach the room before the t
 class Reply:
     generation: Generation | None
     posts: list[Post]
-    declined: str | None = None
+    declined: str | None = None  # the reason a /continue was declined, as `bot.truth` words it
+    decline: truth.Declined | None = None  # ... and as facts
 
 
 class Resident:
@@ -171,21 +172,23 @@ class Resident:
         g = (await self.ledger.get_generation(generation_id) if generation_id
              else await self.ledger.latest_generation(self.name, channel))
         if g is None or g.residence != self.name:
-            reason = f"no generation {generation_id} of {self.name}" if generation_id else f"{self.name} has no generation here"
-            return await self._decline(room, channel, None, reason)
+            return await self._decline(room, channel, None, truth.Declined(
+                "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id))
         result = await self.generator.continue_on_request(g, self.residence, superseded)
         if result.refused:
             return await self._decline(room, channel, g, result.refused)
         planned = plan_continuation(g.ending(), result.added)
+        if self.key_rejections is not None:
+            planned = self.key_rejections.review(g, channel, planned, added=result.added)
         posts = await self._record(g, planned, channel)
         await self._deliver(room, posts)
         return Reply(g, posts)
 
-    async def _decline(self, room: Room, channel: str, g: Generation | None, reason: str) -> Reply:
-        posts = await self._record(g, [notice_post(truth.declined_continue(reason), PostReason.DECLINED_CONTINUE)],
+    async def _decline(self, room: Room, channel: str, g: Generation | None, why: truth.Declined) -> Reply:
+        posts = await self._record(g, [notice_post(truth.declined_continue(why), PostReason.DECLINED_CONTINUE)],
                                    channel)
         await self._deliver(room, posts)
-        return Reply(g, posts, declined=reason)
+        return Reply(g, posts, declined=truth.declined_reason(why), decline=why)
 
     async def _deliver(self, room: Room, posts: list[Post],
                        queued: Callable[[list[Post]], None] | None = None) -> None:

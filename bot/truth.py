@@ -7,6 +7,9 @@ wording of a receipt exists exactly once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from .records import Cause, ContinuationEnd, Ending, Outcome, PostKind, PostReason, Status
 
 COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence"})
@@ -127,6 +130,24 @@ _CONT_REASON = {
     ContinuationEnd.ERROR: "continuation stopped on a provider error",
 }
 
+
+
+def _continuation_stop(e: Ending) -> str | None:
+    """Why continuation stopped, as it was. `error` (the replay contract's value) stands for every segment
+    that neither completed nor was cut at the ceiling, so its wording follows that segment's own outcome."""
+    if e.continuation_ended != "error":
+        return _CONT_REASON.get(e.continuation_ended)
+    if e.last_outcome == "refused":
+        return "continuation stopped when the provider declined a segment"
+    if e.last_outcome == "incomplete":
+        return "continuation stopped when a segment ended without a usable stop reason"
+    if e.last_outcome == "failed" and is_internal(e.error):
+        return "continuation stopped on an internal error"
+    if e.last_outcome == "truncated" and e.stop_reason == "model_context_window_exceeded":
+        return "continuation stopped when the model context window filled"
+    return _CONT_REASON["error"]
+
+
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -165,8 +186,9 @@ def _boundary(e: Ending, nothing: str | None) -> str | None:
             parts.append(ceiling_sentence(e.output_tokens, during, cut))
         if e.segments > 1:
             parts.append(f"{e.segments} segments.")
-        if e.continuation_ended in _CONT_REASON:
-            parts.append(_CONT_REASON[e.continuation_ended].capitalize() + ".")
+        why = _continuation_stop(e)
+        if why:
+            parts.append(why.capitalize() + ".")
     elif e.status == "failed":
         if is_internal(e.error):
             assert e.error is not None
@@ -226,10 +248,10 @@ def abandoned_notice(count: int, chars: int) -> str:
     return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside as stumps.")
 
 
-def standing_refusal(standing: str, residence: str) -> str | None:
+def standing_refusal(standing: str, residence: str, generation_id: str | None = None) -> Declined | None:
     """Why a /continue may not run under a residence's continuation standing, or None: only `on-request` allows it."""
     if standing != "on-request":
-        return f"the continuation standing of {residence} is {standing}, not on-request"
+        return Declined("standing", residence, generation_id, standing)
     return None
 
 
@@ -244,8 +266,44 @@ def live_set_aside_notice(chars: int) -> str:
                     "a new attempt follows as new messages.")
 
 
-def declined_continue(reason: str) -> str:
-    return _compact(f"Continuation not available: {reason}.")
+# Why a /continue makes no provider call, each worded once below from the facts it names.
+DeclineReason = Literal["unknown-generation", "no-generation-here", "standing", "not-cut", "no-request",
+                        "tool-calls", "stopped"]
+
+_DECLINED: dict[str, str] = {
+    "unknown-generation": "no generation {generation_id} of {residence}",
+    "no-generation-here": "{residence} has no generation here",
+    "standing": "the continuation standing of {residence} is {detail}, not on-request",
+    "not-cut": "generation {generation_id} is {detail}, not cut at the output ceiling",
+    "no-request": "generation {generation_id} has no recorded request to continue",
+    "tool-calls": "generation {generation_id} made tool calls, and continuation never mixes with the tool loop",
+    "stopped": "continuation of {generation_id} stopped: {detail}",
+}
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A /continue declined, as facts: the reason, whose, which generation, and the one fact the reason
+    names (`standing`: the standing; `not-cut`: the status; `stopped`: the continuation's ending)."""
+    reason: DeclineReason
+    residence: str
+    generation_id: str | None = None
+    detail: str | None = None
+
+
+def declined_reason(d: Declined) -> str:
+    """The reason a /continue was declined, as a clause (in the room's notice and a moderator's answer)."""
+    return _DECLINED[d.reason].format(residence=d.residence, generation_id=d.generation_id, detail=d.detail)
+
+
+def declined_continue(d: Declined) -> str:
+    """The room's notice for a declined /continue."""
+    return _compact(f"Continuation not available: {declined_reason(d)}.")
+
+
+def not_continued(d: Declined) -> str:
+    """A moderator's own (ephemeral) answer to a /continue that was declined."""
+    return f"Not continued: {declined_reason(d)}."
 
 
 def context_boundary_note(e: Ending) -> str:

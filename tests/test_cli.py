@@ -250,6 +250,32 @@ async def test_list_stump_meta_is_newest_first_paged_and_reads_no_text(tmp_path)
         await lg.close()
 
 
+def test_ledger_stumps_names_a_block_stumps_type_and_index(work, capsys):
+    """A reasoning block cut at the ceiling is a block stump: the listing (and the query under it,
+    which reads no text) names its block's type and index, as `ledger show` does."""
+    db = str(work / "l.db")
+    assert cli.main(["replay", "scenarios/thinking-cut.yaml", "--db", db]) == 0
+    capsys.readouterr()
+    assert cli.main(["ledger", "stumps", "--db", db]) == 0
+    listing = capsys.readouterr().out
+    assert "thinking block #0" in listing and "None" not in listing
+    assert cli.main(["ledger", "stumps", "--db", db, "--json"]) == 0
+    [meta] = json.loads(capsys.readouterr().out)
+    assert (meta["scope"], meta["cause"], meta["block"], meta["block_type"]) == ("block", "max_tokens", 0, "thinking")
+
+    async def query() -> None:
+        from bot.ledger import Ledger
+        lg = await Ledger.open(Path(db))
+        try:
+            [s] = await lg.list_stump_meta("sill")
+            full = await lg.get_stump(s.id)
+            assert full is not None and (s.block, s.block_type) == (full.block, full.block_type) == (0, "thinking")
+            assert s.text == "" and s.chars == full.chars > 0
+        finally:
+            await lg.close()
+    asyncio.run(query())
+
+
 def test_ledger_stumps_pages_newest_first_through_the_console_script(tmp_path):
     ids = asyncio.run(_ledger_with_stumps(tmp_path / "l.db", 5))
     first = run_residents("ledger", "stumps", "--db", "l.db", "--json", "--limit", "2", cwd=tmp_path)

@@ -685,3 +685,61 @@ async def test_the_resident_lists_reads_guards_and_publishes_its_stumps_and_mode
         shown = "\n".join(contents(out))
         assert " published" in shown and "set this stump private" in shown and len(out["responses"]) == 1
         assert await verify(d.ledger) == []
+
+
+REASONING = "The wall runs 412 metres from the lighthouse, and the spur at the ferry slip adds 38 more."
+SAID = "The harbour wall is 450 metres long in all; let me fetch the survey to be sure."
+TOOL_INPUT = '{"survey": "harbour wall", "sections": ["main", "spu'
+
+
+def reasoning_text_and_a_cut_tool_call() -> bytes:
+    """One answer with a reasoning block (and its signature), a text block, then a tool call whose input
+    the output ceiling cuts: three blocks of three types, only the middle one ever posted."""
+    def ev(name: str, **data) -> bytes:
+        return sse.event(name, {"type": name, **data})
+    body = ev("message_start", message={"id": "msg_blocks", "type": "message", "role": "assistant",
+                                        "model": "claude-3-opus-20240229", "content": [], "stop_reason": None,
+                                        "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}})
+    body += ev("content_block_start", index=0, content_block={"type": "thinking", "thinking": "", "signature": ""})
+    for p in sse.pieces(REASONING):
+        body += ev("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": p})
+    body += ev("content_block_delta", index=0, delta={"type": "signature_delta", "signature": "c2lnbmVk"})
+    body += ev("content_block_stop", index=0)
+    body += ev("content_block_start", index=1, content_block={"type": "text", "text": ""})
+    for p in sse.pieces(SAID):
+        body += ev("content_block_delta", index=1, delta={"type": "text_delta", "text": p})
+    body += ev("content_block_stop", index=1)
+    body += ev("content_block_start", index=2, content_block={"type": "tool_use", "id": "toolu_01", "name": "survey",
+                                                              "input": {}})
+    for p in [""] + sse.pieces(TOOL_INPUT):
+        body += ev("content_block_delta", index=2, delta={"type": "input_json_delta", "partial_json": p})
+    body += ev("content_block_stop", index=2)
+    body += ev("message_delta", delta={"stop_reason": "max_tokens", "stop_sequence": None},
+               usage={"output_tokens": 1024})
+    return body + ev("message_stop")
+
+
+async def test_generation_show_lists_the_blocks_by_type_and_size_never_their_content(tmp_path):
+    """/generation show over real discord.py: each block of the attempt by index, type and characters (the
+    text block's span too), in an ephemeral answer that never carries the reasoning or the tool input."""
+    async with deployed(tmp_path, [res(max_tokens=1024)], calls=[Call(sse=reasoning_text_and_a_cut_tool_call())]) as d:
+        d.room.post("general", "alice", "how long is the harbour wall, @cairn?", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        assert [m["content"] for m in d.bot_messages()] == [
+            SAID, "-# Output ceiling reached at 1,024 tokens; the remainder was not generated."]
+        [g] = await d.generations()
+        room_before = len(d.messages())
+
+        out = await d.command("moddy", "generation", sub("show", ref=g.id))
+        assert_ephemeral_pages(out)
+        prov = "\n".join(contents(out))
+        assert (f"blocks: #0 thinking {len(REASONING)} chars · #1 text {len(SAID)} chars [0–{len(SAID)}] · "
+                f"#2 tool_use {len(TOOL_INPUT)} chars") in prov
+        assert "tool_use block #2" in prov  # the cut input is a stump, named by its block
+        for secret in (REASONING, REASONING[:30], REASONING[-30:], "spur", TOOL_INPUT, "harbour wall\"", "c2lnbmVk"):
+            assert secret not in prov, secret
+        assert SAID[:30] not in prov  # nor the posted text: provenance, not content
+        await d.quiet(0.1)
+        assert len(d.messages()) == room_before  # nothing of it reached the room
+        assert await verify(d.ledger, unsettled_as_violations=True) == []

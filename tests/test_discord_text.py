@@ -17,7 +17,7 @@ from bot.localservers.provider import Call
 from bot.text import REPLACEMENT
 
 from conftest import specimen
-from discordkit import deployed
+from discordkit import deployed, sub
 from test_discord_e2e import CEILING_TEXT, RECEIPT_1024, res
 
 MODEL = "claude-3-opus-20240229"
@@ -123,3 +123,38 @@ async def test_a_lone_surrogate_is_kept_posted_as_a_replacement_and_the_channel_
         first, second = await d.generations()
         assert second.status == "completed" and first.text == text
         assert await verify(d.ledger) == []
+
+
+def test_a_stumps_pages_leave_as_valid_utf8_with_lone_surrogates_replaced():
+    """/stumps show's pages (provenance, then the text) never carry a lone surrogate out of the process;
+    a pair split across deltas is the character it spells, and page sizes stay within a Discord message."""
+    from bot.discord.cogs.moderation import PAGE, stump_pages
+    text = ("x\ud83d" + "a" * 1900) * 2 + "\ud83d\ude00 end \udfff"
+    pages = stump_pages(["s-000000000001  max_tokens", "generation g-1, attempt a-1"], text)
+    for p in pages:
+        p.encode("utf-8")  # raises on a lone surrogate
+        assert len(p) <= 2000
+    body = "".join(pages[1:])
+    assert body.count(REPLACEMENT) == 3 and "😀" in body
+    assert body.replace(REPLACEMENT, "").replace("😀", "") == text.replace("\ud83d", "").replace("\ude00", "") \
+        .replace("\udfff", "")
+    assert stump_pages(["head"], None) == ["```\nhead\n```"]
+
+
+async def test_stumps_show_sends_a_lone_surrogate_as_a_replacement(tmp_path):
+    """Over real discord.py: the stump keeps the text exactly; the moderator's answer carries U+FFFD."""
+    text = "The tide x\ud83d turns."
+    stream = sse.head(MODEL) + sse.delta("The tide ") + sse.delta("x\ud83d") + sse.delta(" turns.") \
+        + sse.tail("max_tokens", 1024)
+    async with deployed(tmp_path, [res(max_tokens=1024)], calls=[Call(sse=stream)]) as d:
+        d.room.post("general", "alice", "the tide, @cairn?", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        [g] = await d.generations()
+        [stump] = g.stumps
+        assert stump.text == text
+        out = await d.command("moddy", "stumps", sub("show", id=stump.id))
+        shown = [r["content"] for r in out["responses"]]
+        assert shown[-1] == f"The tide x{REPLACEMENT} turns."
+        assert not any(re.search("[\ud800-\udfff]", c) for c in shown)
+        assert await verify(d.ledger, unsettled_as_violations=True) == []

@@ -37,6 +37,8 @@ from bot.provider import make_client
 from bot.replay.run import CollectingRoom
 from bot.resident import Resident
 
+from conftest import specimen
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "claude-3-opus-20240229"
 TURN_TIMEOUT = 20.0  # no case may hang the suite
@@ -246,6 +248,25 @@ async def test_bad_request_is_not_retried(tmp_path: Path) -> None:
                          "Provider error (invalid_request_error) after 1 attempt; no text was generated."))
 
 
+@pytest.mark.parametrize("error", [{"type": 5, "message": "x"}, {"type": None}, {"type": ["api_error"]},
+                                   {"type": "internal-TypeError"}],
+                         ids=["number", "null", "array", "of-this-process"])
+@pytest.mark.parametrize("status", [500, 400])
+async def test_an_http_error_body_whose_type_is_not_a_usable_string_is_named_by_status(
+        tmp_path: Path, error: dict[str, Any], status: int) -> None:
+    """The body's `error.type` is the provider's word only when it is a string: else the kind is
+    `http-CODE`, retried or not by the status, and never an internal error of this process."""
+    body = {"type": "error", "error": error}
+    t = await run_turn(tmp_path, [Call(status=status, body=body), ok()])
+    if status == 500:
+        check_turn(t, Expect("completed", RETRY_TEXT, [("abandoned", ""), ("completed", RETRY_TEXT)], [], None,
+                             stop_reason="end_turn", output_tokens=77))
+    else:
+        check_turn(t, Expect("failed", "", [("failed", "")], [],
+                             "Provider error (http-400) after 1 attempt; no text was generated."))
+    assert t.generation.attempts[0].error == f"http-{status}"
+
+
 async def test_overload_on_every_attempt_fails_within_max_attempts(tmp_path: Path) -> None:
     calls = [Call(status=529, headers={"retry-after": "0"}) for _ in range(5)] + [ok()]
     t = await run_turn(tmp_path, calls)
@@ -342,8 +363,17 @@ def _event(name: str, data: Any) -> bytes:
                                    "delta": {"type": "text_delta", "text": "a block that never started"}}),
     _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
     _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
+    _event("error", 42),
+    _event("error", None),
+    b"event: error\ndata: not json at all\n\n",
+    _event("error", {}),
+    _event("error", {"type": "error", "error": "overloaded_error"}),
+    _event("error", {"type": "error", "error": {"type": 5, "message": "x"}}),
+    _event("error", {"type": "error", "error": {"type": "", "message": "x"}}),
+    _event("error", {"type": "error", "error": {"type": "internal-TypeError", "message": "x"}}),
 ], ids=["string", "array", "null", "no-text", "text-not-a-string", "unstarted-block", "restarted-block",
-        "delta-not-an-object"])
+        "delta-not-an-object", "error-number", "error-null", "error-not-json", "error-empty-object",
+        "error-not-an-object", "error-type-a-number", "error-type-empty", "error-type-of-this-process"])
 async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
     """Data that is not an object, or not the protocol's shape, fails the attempt as `malformed-stream`
     (retryable), never as an internal error, and never lets text of an unstarted block through."""
@@ -527,6 +557,36 @@ async def test_fault_during_bounded_continuation(tmp_path: Path) -> None:
          (truth.PROVIDER_ERROR, frags[2])])
 
 
+@pytest.mark.parametrize("standing", ["bounded", "on-request"])
+@pytest.mark.parametrize("segment, cause, why", [
+    (specimen("refusal-no-content.sse"), None, "Continuation stopped when the provider declined a segment."),
+    (body("and then, no.") + sse.tail("refusal", 5), "refusal",
+     "Continuation stopped when the provider declined a segment."),
+    (body("and then the water r") + sse.tail(None, 6), truth.NO_STOP_REASON,
+     "Continuation stopped when a segment ended without a usable stop reason."),
+], ids=["refusal-no-content", "refusal-with-text", "no-stop-reason"])
+async def test_a_continuation_segment_that_was_not_a_provider_error_is_not_called_one(
+        tmp_path: Path, standing: str, segment: bytes, cause: str | None, why: str) -> None:
+    """The ledger's ending stays the contract's `error`, but the receipt says what stopped the segment."""
+    first = "The river begins high in the hills, where snow melts into thin streams. " * 12
+    async with Session(tmp_path, make_residence(max_attempts=2, standing=standing)) as s:
+        calls_first = [Call(sse=sse.stream(first, "max_tokens", 4096))]
+        if standing == "bounded":
+            reply, posts, calls = await s.say(calls_first + [Call(sse=segment), ok()])
+            assert calls == 2 and [p.kind for p in posts] == ["partial", "receipt"]
+        else:
+            reply, _, _ = await s.say(calls_first)
+            _, posts, calls = await s.continue_([Call(sse=segment), ok()])
+            assert calls == 1 and [p.kind for p in posts] == ["receipt"]
+        assert posts[-1].content == RECEIPT_PREFIX + truth.ceiling_sentence(4096) + " " + why
+        assert "provider error" not in posts[-1].content
+        assert await verify(s.ledger, unsettled_as_violations=True) == []
+    g = await reopen(s.db, reply.generation.id)
+    assert (g.status, g.text, g.continuation_ended) == ("truncated", first, "error")
+    assert sorted((st.cause, st.scope) for st in g.stumps) == sorted([("max_tokens", "output")]
+                                                                    + ([(cause, "attempt")] if cause else []))
+
+
 async def test_retry_notice_policy_is_a_side_line_verify_accepts(tmp_path: Path) -> None:
     """With `notices.retry_abandoned`, the room also learns of the set-aside attempt, once, after the speech."""
     frag = text_of(257)
@@ -583,30 +643,42 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
 
 
 async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path: Path) -> None:
-    """800 characters arrive, then the provider stalls: they reach disk within the 250 ms bound (and
-    load slack), long before the stall ends; no later delta is needed to write them."""
+    """800 characters arrive at once, then the provider stalls for 3 s: no later delta comes, yet they
+    reach disk by the 250 ms timer plus one ledger write. Measured from the moment the server sends
+    them: not yet on disk at 0.05 s (the timer, not a write per delta, is what is held), all on disk
+    by 0.6 s (a timer of 1 s, or none, fails)."""
     text = text_of(800)
     db = tmp_path / "ledger.db"
     res = make_residence(max_attempts=1, timeout=10.0)
-    server = ProviderServer()
+    loop = asyncio.get_running_loop()
+    sent: list[float] = []
+
+    def answer(_body: dict[str, Any]) -> Call:  # runs as the request lands; the body is written at once after
+        sent.append(loop.time())
+        return Call(sse=body(text), end="stall", stall_seconds=3.0)
+    server = ProviderServer(answer)
     await server.start()
-    server.reset([Call(sse=body(text), end="stall", stall_seconds=2.5)])
     ledger, reader = await Ledger.open(db), await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
-    loop = asyncio.get_running_loop()
     try:
         resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
         room = CollectingRoom(res.name)
         m = room.say("alice", "Say a little, then wait.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
-        began, seen = loop.time(), ""
-        while seen != text and loop.time() - began < 1.2:
-            await asyncio.sleep(0.05)
+        samples: list[tuple[float, int]] = []  # (seconds after the server sent the text, characters on disk)
+        seen = ""
+        while seen != text and (not sent or loop.time() - sent[0] < 2.0):
+            await asyncio.sleep(0.01)
             rows = await reader.db.execute_fetchall("SELECT id FROM attempts WHERE outcome='streaming'")
             seen = await reader.streamed_text(rows[0][0]) if rows else ""
+            if sent:
+                samples.append((loop.time() - sent[0], len(seen)))
         assert not task.done(), "the stall should still be holding the stream open"
-        assert seen == text, f"{len(text) - len(seen)} of {len(text)} characters still off disk after " \
-                             f"{loop.time() - began:.2f} s of a stall"
+        on_disk = next((t for t, n in samples if n == len(text)), None)
+        assert on_disk is not None and on_disk <= 0.6, \
+            f"{len(text) - len(seen)} of {len(text)} characters still off disk; samples {samples[-3:]}"
+        assert on_disk > 0.05, f"on disk {on_disk:.3f} s after it was sent: sooner than the timer could write it"
+        assert seen == text
         reply = await asyncio.wait_for(task, TURN_TIMEOUT)
         assert reply.generation is not None and reply.generation.text == text
         assert await verify(reader) == []

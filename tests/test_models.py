@@ -39,6 +39,25 @@ def write_residence(work: Path, model: str, max_tokens: int = 1024, extra: str =
     return p
 
 
+@pytest.mark.parametrize("prefix", ["", "us.", "eu.", "apac.", "jp.", "au.", "ca.", "global.", "us-gov.", "eu-central."])
+@pytest.mark.parametrize("model, family", [
+    ("anthropic.claude-3-5-sonnet-20240620-v1:0", "Claude 3.5 Sonnet"),
+    ("anthropic.claude-sonnet-4-5-20250929-v1:0", "Claude Sonnet 4.5"),
+    ("anthropic.claude-opus-4-1-20250805-v1:0", "Claude Opus 4.1"),
+])
+def test_a_bedrock_id_is_known_behind_any_region_prefix(prefix, model, family):
+    """Bedrock inference profiles put a geography or region before `anthropic.`; any such prefix is taken off."""
+    assert models.base_id(prefix + model) == models.base_id(model)
+    assert models.known(prefix + model) and models.caps(prefix + model).family == family
+
+
+@pytest.mark.parametrize("model", ["us.gov.anthropic.claude-3-opus-20240229", "US.anthropic.claude-3-opus-20240229",
+                                   "us_gov.anthropic.claude-3-opus-20240229", "-us.anthropic.claude-3-opus-20240229",
+                                   "openai.claude-3-opus-20240229"])
+def test_a_prefix_of_another_shape_is_not_taken_for_a_bedrock_region(model):
+    assert not models.known(model)
+
+
 @pytest.mark.parametrize("model, family, ceiling, prefill", [
     ("claude-3-opus-20240229", "Claude 3 Opus", 4096, True),
     ("anthropic.claude-3-opus-20240229-v1:0", "Claude 3 Opus", 4096, True),  # Bedrock

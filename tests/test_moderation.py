@@ -19,6 +19,7 @@ import pytest
 
 from bot.discord import checks
 from bot.discord.run import Deployment, StartupError, run_bots
+from bot.ledger.verify import verify
 from bot.records import Generation, Stump
 from bot.localservers.provider import Call, ProviderServer
 from bot.localservers.room import load_layout
@@ -69,6 +70,12 @@ async def cut_in(d, channel: str) -> Generation:
     return gens[-1]
 
 
+async def strict_clean(d) -> None:
+    """`residents ledger verify --strict` over the deployment's ledger: no violation, nothing unsettled."""
+    await d.quiet(0.1)
+    assert await verify(d.ledger, unsettled_as_violations=True) == []
+
+
 async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
     on_request = {"continuation": {"standing": "on-request", "max_segments": 2, "max_output_tokens": 12288,
                                    "min_progress_chars": 16, "similarity_abort": 0.92}}
@@ -110,6 +117,7 @@ async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
         assert d.room.messages("elsewhere/yard") == []
         [g_after] = await d.generations()
         assert (len(g_after.segments), len(g_after.posts)) == (len(g.segments), len(g.posts))  # nothing continued
+        await strict_clean(d)
 
 
 async def test_an_overwrite_denying_view_hides_that_channels_records(tmp_path):
@@ -129,6 +137,7 @@ async def test_an_overwrite_denying_view_hides_that_channels_records(tmp_path):
         with pytest.raises(ApiError) as refused:  # and mo cannot even run a command in dock
             await d.room.invoke_command("harbour/dock", "mo", "stumps", bot="cairn", options=sub("list"))
         assert refused.value.status == 403
+        await strict_clean(d)
 
 
 async def test_stumps_list_is_newest_first_and_paged(tmp_path):

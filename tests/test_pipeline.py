@@ -204,6 +204,31 @@ async def test_continue_without_standing_makes_no_call_and_says_why(pipeline):
     assert [p.kind for p in room.sent[-1:]] == ["notice"] and "standing" in room.sent[-1].content
 
 
+async def test_a_declined_continue_names_its_reason_as_facts_and_truth_words_it(pipeline):
+    """No provider call; the room's notice and the reply's reason are `bot.truth`'s wording of the facts."""
+    from bot import truth
+    policy = {"continuation": {"standing": "on-request", "max_segments": 2, "max_output_tokens": 12288,
+                               "min_progress_chars": 16, "similarity_abort": 0.92}}
+    res = pipeline.resident(residence(policy=policy))
+    room = Room()
+    done, _ = await pipeline.turn(res, room, "Hello.", [Call(sse=specimen("end-turn.sse"))])
+    gid = done.generation.id
+    pipeline.server.reset([Call(sse=specimen("end-turn.sse"))])
+    cases = [(gid, truth.Declined("not-cut", "cairn", gid, "completed")),
+             ("g-000000000000", truth.Declined("unknown-generation", "cairn", "g-000000000000"))]
+    for ref, why in cases:
+        reply = await res.continue_generation(room, "room", ref)
+        assert reply.decline == why and reply.declined == truth.declined_reason(why)
+        assert (room.sent[-1].kind, room.sent[-1].content) == ("notice", "-# " + truth.declined_continue(why))
+    assert room.sent[-2].content == ("-# Continuation not available: generation " + gid
+                                     + " is completed, not cut at the output ceiling.")
+    assert pipeline.server.requests == []
+    empty = pipeline.resident(residence(name="sill", policy=policy))
+    reply = await empty.continue_generation(room, "room", None)
+    assert reply.decline == truth.Declined("no-generation-here", "sill")
+    assert room.sent[-1].content == "-# Continuation not available: sill has no generation here."
+
+
 async def test_provider_calls_stay_within_the_policy_bound_with_retries_in_continuation(pipeline):
     """Every continuation call obeys the retry policy; the total is at most (1 + max_segments) × max_attempts."""
     policy = {"continuation": {**BOUNDED["continuation"], "max_segments": 2},

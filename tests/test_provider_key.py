@@ -29,8 +29,8 @@ from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
 
 from conftest import ROOT, specimen
-from discordkit import deployed
-from test_discord_e2e import END_TEXT, res
+from discordkit import deployed, opts
+from test_discord_e2e import BOUNDS, END_TEXT, FIRST, REST, contents, res
 
 try:
     from roomkit import eventually, running_room
@@ -262,4 +262,48 @@ async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     remedies = [e for e in errors if "rejected the API key" in e]
     assert len(remedies) == 6 and all(f"valid key in {KEY_ENV}" in e for e in remedies), errors
+    await strict_clean(tmp_path / "ledger.db")
+
+
+async def test_a_key_refused_during_a_continue_is_the_operators_error_and_one_notice(tmp_path, caplog,
+                                                                                  expected_errors):
+    """A /continue whose segment gets a 401 is answered; the operator gets the ERROR with the remedy each time;
+    the room gets the key notice once per window, never a receipt blaming a provider error; once the key
+    is good again the next /continue completes the output, and the ledger verifies (--strict)."""
+    expected_errors.append("rejected the API key")
+    caplog.set_level(logging.ERROR, logger="bot")
+    now = [1000.0]
+    kr = KeyRejections(KEY_ENV, clock=lambda: now[0])
+    policy = {"continuation": {"standing": "on-request", **BOUNDS}}
+    notice = "-# " + truth.key_rejected_notice("authentication_error")
+    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=[Call(sse=specimen("cont-first.sse"))],
+                        expected_errors=["rejected the API key"], key_rejections=kr) as d:
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        first = [m["content"] for m in d.bot_messages()]
+        [g] = await d.generations()
+        d.provider.api_keys = {"sk-the-replacement"}  # the running process's key is revoked
+
+        for times in (1, 2):  # the second inside the window: answered, logged, nothing in the room
+            out = await d.command("moddy", "continue", opts(generation=g.id))
+            assert contents(out)[-1] == f"Continued {g.id}: now truncated, 1 segment(s), continuation error."
+            await d.quiet(0.1)
+            assert [m["content"] for m in d.bot_messages()] == first + [notice]
+            assert d.provider.rejected == times
+        [g] = await d.generations()
+        assert (g.status, g.text, g.continuation_ended) == ("truncated", FIRST, "error")
+        assert [a.error for a in g.attempts] == [None, "authentication_error", "authentication_error"]
+
+        d.provider.api_keys = None  # a good key again
+        d.provider.enqueue([Call(sse=specimen("cont-rest-with-overlap.sse"))])
+        out = await d.command("moddy", "continue", opts(generation=g.id))
+        assert contents(out)[-1] == f"Continued {g.id}: now completed, 2 segment(s), continuation completed."
+        await d.quiet(0.1)
+        [g] = await d.generations()
+        assert (g.status, g.text) == ("completed", FIRST + REST[48:])
+        assert not any("Provider error" in m["content"] or "provider error" in m["content"] for m in d.bot_messages())
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    remedies = [e for e in errors if "rejected the API key" in e]
+    assert len(remedies) == 2 and all(f"valid key in {KEY_ENV}" in e and g.id in e for e in remedies), errors
     await strict_clean(tmp_path / "ledger.db")

@@ -67,7 +67,7 @@ async def test_verify_tells_notices_apart_by_their_reason_not_their_wording(tmp_
 async def test_a_post_whose_reason_does_not_fit_its_kind_is_a_violation(tmp_path) -> None:
     ledger = await Ledger.open(tmp_path / "l.db")
     try:
-        line = truth.RECEIPT_PREFIX + truth.declined_continue("no generation here")
+        line = truth.RECEIPT_PREFIX + truth.declined_continue(truth.Declined("no-generation-here", "cairn"))
         post = Post(new_id("p-"), None, 1, PostKind.NOTICE, line, "room", reason=PostReason.TEXT)
         await ledger.add_posts([post])
         assert await verify(ledger) == [f"post {post.id}: a notice post with reason 'text'"]
@@ -90,7 +90,7 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
     old = [("partial", "Some text"), ("receipt", truth.RECEIPT_PREFIX + truth.ceiling_sentence(9)),
            ("notice", truth.RECEIPT_PREFIX + truth.notice(truth.Ending(Status.REFUSED, "refusal", 2, 0))),
            ("notice", truth.RECEIPT_PREFIX + truth.abandoned_notice(2, 300)),
-           ("notice", truth.RECEIPT_PREFIX + truth.declined_continue("the standing is none")),
+           ("notice", truth.RECEIPT_PREFIX + truth.declined_continue(truth.Declined("standing", "cairn", None, "none"))),
            ("notice", truth.RECEIPT_PREFIX + truth.key_rejected_notice("http-401")),
            ("notice", truth.RECEIPT_PREFIX + truth.notice(truth.Ending(Status.FAILED, None, None, 0, error="x")))]
     for i, (kind, content) in enumerate(old, 1):

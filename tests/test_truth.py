@@ -89,6 +89,23 @@ def test_every_boundary_line_is_compact_factual_and_impersonal(e):
             assert word not in line.lower()
 
 
+@pytest.mark.parametrize("last, error, stop, why", [
+    ("failed", "overloaded_error", "max_tokens", "Continuation stopped on a provider error."),
+    ("refused", None, "max_tokens", "Continuation stopped when the provider declined a segment."),
+    ("incomplete", None, "max_tokens", "Continuation stopped when a segment ended without a usable stop reason."),
+    ("failed", "internal-TypeError", "max_tokens", "Continuation stopped on an internal error."),
+    ("truncated", None, "model_context_window_exceeded",
+     "Continuation stopped when the model context window filled."),
+])
+def test_a_continuation_ended_by_error_is_worded_by_what_stopped_its_segment(last, error, stop, why):
+    """`error` is the contract's one value for these; the receipt says which it was, from the facts."""
+    e = Ending("truncated", stop, 600, 100, segments=2 if last == "truncated" else 1, continuation_ended="error",
+               error=error, last_outcome=last)
+    line = truth.receipt(e)
+    assert line is not None and line.endswith(" " + why) and len(line) <= truth.MAX_LINE
+    assert ("provider error" in line) == (last == "failed" and error == "overloaded_error")
+
+
 def test_end_turn_has_no_receipt_and_no_notice():
     e = Ending("completed", "end_turn", 200, 900)
     assert truth.receipt(e) is None and truth.notice(e) is None
@@ -198,3 +215,22 @@ def test_a_recovered_fragment_is_named_by_where_it_came_from(cause, origin):
 def test_the_tool_description_is_impersonal():
     assert not SECOND_PERSON.search(truth.STUMPS_TOOL_DESCRIPTION)
     assert all(a in truth.STUMPS_TOOL_DESCRIPTION for a in ("`list`", "`read`", "`set_access`", "`publish`"))
+
+
+@pytest.mark.parametrize("d, clause", [
+    (truth.Declined("unknown-generation", "cairn", "g-000000000001"), "no generation g-000000000001 of cairn"),
+    (truth.Declined("no-generation-here", "cairn"), "cairn has no generation here"),
+    (truth.Declined("standing", "cairn", "g-1", "none"), "the continuation standing of cairn is none, not on-request"),
+    (truth.Declined("not-cut", "cairn", "g-1", "completed"), "generation g-1 is completed, not cut at the output ceiling"),
+    (truth.Declined("no-request", "cairn", "g-1"), "generation g-1 has no recorded request to continue"),
+    (truth.Declined("tool-calls", "cairn", "g-1"),
+     "generation g-1 made tool calls, and continuation never mixes with the tool loop"),
+    (truth.Declined("stopped", "cairn", "g-1", "segment-limit"), "continuation of g-1 stopped: segment-limit"),
+])
+def test_every_reason_to_decline_a_continue_is_worded_here_from_facts(d, clause):
+    """Callers name a reason and its facts; the room's notice and a moderator's answer are worded once, here."""
+    assert truth.declined_reason(d) == clause
+    notice = truth.declined_continue(d)
+    assert notice == f"Continuation not available: {clause}." and len(notice) <= truth.MAX_LINE
+    assert not SECOND_PERSON.search(notice)
+    assert truth.not_continued(d) == f"Not continued: {clause}."

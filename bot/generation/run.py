@@ -31,7 +31,7 @@ def never() -> bool:
 class ContinueResult:
     generation: Generation
     added: str  # the text this request added to the canonical output (after overlap removal)
-    refused: str | None = None  # why no provider call was made, when none was
+    refused: truth.Declined | None = None  # why no provider call was made, when none was
 
 
 class Generator:
@@ -89,16 +89,15 @@ class Generator:
                                   superseded: Callable[[], bool] = never) -> ContinueResult:
         """A moderator's request: at most one more segment for a cut output, where the standing allows."""
         cont = res.policy.continuation
-        refused = truth.standing_refusal(cont.standing, res.name)
+        refused = truth.standing_refusal(cont.standing, res.name, g.id)
         if refused:
             return ContinueResult(g, "", refused)
         if g.status != "truncated" or g.stop_reason != "max_tokens":
-            return ContinueResult(g, "", f"generation {g.id} is {g.status}, not cut at the output ceiling")
+            return ContinueResult(g, "", truth.Declined("not-cut", res.name, g.id, g.status))
         if g.request is None:
-            return ContinueResult(g, "", f"generation {g.id} has no recorded request to continue")
+            return ContinueResult(g, "", truth.Declined("no-request", res.name, g.id))
         if await tool_calls_of(self.ledger, g.id):
-            return ContinueResult(g, "", f"generation {g.id} made tool calls, and continuation never mixes "
-                                         "with the tool loop")
+            return ContinueResult(g, "", truth.Declined("tool-calls", res.name, g.id))
         await self._use_default_access(res)
         before = len(g.text)
         previous = next((s for s in reversed(g.stumps) if s.scope == "output" and s.replaced_by is None), None)
@@ -107,7 +106,7 @@ class Generator:
         await self._settle(g, res, previous_output=previous if added else None)
         if not added and g.continuation_ended in (ContinuationEnd.SEGMENT_LIMIT, ContinuationEnd.TOKEN_LIMIT,
                                                   ContinuationEnd.SUPERSEDED):
-            return ContinueResult(g, "", f"continuation of {g.id} stopped: {g.continuation_ended}")
+            return ContinueResult(g, "", truth.Declined("stopped", res.name, g.id, g.continuation_ended))
         return ContinueResult(g, added)
 
     async def _continue(self, g: Generation, res: Residence, superseded: Callable[[], bool], max_new: int) -> None:

@@ -341,7 +341,7 @@ class Ledger:
         keeps only stumps of generations in those channels (an empty collection: none).
         """
         sql = ("SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
-               " s.published, s.replaced_by, s.created_at FROM stumps s")
+               " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s")
         where: list[str] = []
         params: list[Any] = []
         if channels is not None:

@@ -27,9 +27,10 @@ TEXT_KINDS = frozenset({"speech", "partial"})
 _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 
-# Room lines that are not a generation's boundary line: the optional retry notice and a declined
-# /continue. A post records why it exists (`posts.reason`); its wording is never parsed here.
-_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE})
+# Room lines that are not a generation's boundary line: the optional retry notice, a declined
+# /continue, a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A post records why it exists (`posts.reason`); its wording is never parsed here.
+_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE,
+                           PostReason.KEY_REJECTED})
 # The kinds each reason may be posted as.
 _REASON_KINDS: dict[str, frozenset[str]] = {
     PostReason.TEXT: TEXT_KINDS, PostReason.RECEIPT: frozenset({"receipt"}),
@@ -315,7 +316,10 @@ def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempt
     # so such a failure with nothing to post may stand with no line at all.
     withheld = status == "failed" and not visible and not calls and not receipts and not boundary_notices \
         and bool(attempts) and truth.key_rejected(attempts[-1]["error"])
-    if found != want and not withheld:
+    # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
+    keyless = sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed"
+                  and truth.key_rejected(a["error"])) if calls else 0
+    if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
         v.append(f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
                  f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)")

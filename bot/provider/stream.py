@@ -268,14 +268,16 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
 
 def _classify(e: BaseException) -> Failure:
     if isinstance(e, anthropic.APIStatusError):
+        code = e.status_code
         body = e.body if isinstance(e.body, dict) else {}
         err = body.get("error") if isinstance(body.get("error"), dict) else body
-        etype = err.get("type") if isinstance(err, dict) else None
-        msg = str(err.get("message")) if isinstance(err, dict) and err.get("message") else str(e)
-        code = e.status_code
+        etype = _error_type(err)
+        msg = str(err.get("message")) if err.get("message") else str(e)
         if code == 200:  # an `event: error` inside the stream
-            kind = etype or "stream-error"
-            return Failure(kind, kind in _RETRYABLE_TYPES, msg, code)
+            if etype is None or err is body:
+                # Not `{"type": "error", "error": {"type": "<string>", …}}`: nothing says what failed.
+                return Failure("malformed-stream", True, f"an error event of the wrong shape: {str(e)[:200]}", code)
+            return Failure(etype, etype in _RETRYABLE_TYPES, msg, code)
         retryable = code in _RETRYABLE_STATUS or code >= 500
         return Failure(etype or f"http-{code}", retryable, msg, code, _retry_after(e.response.headers))
     if isinstance(e, anthropic.APITimeoutError):
@@ -298,6 +300,18 @@ def _classify(e: BaseException) -> Failure:
     # the stream). It is named as such, never as a provider error, and not retried.
     log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
     return Failure(truth.internal_error(type(e).__name__), False, str(e))
+
+
+def _error_type(err: dict[str, Any]) -> str | None:
+    """The error object's `type` when it is a non-empty string the project can use as a failure kind.
+
+    It comes from the provider's body, so anything else (a number, an object, a name this process
+    uses for its own failures) is not taken as a kind.
+    """
+    etype = err.get("type")
+    if not isinstance(etype, str) or not etype or truth.is_internal(etype):
+        return None
+    return etype
 
 
 def _retry_after(headers: Any) -> float | None:

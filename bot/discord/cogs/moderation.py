@@ -23,6 +23,7 @@ from ...delivery import split_text
 from ...records import Generation
 from ...ledger import views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
+from ...text import outbound
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
@@ -35,6 +36,16 @@ STUMPS_PER_PAGE = 20
 
 def fenced_pages(lines: list[str]) -> list[str]:
     return [f"```\n{chunk}\n```" for chunk in split_text("\n".join(lines), PAGE)]
+
+
+def for_discord(pages: list[str]) -> list[str]:
+    """Pages as they may leave the process: valid UTF-8, a lone surrogate (kept exactly in the ledger) as U+FFFD."""
+    return [outbound(p)[0] for p in pages]
+
+
+def stump_pages(head: list[str], text: str | None) -> list[str]:
+    """A /stumps show answer: the stump's provenance lines, then its text where it is shown."""
+    return for_discord(fenced_pages(head) + (split_text(text, PAGE) if text is not None else []))
 
 
 class Moderation(commands.Cog):
@@ -56,13 +67,14 @@ class Moderation(commands.Cog):
         return self.bot.resident.ledger
 
     async def _send_pages(self, interaction: discord.Interaction, pages: list[str]) -> None:
-        first, rest = pages[0], pages[1:]
+        first, *rest = for_discord(pages)
         await interaction.response.send_message(first, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
         for page in rest:
             await interaction.followup.send(page, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
 
     async def _say(self, interaction: discord.Interaction, text: str) -> None:
-        await interaction.response.send_message(text, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
+        await interaction.response.send_message(outbound(text)[0], ephemeral=True,
+                                                allowed_mentions=discord.AllowedMentions.none())
 
     async def _generation(self, gid: str, scope: Scope) -> Generation | None:
         """The generation, if it was made in a channel of the scope; None as for one that does not exist."""
@@ -109,8 +121,7 @@ class Moderation(commands.Cog):
             head.append("Text withheld: the residence's policy does not let moderators read stumps.")
         elif not shown:
             head.append(f"Text withheld: {s.residence} set this stump private.")
-        pages = fenced_pages(head) + ([c for c in split_text(s.text, PAGE)] if shown else [])
-        await self._send_pages(interaction, pages)
+        await self._send_pages(interaction, stump_pages(head, s.text if shown else None))
 
     @generation.command(name="show", description="Provenance: attempts, segments, stop and discard reasons, counts")
     @app_commands.describe(ref="a generation id, or a link to one of its messages")
@@ -158,9 +169,9 @@ class Moderation(commands.Cog):
         if g is None or owner is None or owner_bot is None:
             await self._say(interaction, f"No generation {generation} of a resident here.")
             return
-        refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence)
+        refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence, g.id)
         if refused:
-            await self._say(interaction, f"Not continued: {refused}.")
+            await self._say(interaction, truth.not_continued(refused))
             return
         # In scope, so in this guild; the resident's own bot posts, so it must see the channel too.
         channel = owner_bot.get_channel(int(g.channel)) if scope.channel(g.channel) is not None else None
@@ -169,8 +180,8 @@ class Moderation(commands.Cog):
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
         reply = await owner.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]
-        if reply.declined:
-            await interaction.followup.send(f"Not continued: {reply.declined}.", ephemeral=True)
+        if reply.decline:
+            await interaction.followup.send(truth.not_continued(reply.decline), ephemeral=True)
             return
         assert reply.generation is not None
         await interaction.followup.send(
