@@ -1,6 +1,7 @@
 """`residents run`: every residence with Discord settings, each as its own bot, in one process."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -8,22 +9,35 @@ import click
 from .common import DEFAULT_DB, UsageError
 
 
+LEVELS = ("debug", "info", "warning", "error")
+
+
 @click.command()
 @click.option("--discord-api", metavar="URL", help="A Discord-compatible API to use instead of discord.com "
                                                    "(e.g. the local room: http://127.0.0.1:8765).")
 @click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger.")
-def run(discord_api: str | None, db: str) -> int:
+@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False),
+              help="What is logged on stderr, once per line  [default: info, or debug with -vv]")
+def run(discord_api: str | None, db: str, log_level: str | None) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
     Tokens come from the environment variables the residences name (discord.token_env), the
-    provider key from ANTHROPIC_API_KEY. A start-up problem stops everything with one line.
+    provider key from ANTHROPIC_API_KEY; every one missing is named in one line. Once every bot is
+    ready, a table shows each resident, its bot user, model, channels and continuation standing,
+    and the invite URL of each bot. A start-up problem stops everything with one line.
 
     \b
     Example:
       residents run --discord-api http://127.0.0.1:8765 --db data/ledger.db
+      residents run --log-level warning
     """
     from ..discord.run import StartupError, main
+    root = logging.getLogger()
+    previous = root.level
+    root.setLevel(getattr(logging, log_level.upper()) if log_level else min(root.level, logging.INFO))
     try:
         return main(Path.cwd(), db, discord_api)
     except StartupError as e:
         raise UsageError(str(e)) from None
+    finally:
+        root.setLevel(previous)  # in-process callers (tests) keep their own level
