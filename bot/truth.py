@@ -28,8 +28,15 @@ PROVIDER_ERROR = "provider-error"
 NO_STOP_REASON = "no-stop-reason"
 INTERRUPTED = "interrupted"  # the process stopped while the attempt was streaming
 
-CONTINUATION_ENDS = ("not-needed", "disabled", "completed", "segment-limit", "token-limit",
+# `disabled`: cut, and the standing grants no continuation; `not-requested`: cut, standing on-request,
+# and no (further) segment was asked for.
+CONTINUATION_ENDS = ("not-needed", "disabled", "not-requested", "completed", "segment-limit", "token-limit",
                      "no-progress", "repetition", "superseded", "error")
+
+
+def cut_left_standing(standing: str) -> str:
+    """How continuation ended for an output cut at the ceiling that nothing continued (yet)."""
+    return "not-requested" if standing == "on-request" else "disabled"
 
 MAX_LINE = 200  # receipts and notices stay compact
 

@@ -259,7 +259,7 @@ async def test_continue_on_request_posts_one_more_segment_and_no_text_twice(tmp_
         await d.quiet(0.1)
         first = d.bot_messages()
         [g] = await d.generations()
-        assert g.continuation_ended == "disabled" and len(d.provider.requests) == 1
+        assert g.continuation_ended == "not-requested" and len(d.provider.requests) == 1
 
         out = await d.command("bob", "continue", opts(generation=g.id), moderator=False)
         assert contents(out) == [REFUSAL]

@@ -181,7 +181,7 @@ async def test_on_request_adds_one_segment_and_posts_only_the_new_text(pipeline)
     res = pipeline.resident(residence(max_tokens=600, policy=policy))
     room = Room()
     first, _ = await pipeline.turn(res, room, "Write it all.", [Call(sse=specimen("cont-first.sse"))])
-    assert len(pipeline.server.requests) == 1 and first.generation.continuation_ended == "disabled"
+    assert len(pipeline.server.requests) == 1 and first.generation.continuation_ended == "not-requested"
     pipeline.server.reset([Call(sse=specimen("cont-rest-with-overlap.sse"))])
     before = len(room.sent)
     reply = await res.continue_generation(room, "room", first.generation.id)

@@ -60,23 +60,31 @@ def list_(db: str, residence: str | None, limit: int, as_json: bool) -> int:
 def show(record_id: str, db: str, as_json: bool) -> int:
     """One generation or stump: its provenance and exact text.
 
-    ID is a generation id (g-…) or a stump id (s-…).
+    ID is a generation id (g-…), a stump id (s-…), or a message (its id, or a link to it, as
+    Discord's "Copy Message Link" gives): the generation that posted it.
 
     \b
     Example:
       residents ledger show g-0123456789ab --json
+      residents ledger show https://discord.com/channels/1/2/1234567890123456789
     """
+    message = views.message_id_of(record_id)
+
     async def go() -> Generation | Stump | None:
         lg = await open_ledger(db)
         try:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
+            if message is not None:
+                post = (await lg.posts_by_message([message])).get(message)
+                return await lg.get_generation(post.generation_id) if post and post.generation_id else None
             return await lg.get_generation(record_id)
         finally:
             await lg.close()
     rec = asyncio.run(go())
     if rec is None:
-        raise UsageError(f"{record_id}: no such generation or stump in {db}")
+        what = f"no generation posted message {message}" if message else "no such generation or stump"
+        raise UsageError(f"{record_id}: {what} in {db}")
     if not as_json:
         emit(views.show(rec))
     elif isinstance(rec, Stump):

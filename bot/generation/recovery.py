@@ -143,7 +143,7 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
              and not (final.stop_reason == "max_tokens" and g.standing == "bounded"))
     if ended and final is not None:
         g.status, g.stop_reason = truth.status_of_outcome(final.outcome), final.stop_reason
-        g.continuation_ended = "disabled" if final.stop_reason == "max_tokens" else "not-needed"
+        g.continuation_ended = truth.cut_left_standing(g.standing) if final.stop_reason == "max_tokens" else "not-needed"
     else:
         g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
     tokens = [s.output_tokens for s in g.segments]

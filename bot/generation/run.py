@@ -49,7 +49,7 @@ class Generator:
         g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)]
         unsettled: Attempt | None = final
         if g.stop_reason == "max_tokens":
-            g.continuation_ended = "disabled"
+            g.continuation_ended = truth.cut_left_standing(g.standing)
             if res.policy.continuation.standing == "bounded":
                 await self.ledger.finish_attempt(final)  # on disk before any continuation call
                 unsettled = None

@@ -169,6 +169,13 @@ step("m013_post_replacements", """
 ALTER TABLE posts ADD COLUMN replacements INTEGER;
 """)
 
+# An on-request output nobody continued was recorded as continuation `disabled`; it is `not-requested`
+# (the standing allows a moderator's /continue; none came).
+step("m035_on_request_not_requested", """
+UPDATE generations SET continuation_ended = 'not-requested'
+ WHERE standing = 'on-request' AND continuation_ended = 'disabled';
+""")
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

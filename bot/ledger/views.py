@@ -3,11 +3,23 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from typing import Any
 
 from ..generation.records import Block, Generation, Stump
 
 log = logging.getLogger(__name__)
+
+
+# A Discord message link: https://discord.com/channels/GUILD/CHANNEL/MESSAGE (or @me for a DM).
+MESSAGE_LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
+
+
+def message_id_of(ref: str) -> str | None:
+    """The message id a reference names (a link to the message, or its id), or None for any other ref."""
+    ref = ref.strip()
+    m = MESSAGE_LINK.search(ref)
+    return m.group(1) if m else (ref if ref.isdigit() else None)
 
 
 def when(ts: float | None) -> str:
