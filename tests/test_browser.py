@@ -426,6 +426,36 @@ async def test_the_demo_on_a_phone_keeps_the_chat_and_shows_the_receipt(browser:
     assert not errors, errors
 
 
+async def test_each_kind_but_speech_shows_without_hovering(browser: BrowserContext) -> None:
+    kinds: dict[str, dict[str, Any]] = {}
+
+    async def annotator(ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {i: kinds[i] for i in ids if i in kinds}
+
+    async with running_room(["general"]) as room, running_bot(room.url, "local-sill") as bot:
+        room.set_annotator(annotator)
+        async with aiohttp.ClientSession() as http, http.get(f"{room.url}/_room/show") as resp:
+            assert resp.status == 404 and (await resp.json())["message"] == "nothing is playing in this room"
+        assert room.snapshot()["show"] is None
+        channel = bot.get_channel(int(room.channel_id("general")))
+        assert isinstance(channel, discord.TextChannel)
+        for kind in ("speech", "partial", "receipt", "notice", "recovered"):
+            sent = await channel.send(f"-# a {kind} line" if kind in ("receipt", "notice") else f"a {kind} post")
+            kinds[str(sent.id)] = {"kind": kind, "generation_id": "g-0a1b2c3d4e5f"}
+        room.post("general", "alice", "and a person")
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator("#show")).to_be_hidden()  # no script plays here: no "Play again"
+        marks = page.locator("#messages li.msg .kind-mark")
+        await expect(marks).to_have_text(["speech", "partial", "receipt", "notice", "recovered", "speech"])
+        await page.mouse.move(0, 0)
+        shown = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).opacity)")
+        assert shown == ["0", "1", "1", "1", "1", "0"], shown
+        colours = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).color)")
+        assert len(set(colours[1:5])) >= 3, colours  # partial, notice and recovered each in their colour
+
+
 async def many_messages(room: Any, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         room.post("general", "bob", f"line {i}: " + "the tide turns and the quay holds " * (1 + i % 4))
