@@ -450,8 +450,8 @@ async def test_each_kind_but_speech_shows_without_hovering(browser: BrowserConte
         marks = page.locator("#messages li.msg .kind-mark")
         await expect(marks).to_have_text(["speech", "partial", "receipt", "notice", "recovered", "speech"])
         await page.mouse.move(0, 0)
-        shown = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).opacity)")
-        assert shown == ["0", "1", "1", "1", "1", "0"], shown
+        for i, opacity in enumerate(["0", "1", "1", "1", "1", "0"]):
+            await expect(marks.nth(i)).to_have_css("opacity", opacity)
         colours = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).color)")
         assert len(set(colours[1:5])) >= 3, colours  # partial, notice and recovered each in their colour
 
