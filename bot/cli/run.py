@@ -17,7 +17,8 @@ LEVELS = ("debug", "info", "warning", "error")
                                                    "(e.g. the local room: http://127.0.0.1:8765).")
 @click.option("--db", default=DEFAULT_DB, show_default=True, metavar="PATH", help="The SQLite ledger.")
 @click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False),
-              help="What is logged on stderr, once per line  [default: info, or debug with -vv]")
+              help="What is logged on stderr, each line once  [default: discord.py's connection lines at info, "
+                   "the rest at warning; -v/-vv lower both]")
 def run(discord_api: str | None, db: str, log_level: str | None) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
@@ -32,12 +33,17 @@ def run(discord_api: str | None, db: str, log_level: str | None) -> int:
       residents run --log-level warning
     """
     from ..discord.run import StartupError, main
-    root = logging.getLogger()
-    previous = root.level
-    root.setLevel(getattr(logging, log_level.upper()) if log_level else min(root.level, logging.INFO))
+    root, gateway = logging.getLogger(), logging.getLogger("discord")
+    previous = root.level, gateway.level
+    if log_level:
+        root.setLevel(getattr(logging, log_level.upper()))
+        gateway.setLevel(logging.NOTSET)
+    else:  # discord.py's connection lines at info; everything else at warning, or as -v/-vv say
+        gateway.setLevel(min(root.level, logging.INFO))
     try:
         return main(Path.cwd(), db, discord_api)
     except StartupError as e:
         raise UsageError(str(e)) from None
     finally:
-        root.setLevel(previous)  # in-process callers (tests) keep their own level
+        root.setLevel(previous[0])  # in-process callers (tests) keep their own levels
+        gateway.setLevel(previous[1])
