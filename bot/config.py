@@ -5,8 +5,13 @@ every error names the file, the key path and, where the YAML has one, the line.
 """
 from __future__ import annotations
 
+import difflib
+import logging
 import re
+import types
+import typing
 import unicodedata
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,7 +25,11 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(Exception):
-    """One problem in one file, phrased as the single line a person reads."""
+    """One problem in one file, phrased as the single line a person reads.
+
+    `problems` holds every problem found while reading that file (this one first), so `check` can
+    print them all, one line each, while anything else still shows one line.
+    """
 
     def __init__(self, file: str | Path, key: str, message: str, line: int | None = None) -> None:
         self.file, self.key, self.message, self.line = str(file), key, message, line
@@ -29,6 +38,17 @@ class ConfigError(Exception):
         # One problem is one line: control and line-separator characters in names are shown escaped.
         super().__init__("".join(c.encode("unicode_escape").decode()
                                  if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text))
+        self.problems: list[ConfigError] = [self]
+
+    @staticmethod
+    def combined(errors: Sequence["ConfigError"]) -> "ConfigError":
+        """One error carrying every problem of `errors` (the first stands for them where one line is shown)."""
+        first, *rest = errors
+        seen: dict[str, ConfigError] = {}
+        for p in [*first.problems, *(p for e in rest for p in e.problems)]:
+            seen.setdefault(str(p), p)
+        first.problems = list(seen.values())
+        return first
 
 
 class Strict(BaseModel):
@@ -222,9 +242,14 @@ def dotted(loc: tuple[str | int, ...]) -> str:
 
 
 def first_error(e: ValidationError, path: Path | str, node: yaml.Node | None,
-                prefix: tuple[str | int, ...] = ()) -> ConfigError:
-    """Turn pydantic's first complaint into one line naming file, key and line."""
-    err = e.errors(include_url=False)[0]
+                prefix: tuple[str | int, ...] = (), model: type[BaseModel] | None = None) -> ConfigError:
+    """Turn pydantic's complaints into one error naming file, key and line, carrying every problem."""
+    errors = [_one_error(err, path, node, prefix, model) for err in e.errors(include_url=False)]
+    return ConfigError.combined(errors)
+
+
+def _one_error(err: Any, path: Path | str, node: yaml.Node | None, prefix: tuple[str | int, ...],
+               model: type[BaseModel] | None) -> ConfigError:
     raw = tuple(err["loc"])
     own = raw[-1:] if err["type"] == "extra_forbidden" else ()  # the user's own key, whatever it is called
     loc = tuple(p for p in raw[:len(raw) - len(own)]
@@ -238,12 +263,59 @@ def first_error(e: ValidationError, path: Path | str, node: yaml.Node | None,
         msg = msg[len("Value error, "):]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
+        hint = _nearest_key(model, raw[:-1], raw[-1]) if model is not None and raw else None
+        if hint:
+            msg += f" (did you mean {hint}?)"
     elif err["type"] == "missing":
         msg = "required key is missing"
     elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list)):
         msg = f"{msg} (got {err['input']!r})"
     full = prefix + loc
     return ConfigError(path, dotted(full), msg, line_of(node, full))
+
+
+def _nearest_key(model: type[BaseModel], loc: tuple[str | int, ...], key: object) -> str | None:
+    """The valid key at `loc` of `model` a mistyped `key` most probably meant (`max_token` -> `max_tokens`)."""
+    keys = _keys_at(model, loc)
+    found = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.6) if keys else []
+    return found[0] if found else None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the mapping at `loc` accepts, following the models' fields, lists and dicts."""
+    t: Any = model
+    for part in loc:
+        m = _model_in(t)
+        if m is not None:
+            field = next((f for n, f in m.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return []
+            t = field.annotation
+        elif typing.get_origin(_unwrap(t)) in (list, dict):
+            t = typing.get_args(_unwrap(t))[-1]
+        else:
+            return []
+    m = _model_in(t)
+    return [f.alias or n for n, f in m.model_fields.items()] if m is not None else []
+
+
+def _unwrap(t: Any) -> Any:
+    """`Annotated[X, ...]` as X; `X | Y | None` as its first model member, else its first non-None one."""
+    while True:
+        origin = typing.get_origin(t)
+        if origin is Annotated:
+            t = typing.get_args(t)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(t) if a is not type(None)]
+            models_ = [a for a in members if isinstance(a, type) and issubclass(a, BaseModel)]
+            t = (models_ or members)[0]
+        else:
+            return t
+
+
+def _model_in(t: Any) -> type[BaseModel] | None:
+    t = _unwrap(t)
+    return t if isinstance(t, type) and issubclass(t, BaseModel) else None
 
 
 def mapping(data: Any, path: Path | str, node: yaml.Node | None, what: str, prefix: tuple = ()) -> dict:
@@ -309,33 +381,42 @@ def build_residence(data: Any, path: Path | str, node: yaml.Node | None, base: P
     """A residence mapping whose `policy` is a policy name (policies/NAME.yaml) or an inline mapping."""
     use_project_models(base)
     data = dict(mapping(data, path, node, "residence", prefix))
-    pol = data.get("policy", "default")
-    if isinstance(pol, str):
-        pol_path = _policy_file(pol, path, node, prefix, base)
-        if not pol_path.exists() and pol == "default":
-            data["policy"] = Policy()
-        else:
-            try:
-                data["policy"] = _read_policy(pol_path)
-            except ConfigError as e:
-                if e.message == "file not found":
-                    raise ConfigError(path, dotted(prefix + ("policy",)), f"no policy named {pol!r} ({pol_path})",
-                                      line_of(node, prefix + ("policy",))) from None
-                raise
-    elif isinstance(pol, dict):
-        data["policy"] = build_policy(pol, path, node, prefix + ("policy",))
-    else:
-        raise ConfigError(path, dotted(prefix + ("policy",)), "must be a policy name or a mapping",
-                          line_of(node, prefix + ("policy",)))
+    try:
+        data["policy"] = _residence_policy(data.get("policy", "default"), path, node, base, prefix)
+    except ConfigError as e:  # the residence's own keys are checked too, so every problem is reported at once
+        data["policy"] = Policy()
+        try:
+            validate(Residence, data, path, node, prefix)
+        except ConfigError as more:
+            raise ConfigError.combined([e, more]) from None
+        raise
     return validate(Residence, data, path, node, prefix)
 
 
+def _residence_policy(pol: Any, path: Path | str, node: yaml.Node | None, base: Path, prefix: tuple) -> Policy:
+    if isinstance(pol, str):
+        pol_path = _policy_file(pol, path, node, prefix, base)
+        if not pol_path.exists() and pol == "default":
+            return Policy()
+        try:
+            return _read_policy(pol_path)
+        except ConfigError as e:
+            if e.message == "file not found":
+                raise ConfigError(path, dotted(prefix + ("policy",)), f"no policy named {pol!r} ({pol_path})",
+                                  line_of(node, prefix + ("policy",))) from None
+            raise
+    if isinstance(pol, dict):
+        return build_policy(pol, path, node, prefix + ("policy",))
+    raise ConfigError(path, dotted(prefix + ("policy",)), "must be a policy name or a mapping",
+                      line_of(node, prefix + ("policy",)))
+
+
 def validate(model: type[M], data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = ()) -> M:
-    """Validate, turning pydantic's first complaint into one ConfigError line."""
+    """Validate, turning pydantic's complaints into a ConfigError (its first line, and every problem)."""
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise first_error(e, path, node, prefix) from None
+        raise first_error(e, path, node, prefix, model) from None
 
 
 def load_residence(name_or_path: str, base: Path) -> Residence:

@@ -24,6 +24,15 @@ PROVIDER_ERROR = Cause.PROVIDER_ERROR
 NO_STOP_REASON = Cause.NO_STOP_REASON
 INTERRUPTED = Cause.INTERRUPTED  # the process stopped while the attempt was streaming
 
+
+def continuation_ended_words(ended: str, standing: str) -> str:
+    """How continuation ended, as a reader is told it. The recorded value stays the contract's
+    (`disabled` for a cut nothing continued); under an on-request standing that reads as what it is."""
+    if ended == ContinuationEnd.DISABLED and standing == "on-request":
+        return "not requested"
+    return str(ended).replace("-", " ")
+
+
 MAX_LINE = 200  # receipts and notices stay compact
 LIMIT = 2000  # characters in one Discord message: delivery splits to it, the ledger's verify holds posts to it
 RECEIPT_PREFIX = "-# "  # Discord's subtext: a compact line that reads as a boundary, not speech

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,50 @@ async def fail_on_background_errors(expected_errors):
                 if not any(e in r.getMessage() for e in expected_errors)] + [str(c.get("message")) + " " +
                                                                           repr(c.get("exception")) for c in seen]
     assert not problems, "errors in background tasks or logs:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------------ the source tree stays as the tests found it
+
+# What pytest, pip and hypothesis keep beside the code: not the tests' own output.
+_TOOLING = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", "node_modules"}
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under `root` outside the tooling folders: path -> (size, mtime in ns)."""
+    out: dict[str, tuple[int, int]] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in _TOOLING and not d.endswith(".egg-info")]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_TREE] = _tree(ROOT)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Tests write into temporary folders only: a file they added to or changed in the source tree fails the run.
+
+    docs/demo.png changes only when asked for (RESIDENTS_UPDATE_SCREENSHOT=1, see test_browser.py).
+    """
+    before = session.config.stash.get(_TREE, None)
+    if before is None:
+        return
+    after = _tree(ROOT)
+    asked = {os.path.join("docs", "demo.png")} if os.environ.get("RESIDENTS_UPDATE_SCREENSHOT") == "1" else set()
+    written = sorted(p for p, st in after.items() if before.get(p) != st and p not in asked)
+    if written:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "tests wrote into the source tree (use tmp_path): " + ", ".join(written[:20])
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE = pytest.StashKey[dict[str, tuple[int, int]]]()

@@ -9,13 +9,17 @@ skip) when chromium or playwright is missing. Install: `apt-get install -y chrom
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
 import shutil
 import signal
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,18 +119,17 @@ async def font_px(page: Page, selector: str) -> float:
     return float(await page.eval_on_selector(selector, "el => parseFloat(getComputedStyle(el).fontSize)"))
 
 
-def save_screenshot(png: bytes, name: str, *, docs: bool = False) -> Path:
-    """data/screenshots/NAME always; with `docs`, also docs/demo.png (the README's) when missing or asked for.
+def save_screenshot(png: bytes, folder: Path, name: str, *, docs: bool = False) -> Path:
+    """FOLDER/screenshots/NAME (a test's temporary folder: tests write nothing into the source tree).
 
-    docs/demo.png is tracked, so a test run rewrites it only with RESIDENTS_UPDATE_SCREENSHOT=1.
+    With `docs`, and only when asked with RESIDENTS_UPDATE_SCREENSHOT=1, it also becomes docs/demo.png,
+    the README's picture.
     """
-    out = ROOT / "data" / "screenshots" / name
+    out = folder / "screenshots" / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(png)
-    readme_png = ROOT / "docs" / "demo.png"
-    if docs and (not readme_png.exists() or os.environ.get("RESIDENTS_UPDATE_SCREENSHOT") == "1"):
-        readme_png.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(out, readme_png)
+    if docs and os.environ.get("RESIDENTS_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(out, ROOT / "docs" / "demo.png")
     return out
 
 
@@ -162,7 +165,7 @@ async def test_annotations_endpoint_and_static_files() -> None:
             assert resp.status in (403, 404)
 
 
-async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserContext) -> None:
+async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserContext, tmp_path: Path) -> None:
     kinds: dict[str, dict[str, Any]] = {}
     looked_up: list[list[str]] = []
 
@@ -206,14 +209,18 @@ async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserCo
         assert await page.locator("#messages li.msg.cont[data-author='cairn']").count() == 2  # grouped like Discord
         assert any(i in ids for ids in looked_up for i in kinds)
 
-        # hovering a partial shows its kind
+        # a partial's and a receipt's kind show without hovering; speech names its kind on hover only
         first = replies.nth(0)
         await expect(first).to_have_attribute("title", re.compile(rf"^partial · generation {GENERATION}"))
         mark = first.locator(".kind-mark")
-        await expect(mark).to_have_css("opacity", "0")
-        await first.hover()
         await expect(mark).to_have_css("opacity", "1")
         await expect(mark).to_have_text("partial")
+        await expect(receipt.locator(".kind-mark")).to_have_css("opacity", "1")
+        said = alice.locator(".kind-mark")
+        await expect(said).to_have_css("opacity", "0")
+        await alice.hover()
+        await expect(said).to_have_css("opacity", "1")
+        await expect(said).to_have_text("speech")
 
         # a moderator lists stumps and opens one; the answers stay in the panel, not in the room
         await page.click("#mod-toggle")
@@ -232,7 +239,7 @@ async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserCo
         await expect(page.locator("#messages li.msg")).to_have_count(4)
 
         await receipt.hover()
-        path = save_screenshot(await page.screenshot(), "room.png")
+        path = save_screenshot(await page.screenshot(), tmp_path, "room.png")
         log.info("screenshot saved to %s", path)
         assert not errors, errors
 
@@ -261,26 +268,41 @@ async def test_page_without_annotator_and_channel_switch(browser: BrowserContext
         assert resp.ok and await resp.json() == {}
 
 
+def console_script() -> list[str]:
+    """`residents` as installed beside the Python running the tests (any venv, or none), else `python -m bot`."""
+    beside = Path(sys.executable).parent / "residents"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("residents")
+    return [found] if found else [sys.executable, "-m", "bot"]
+
+
+@dataclass
+class DemoRun:
+    url: str
+    folder: Path  # where it was started: its ledger is folder/data/demo.db
+    said: list[str]  # what it printed before the URL
+
+
 @pytest.fixture
-async def demo(tmp_path: Path) -> AsyncIterator[str]:
-    """`residents demo --port 0` as a person starts it; yields the URL it prints, stops it with SIGINT."""
-    exe = ROOT / ".venv" / "bin" / "residents"
-    cmd = [str(exe)] if exe.exists() else [shutil.which("residents") or "residents"]
+async def demo(tmp_path: Path) -> AsyncIterator[DemoRun]:
+    """`residents demo --port 0` as a person starts it, in a folder of its own; stops it with SIGINT."""
     with open(tmp_path / "demo.log", "wb") as errlog:
         proc = await asyncio.create_subprocess_exec(
-            *cmd, "demo", "--port", "0", "--db", str(tmp_path / "demo.db"), cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE, stderr=errlog)
+            *console_script(), "demo", "--port", "0", cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=errlog,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
         try:
             assert proc.stdout is not None
-            url = None
+            url, said = None, []
             while url is None:
                 line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
                 if not line:
                     raise AssertionError("residents demo exited before printing its URL:\n"
                                          + (tmp_path / "demo.log").read_text(errors="replace")[-3000:])
+                said.append(line.rstrip("\n"))
                 found = re.search(r"http://127\.0\.0\.1:\d+", line)
                 url = found.group(0) if found else None
-            yield url
+            yield DemoRun(url, tmp_path, said)
         finally:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGINT)
@@ -290,58 +312,229 @@ async def demo(tmp_path: Path) -> AsyncIterator[str]:
                     proc.kill()
                     await proc.wait()
     logged = (tmp_path / "demo.log").read_text(errors="replace")
-    assert proc.returncode == 0 and "Traceback" not in logged, logged[-3000:]
+    assert proc.returncode == 0 and "Traceback" not in logged and " ERROR " not in logged, logged[-3000:]
 
 
-async def test_demo_page_receipt_and_moderator_opens_stump(browser: BrowserContext, demo: str,
-                                                           tmp_path: Path) -> None:
-    """The real `residents demo`: Cairn's reply is cut at the ceiling, Sill's failed attempt is a stump."""
+def stump_of_sill(db: Path) -> tuple[str, str]:
+    """The newest stump Sill's retry left: (id, text)."""
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+        stump_id, text = con.execute("SELECT id, text FROM stumps WHERE residence='sill' AND cause='retry-abandoned' "
+                                     "ORDER BY created_at DESC LIMIT 1").fetchone()
+    return stump_id, bytes(text).decode() if isinstance(text, (bytes, memoryview)) else text
+
+
+PLAY_MS = 60_000  # the demo's script, start to end, on a loaded machine
+
+
+async def test_the_demo_plays_itself_where_people_look(browser: BrowserContext, demo: DemoRun) -> None:
+    """Nobody types: the people's lines, Cairn's cut reply and its receipt, Sill's retried attempt, and the
+    moderator opening the stump in the panel all appear; then "Play again" clears the channel and plays it
+    again, and the one ledger (data/demo.db) holds both runs."""
+    assert demo.said[0] == ("residents demo: ledger data/demo.db; afterwards: residents ledger list "
+                            "--db data/demo.db"), demo.said
     page = await browser.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
-    await page.goto(demo)
+    await page.goto(demo.url)
     await page.wait_for_selector("body[data-ready='1']")
-    await page.fill("#author", "alice")
-    await page.fill("#content", "@cairn Tell us about the harbour, everything you know.")
-    await page.press("#content", "Enter")
 
+    alice = page.locator("#messages li.msg[data-author='alice']").first
+    await expect(alice).to_contain_text("Tell us about the harbour", timeout=PLAY_MS)
+    await expect(alice).to_have_attribute("data-kind", "speech")
     receipt = page.locator("#messages li.msg.kind-receipt[data-author='cairn']")
-    await expect(receipt).to_have_count(1, timeout=20_000)
-    await expect(receipt).to_have_class(re.compile(r"\bboundary\b"))
+    await expect(receipt).to_have_count(1, timeout=PLAY_MS)
     await expect(receipt.locator(".subtext")).to_have_text(
         "Output ceiling reached at 4,096 tokens; the remainder was not generated.")
+    await expect(receipt).to_have_attribute("title", re.compile(r"^receipt · generation g-"))
     partials = page.locator("#messages li.msg.kind-partial[data-author='cairn']")
     assert await partials.count() >= 2
-    await expect(receipt).to_have_attribute("title", re.compile(r"^receipt · generation g-"))
-    assert await font_px(page, "#messages li.kind-receipt .subtext") < \
-        await font_px(page, "#messages li.kind-partial .body .line")
+    await expect(partials.first.locator(".kind-mark")).to_have_css("opacity", "1")  # no hovering needed
+    notice = page.locator("#messages li.msg.kind-notice[data-author='sill']")
+    await expect(notice.locator(".subtext")).to_contain_text("retried", timeout=PLAY_MS)
+    await expect(page.locator("#messages li.msg.kind-speech[data-author='sill']")).to_have_count(1)
 
-    await page.fill("#author", "bob")
-    await page.fill("#content", "@sill What did Cairn leave out?")
-    await page.press("#content", "Enter")
-    sill = page.locator("#messages li.msg[data-author='sill']")
-    await expect(sill).to_have_count(1, timeout=20_000)
-    await expect(sill).to_have_attribute("data-kind", "speech")
-
-    with sqlite3.connect(f"file:{tmp_path / 'demo.db'}?mode=ro", uri=True) as db:
-        [(stump_id, text)] = db.execute(
-            "SELECT id, text FROM stumps WHERE residence='sill' AND cause='retry-abandoned'").fetchall()
-    text = bytes(text).decode() if isinstance(text, (bytes, memoryview)) else text
-    await page.click("#mod-toggle")
-    await page.select_option("#mod-bot", "sill")
-    await page.click("#stumps-list")
-    link = page.locator("#mod-out .ephemeral").first.locator("a.ref-stump", has_text=stump_id)
-    await link.click()
-    shown = page.locator("#mod-out .ephemeral").first
-    await expect(shown.locator(".cmd")).to_have_text(f"/stumps show {stump_id} · sill")
+    # mo, the demo's moderator, opens the stump Sill's failed attempt left; the panel shows what mo saw
+    stump_id, text = stump_of_sill(demo.folder / "data" / "demo.db")
+    shown = page.locator("#mod-out .ephemeral.shown", has_text=f"/stumps show id:{stump_id}")
+    await expect(shown).to_have_count(1, timeout=PLAY_MS)
+    await expect(page.locator("#mod")).to_be_visible()
+    await expect(shown.locator(".cmd")).to_have_text(f"/stumps show id:{stump_id} · sill")
     await expect(shown.locator(".answer")).to_contain_text(" ".join(text.split()[:12]))
     assert stump_id not in " ".join(await page.locator("#messages li.msg").all_inner_texts())  # ephemeral only
+    again = page.locator("#play-again")
+    await expect(again).to_be_enabled(timeout=PLAY_MS)
+    await expect(page.locator("#show-status")).to_have_text("demo played · the room is yours")
 
-    await receipt.hover()
-    await page.locator("#messages").evaluate("el => { el.scrollTop = el.scrollHeight; }")
-    path = save_screenshot(await page.screenshot(), "demo.png", docs=True)
+    await receipt.evaluate("el => el.scrollIntoView({block: 'center'})")
+    path = save_screenshot(await page.screenshot(), demo.folder, "demo.png", docs=True)
     log.info("screenshot saved to %s", path)
+
+    # the room's own API: the script's state, and no second start while it plays
+    state = await (await page.request.get(f"{demo.url}/_room/show")).json()
+    assert (state["state"], state["runs"], state["replay"]) == ("done", 1, "clears the channel")
+    first_ids = set(await page.locator("#messages li.msg").evaluate_all("els => els.map(e => e.dataset.id)"))
+    await again.click()
+    await expect(again).to_be_disabled()
+    busy = await page.request.post(f"{demo.url}/_room/show/play")
+    assert busy.status == 409 and "still playing" in (await busy.json())["message"]
+    await expect(page.locator("#messages li.msg.kind-receipt")).to_have_count(1, timeout=PLAY_MS)
+    await expect(again).to_be_enabled(timeout=PLAY_MS)
+    now = await page.locator("#messages li.msg").evaluate_all("els => els.map(e => e.dataset.id)")
+    assert not first_ids & set(now) and len(now) == len(first_ids)  # cleared, then the same script again
+
+    with contextlib.closing(sqlite3.connect(f"file:{demo.folder / 'data' / 'demo.db'}?mode=ro", uri=True)) as con:
+        assert con.execute("SELECT count(*) FROM generations").fetchone()[0] == 6  # both runs, one ledger
+    listed = subprocess.run([*console_script(), "ledger", "list", "--db", "data/demo.db"], cwd=demo.folder,
+                            capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0 and listed.stdout.count(" truncated ") == 2, listed.stdout + listed.stderr
     assert not errors, errors
+
+
+async def test_the_demo_on_a_phone_keeps_the_chat_and_shows_the_receipt(browser: BrowserContext, demo: DemoRun) -> None:
+    page = await browser.new_page()
+    await page.set_viewport_size({"width": 390, "height": 844})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(demo.url)
+    await page.wait_for_selector("body[data-ready='1']")
+    receipt = page.locator("#messages li.msg.kind-receipt[data-author='cairn']")
+    await expect(receipt).to_have_count(1, timeout=PLAY_MS)
+    await receipt.scroll_into_view_if_needed()
+    await expect(receipt).to_be_in_viewport()
+    await expect(receipt.locator(".kind-mark")).to_be_visible()
+    await expect(receipt.locator(".kind-mark")).to_have_css("opacity", "1")
+    box = await receipt.locator(".subtext").bounding_box()
+    assert box and box["x"] >= 0 and box["x"] + box["width"] <= 390, box
+    assert await page.evaluate("document.scrollingElement.scrollWidth") <= 390  # nothing runs off the side
+    await expect(page.locator("#side")).not_to_be_in_viewport()
+    await expect(page.locator("#content")).to_be_in_viewport()
+    path = save_screenshot(await page.screenshot(), demo.folder, "demo-390x844.png")
+    log.info("screenshot saved to %s", path)
+
+    # channels are a drawer; the moderator panel is a sheet under the chat, which stays
+    await page.click("#side-toggle")
+    await expect(page.locator("#channels a.active")).to_be_in_viewport()
+    await page.keyboard.press("Escape")
+    await expect(page.locator("#side")).not_to_be_in_viewport()
+    await page.click("#mod-toggle")
+    sheet = await page.locator("#mod").bounding_box()
+    chat = await page.locator("#messages").bounding_box()
+    assert sheet and chat and sheet["width"] == 390 and sheet["y"] > 844 / 3, sheet
+    assert chat["height"] > 150 and chat["y"] + chat["height"] <= sheet["y"], (chat, sheet)
+    await expect(page.locator("#content")).to_be_in_viewport()
+    save_screenshot(await page.screenshot(), demo.folder, "demo-390x844-sheet.png")
+    assert not errors, errors
+
+
+async def test_each_kind_but_speech_shows_without_hovering(browser: BrowserContext) -> None:
+    kinds: dict[str, dict[str, Any]] = {}
+
+    async def annotator(ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {i: kinds[i] for i in ids if i in kinds}
+
+    async with running_room(["general"]) as room, running_bot(room.url, "local-sill") as bot:
+        room.set_annotator(annotator)
+        async with aiohttp.ClientSession() as http, http.get(f"{room.url}/_room/show") as resp:
+            assert resp.status == 404 and (await resp.json())["message"] == "nothing is playing in this room"
+        assert room.snapshot()["show"] is None
+        channel = bot.get_channel(int(room.channel_id("general")))
+        assert isinstance(channel, discord.TextChannel)
+        for kind in ("speech", "partial", "receipt", "notice", "recovered"):
+            sent = await channel.send(f"-# a {kind} line" if kind in ("receipt", "notice") else f"a {kind} post")
+            kinds[str(sent.id)] = {"kind": kind, "generation_id": "g-0a1b2c3d4e5f"}
+        room.post("general", "alice", "and a person")
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator("#show")).to_be_hidden()  # no script plays here: no "Play again"
+        marks = page.locator("#messages li.msg .kind-mark")
+        await expect(marks).to_have_text(["speech", "partial", "receipt", "notice", "recovered", "speech"])
+        await page.mouse.move(0, 0)
+        for i, opacity in enumerate(["0", "1", "1", "1", "1", "0"]):
+            await expect(marks.nth(i)).to_have_css("opacity", opacity)
+        colours = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).color)")
+        assert len(set(colours[1:5])) >= 3, colours  # partial, notice and recovered each in their colour
+
+
+async def many_messages(room: Any, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        room.post("general", "bob", f"line {i}: " + "the tide turns and the quay holds " * (1 + i % 4))
+
+
+async def test_new_messages_below_show_an_indicator_and_a_way_back(browser: BrowserContext) -> None:
+    async with running_room(["general"]) as room:
+        await many_messages(room, 40)
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        jump = page.locator("#jump")
+        await expect(page.locator("#messages li.msg")).to_have_count(40)
+        await expect(jump).to_be_hidden()  # at the latest message
+        await page.locator("#messages").evaluate("el => { el.scrollTop = 0; }")
+        await expect(jump).to_have_text("Jump to latest ↓")
+        await many_messages(room, 3, start=40)
+        await expect(jump).to_have_text("3 new messages · Jump to latest ↓")
+        assert await page.locator("#messages").evaluate("el => el.scrollTop") < 5  # the reader was not moved
+        await jump.click()
+        await expect(jump).to_be_hidden()
+        await expect(page.locator("#messages li.msg").last).to_be_in_viewport()
+        await expect(page.locator("#content")).to_be_focused()
+        await many_messages(room, 1, start=43)  # at the latest: it scrolls into view, no indicator
+        await expect(page.locator("#messages li.msg").last).to_contain_text("line 43")
+        await expect(page.locator("#messages li.msg").last).to_be_in_viewport()
+        await expect(jump).to_be_hidden()
+
+
+async def test_opening_the_panel_keeps_the_reading_position(browser: BrowserContext) -> None:
+    async with running_room(["general"]) as room:
+        await many_messages(room, 60)
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await expect(page.locator("#messages li.msg")).to_have_count(60)
+        top_of = """el => { const top = el.getBoundingClientRect().top;
+            const li = [...el.children].find(c => c.getBoundingClientRect().bottom > top);
+            return [li.dataset.id, Math.round(li.getBoundingClientRect().top - top)]; }"""
+        messages = page.locator("#messages")
+        await messages.evaluate("el => { el.scrollTop = el.scrollHeight / 3; }")
+        before = await messages.evaluate(top_of)
+        await page.click("#mod-toggle")  # the panel narrows the chat: lines rewrap
+        await expect(page.locator("#mod")).to_be_visible()
+        after = await messages.evaluate(top_of)
+        assert after[0] == before[0] and abs(after[1] - before[1]) <= 2, (before, after)
+        await page.click("#mod-close")
+        assert (await messages.evaluate(top_of))[0] == before[0]
+        await messages.evaluate("el => { el.scrollTop = el.scrollHeight; }")  # at the latest: stays there
+        await page.click("#mod-toggle")
+        await expect(page.locator("#messages li.msg").last).to_be_in_viewport()
+        assert await messages.evaluate("el => el.scrollHeight - el.scrollTop - el.clientHeight") < 2
+
+
+async def test_keyboard_focus_is_visible_on_every_control(browser: BrowserContext) -> None:
+    async with running_room(["general", "random"]) as room, running_bot(room.url, "local-cairn"):
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await page.click("#mod-toggle")
+        await page.locator("body").evaluate("el => document.activeElement.blur()")
+        seen: dict[str, bool] = {}
+        for _ in range(30):
+            await page.keyboard.press("Tab")
+            name, visible = await page.evaluate("""() => {
+                const el = document.activeElement;
+                const name = el.id || (el.tagName + ':' + (el.textContent || '').trim());
+                const own = getComputedStyle(el);
+                const ring = own.outlineStyle !== 'none' && parseFloat(own.outlineWidth) >= 2;
+                const box = el.closest('#post');  // the composer's fields show focus on the whole box
+                const boxed = box && getComputedStyle(box).boxShadow !== 'none';
+                return [name, Boolean(ring || boxed)]; }""")
+            if name.startswith("BODY:"):  # past the last control, focus leaves the page for a step
+                continue
+            seen[name] = visible
+        wanted = {"mod-toggle", "author", "content", "mod-close", "mod-bot", "mod-name", "stumps-list", "stump-id",
+                  "A:general", "A:random", "messages"}
+        assert wanted <= set(seen), seen
+        assert all(seen.values()), {k: v for k, v in seen.items() if not v}
 
 
 async def test_an_escaped_subtext_line_renders_as_plain_text_and_a_receipt_as_subtext(browser: BrowserContext) -> None:

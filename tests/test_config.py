@@ -105,3 +105,79 @@ def test_check_missing_path_is_exit_2_without_traceback(tmp_path, monkeypatch, c
     assert cli.main(["check", "nope.yaml"]) == 2
     err = capsys.readouterr().err
     assert "nope.yaml" in err and "Traceback" not in err
+
+
+def test_check_reports_every_problem_of_a_file_one_line_each_in_line_order(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "residences/r.yaml", "name: r\nmodel: claude-3-opus-20240229\nmax_token: 4096\n"
+                                         "temperature: hot\npolicy:\n  retries: {max_attempts: three}\n"
+                                         "discord: {channels: [general]}\n")
+    assert cli.main(["check", "residences/r.yaml"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "residences/r.yaml:1: max_tokens: required key is missing",
+        "residences/r.yaml:3: max_token: unknown key (did you mean max_tokens?)",
+        "residences/r.yaml:4: temperature: Input should be a valid number (got 'hot')",
+        "residences/r.yaml:6: policy.retries.max_attempts: Input should be a valid integer (got 'three')",
+        "residences/r.yaml:7: discord.token_env: required key is missing",
+    ]
+    # elsewhere one line still stands for them, and says there are more
+    with pytest.raises(ConfigError) as caught:
+        load_residence("r", tmp_path)
+    assert len(caught.value.problems) == 5 and str(caught.value) == str(caught.value.problems[0])
+    assert cli.main(["run"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.endswith("(and 4 more problems in this configuration: `residents check` lists them all)"), line
+
+
+@pytest.mark.parametrize("rel, text, expected", [
+    ("residences/r.yaml", RES + "max_token: 4\n", "residences/r.yaml:6: max_token: unknown key (did you mean max_tokens?)"),
+    ("policies/p.yaml", "retries: {max_atempts: 2}\n",
+     "policies/p.yaml:1: retries.max_atempts: unknown key (did you mean max_attempts?)"),
+    ("policies/p.yaml", "continuaton: {}\n", "policies/p.yaml:1: continuaton: unknown key (did you mean continuation?)"),
+    ("residences/r.yaml", RES + "discord: {token_envv: X}\n",
+     "residences/r.yaml:6: discord.token_envv: unknown key (did you mean token_env?)"),
+    ("residents.yaml", "models:\n  my-model: {output_ceilin: 5}\n",
+     "residents.yaml:2: models.my-model.output_ceilin: unknown key (did you mean output_ceiling?)"),
+    ("scenario.yaml", "residence: cairn\nturns:\n  - say: {autor: a, content: b}\n",
+     "scenario.yaml:3: turns[0].say.autor: unknown key (did you mean author?)"),
+    ("residences/r.yaml", RES + "zzzz: 1\n", "residences/r.yaml:6: zzzz: unknown key"),
+])
+def test_an_unknown_key_names_the_key_it_probably_meant(tmp_path, monkeypatch, capsys, rel, text, expected):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "residences/cairn.yaml", RES.replace("policy: default\n", ""))
+    write(tmp_path, rel, text)
+    assert cli.main(["check", rel]) == 2
+    assert expected in capsys.readouterr().err.splitlines()
+
+
+def test_check_a_folder_checks_the_files_in_it(tmp_path, monkeypatch, capsys):
+    conf = tmp_path / "conf"
+    write(conf, "policies/p.yaml", "retries: {max_attempts: lots}\n")
+    write(conf, "residences/r.yaml", RES.replace("policy: default", "policy: p"))
+    write(conf, "residences/typo.yaml", RES + "modle: x\n")
+    write(conf, "scenarios/s.yaml", "residence: r\nturns:\n  - say: {author: a, content: b}\n    calls: [{status: 500}]\n")
+    write(conf, "scenarios/bad.yaml", "residence: r\nturns: []\n")
+    monkeypatch.chdir(tmp_path)
+    # a configuration folder: its policies and residences, names looked up in it
+    assert cli.main(["check", "conf"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["conf/policies/p.yaml:1: retries.max_attempts: Input should be a valid integer (got 'lots')",
+                   "conf/residences/typo.yaml:6: modle: unknown key (did you mean model?)"], err
+    # a folder of residences: each file, policies from the folder beside it
+    assert cli.main(["check", "conf/residences"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("conf/policies/p.yaml:1") and err[1].startswith("conf/residences/typo.yaml:6")
+    # any other folder: its .yaml files (scenarios here), named residences from the working folder
+    monkeypatch.chdir(conf)
+    assert cli.main(["check", "scenarios"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "scenarios/bad.yaml:2: turns: List should have at least 1 item after validation, not 0" in err
+    assert not any(line.startswith("scenarios/s.yaml") for line in err), err
+    write(conf, "policies/p.yaml", "retries: {max_attempts: 2}\n")
+    (conf / "scenarios" / "bad.yaml").unlink()
+    (conf / "residences" / "typo.yaml").unlink()
+    assert cli.main(["check", "scenarios", "."]) == 0
+    assert capsys.readouterr().out.strip() == "3 file(s) valid"
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["check", str(tmp_path / "empty")]) == 2
+    assert "nothing to check" in capsys.readouterr().err

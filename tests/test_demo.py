@@ -43,3 +43,29 @@ def test_demo_refuses_a_non_loopback_host(tmp_path):
     p = subprocess.run([sys.executable, "-m", "bot", "demo", "--host", "0.0.0.0", "--headless"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "loopback" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
+    """No --db: data/demo.db under the folder it runs in, named at start; a second run replaces it and says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    env["PYTHONPATH"] = str(ROOT)
+    said = []
+    for _ in range(2):
+        p = subprocess.run([sys.executable, "-m", "bot", "demo", "--headless", "--port", "0"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        assert p.returncode == 0, p.stderr[-2000:]
+        said.append(p.stdout.splitlines()[0])
+        assert "[sill · notice] -# Provider attempt interrupted and retried; 311 characters set aside as stumps." \
+            in p.stdout.splitlines()
+    assert said == ["residents demo: ledger data/demo.db; afterwards: residents ledger list --db data/demo.db",
+                    "residents demo: ledger data/demo.db (the previous demo's ledger was replaced; --db PATH keeps a "
+                    "run's); afterwards: residents ledger list --db data/demo.db"]
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["demo.db"]
+    con = sqlite3.connect(tmp_path / "data" / "demo.db")
+    try:
+        assert con.execute("SELECT count(*) FROM generations").fetchone()[0] == 3  # this run's only
+    finally:
+        con.close()
+    listed = subprocess.run([sys.executable, "-m", "bot", "ledger", "list", "--db", "data/demo.db"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0 and listed.stdout.count(" truncated ") == 1, listed.stdout + listed.stderr

@@ -296,13 +296,17 @@ def run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, 
     return rc, out, err
 
 
-def assert_rejected(rc: int, out: str, err: str, file: Path | str, key: str | None) -> None:
-    """Exit 2, nothing on stdout, one stderr line that starts with the file and names the key."""
+def assert_rejected(rc: int, out: str, err: str, file: Path | str, key: str | None, *, every: bool = False) -> None:
+    """Exit 2, nothing on stdout, one stderr line that starts with the file and names the key.
+
+    `every` (what `check` prints): one line per problem, each starting with the file.
+    """
     assert rc == 2, (rc, out, err)
     assert out == ""
     assert "Traceback" not in err and "internal error" not in err, err
-    assert err.endswith("\n") and err.count("\n") == 1 and "\r" not in err, f"not one line: {err!r}"
-    assert err.startswith(str(file)), err
+    lines = err.split("\n")[:-1]
+    assert err.endswith("\n") and (every or len(lines) == 1) and "\r" not in err, f"not one line: {err!r}"
+    assert all(line.startswith(str(file)) for line in lines), err
     if key:
         assert f": {key}" in err, (key, err)
 
@@ -337,7 +341,7 @@ def test_check_rejects_each_invalid_document(layout: Layout, capsys: pytest.Capt
     p = layout.write(kind, dump(doc))
     rc, out, err = run(capsys, ["check", str(p)])
     looks = kind != "scenario" or _scenario_still_looks_like_one(doc)
-    assert_rejected(rc, out, err, p, key if looks else None)
+    assert_rejected(rc, out, err, p, key if looks else None, every=True)
 
 
 @FUZZ
@@ -359,7 +363,7 @@ def test_broken_yaml_is_one_line_exit_2(layout: Layout, capsys: pytest.CaptureFi
                                         data: st.DataObject) -> None:
     p = layout.write(kind, data.draw(broken_yaml(kind)))
     rc, out, err = run(capsys, ["check", str(p)])
-    assert_rejected(rc, out, err, p, None)
+    assert_rejected(rc, out, err, p, None, every=True)
     assert "invalid YAML" in err
     if kind == "scenario":
         db = layout.db()
@@ -381,7 +385,7 @@ def test_odd_unicode_in_any_text_value_never_breaks_the_cli(layout: Layout, caps
     p = layout.write(kind, dump(doc))
     rc, out, err = run(capsys, ["check", str(p)])
     if rc != 0:
-        assert_rejected(rc, out, err, p, dotted(path))
+        assert_rejected(rc, out, err, p, dotted(path), every=True)
     else:
         assert err == ""
 
@@ -392,7 +396,7 @@ def test_odd_unicode_in_any_text_value_never_breaks_the_cli(layout: Layout, caps
 def test_arbitrary_bytes_never_traceback(layout: Layout, capsys: pytest.CaptureFixture[str], raw: bytes) -> None:
     p = layout.write("residence", raw)
     rc, out, err = run(capsys, ["check", str(p)])
-    assert_rejected(rc, out, err, p, None)
+    assert_rejected(rc, out, err, p, None, every=True)
 
 
 # ---------------------------------------------------------------- cases by hand
@@ -404,7 +408,7 @@ def test_odd_whole_files(layout: Layout, capsys: pytest.CaptureFixture[str], con
     for kind in ("residence", "scenario"):
         p = layout.write(kind, content)
         rc, out, err = run(capsys, ["check", str(p)])
-        assert_rejected(rc, out, err, p, None)
+        assert_rejected(rc, out, err, p, None, every=True)
     db = layout.db()
     rc, out, err = run(capsys, ["replay", str(p), "--json", "--db", str(db)])
     assert_rejected(rc, out, err, p, None)
@@ -413,7 +417,7 @@ def test_odd_whole_files(layout: Layout, capsys: pytest.CaptureFixture[str], con
 
 def test_missing_files(layout: Layout, capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, ["check", "residences/absent.yaml"])
-    assert_rejected(rc, out, err, "residences/absent.yaml", None)
+    assert_rejected(rc, out, err, "residences/absent.yaml", None, every=True)
     assert "not found" in err
     rc, out, err = run(capsys, ["replay", "absent.yaml", "--json", "--db", "x.db"])
     assert_rejected(rc, out, err, "absent.yaml", None)
@@ -491,7 +495,7 @@ def test_deeply_nested_yaml_is_bad_input_not_an_internal_error(layout: Layout, c
     """PyYAML's composer recurses per level; a deep document must still be exit 2, not RecursionError."""
     p = layout.write(kind, "a: " + "[" * 2000 + "]" * 2000 + "\n")
     rc, out, err = run(capsys, ["check", str(p)])
-    assert_rejected(rc, out, err, p, None)
+    assert_rejected(rc, out, err, p, None, every=True)
     db = layout.db()
     rc, out, err = run(capsys, ["replay", str(p), "--json", "--db", str(db)])
     assert_rejected(rc, out, err, p, None)
@@ -508,7 +512,7 @@ def test_line_breaks_in_keys_and_names_stay_on_one_line(layout: Layout, capsys: 
     """A key or a referenced name with a line break must not split the one error line in two."""
     p = layout.write("residence", dump(doc))
     rc, out, err = run(capsys, ["check", str(p)])
-    assert_rejected(rc, out, err, p, key)
+    assert_rejected(rc, out, err, p, key, every=True)
     assert len(err.splitlines()) == 1
 
 
@@ -518,5 +522,5 @@ def test_unknown_key_that_looks_like_a_pydantic_tag_is_still_named(layout: Layou
                                                                    key: str) -> None:
     p = layout.write("residence", dump({**RESIDENCE, key: 1}))
     rc, out, err = run(capsys, ["check", str(p)])
-    assert_rejected(rc, out, err, p, key)
+    assert_rejected(rc, out, err, p, key, every=True)
     assert "unknown key" in err

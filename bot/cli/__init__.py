@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except click.Abort:  # click's form of KeyboardInterrupt
         return 130
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
+    except ConfigError as e:  # the first problem; `check` prints every one
+        more = len(e.problems) - 1
+        print(str(e) + (f" (and {more} more problem{'s' if more > 1 else ''} in this configuration: "
+                        "`residents check` lists them all)" if more else ""), file=sys.stderr)
         return 2
     except (UsageError, BundleError) as e:
         print(f"residents: {e}", file=sys.stderr)

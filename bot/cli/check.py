@@ -18,26 +18,34 @@ def check(paths: tuple[Path, ...]) -> int:
     """Validate residences, policies, scenarios and residents.yaml.
 
     With no PATHS: residents.yaml (if present), policies/*.yaml and residences/*.yaml of the
-    configuration folder (--config, default the current folder). Each problem is one line naming the file, the key and the line; any problem
-    exits 2. A model the table does not know is a warning (with the nearest known id) where the
-    residence states its output_ceiling, and an error where it does not.
+    configuration folder (--config, default the current folder). A folder in PATHS is checked the same way when it is a configuration folder
+    (it has residents.yaml, policies/ or residences/), otherwise its *.yaml files are. Every
+    problem is one line naming the file, the key and the line, and an unknown key names the key
+    it probably meant; any problem exits 2. A model the table does not know is a warning (with
+    the nearest known id) where the residence states its output_ceiling, and an error where it
+    does not.
 
     \b
     Example:
       residents check residences/cairn.yaml scenarios/ceiling.yaml
+      residents check scenarios/
     """
     base = config_dir()
-    project = [base / PROJECT_FILE] if (base / PROJECT_FILE).is_file() else []
-    found = list(paths) or project + sorted((base / "policies").glob("*.yaml")) + sorted((base / "residences").glob("*.yaml"))
-    if not found:
-        where = "here" if base == Path.cwd() else f"in {base}"
-        raise UsageError(f"nothing to check: no residences/*.yaml or policies/*.yaml {where}, and no paths given "
-                         "(residents init writes a starter set)")
-    for p in found:
+    found: list[tuple[Path, Path]] = []  # (file, the configuration folder its names are looked up in)
+    for p in paths:
         if not p.exists():
             print(f"{p}: file not found", file=sys.stderr)
             return 2
-    problems, warnings = check_paths(found, base)
+        found += _files_of(p, base) if p.is_dir() else [(p, base)]
+    if not paths:
+        found = _config_files(base)
+        if not found:
+            where = "here" if base == Path.cwd() else f"in {base}"
+            raise UsageError(f"nothing to check: no residences/*.yaml or policies/*.yaml {where}, and no paths given "
+                             "(residents init writes a starter set)")
+    elif not found:
+        raise UsageError(f"nothing to check: no .yaml files in {', '.join(map(str, paths))}")
+    problems, warnings = check_files(found)
     for line in warnings + problems:
         print(line, file=sys.stderr)
     if problems:
@@ -46,12 +54,29 @@ def check(paths: tuple[Path, ...]) -> int:
     return 0
 
 
-def check_paths(paths: list[Path], base: Path) -> tuple[list[str], list[str]]:
-    """Problems (one line each, no repeats) and warnings of files told apart by folder and content."""
+def _files_of(folder: Path, config: Path) -> list[tuple[Path, Path]]:
+    """The files a folder argument stands for, each with the configuration folder it belongs to."""
+    if (folder / PROJECT_FILE).is_file() or (folder / "policies").is_dir() or (folder / "residences").is_dir():
+        return _config_files(folder)
+    base = folder.parent if folder.resolve().name in ("policies", "residences") else config
+    return [(f, base) for f in sorted(folder.glob("*.yaml")) + sorted(folder.glob("*.yml"))]
+
+
+def _config_files(folder: Path) -> list[tuple[Path, Path]]:
+    """A configuration folder's residents.yaml (if present), policies and residences."""
+    project = folder / PROJECT_FILE
+    files = ([project] if project.is_file() else []) + sorted((folder / "policies").glob("*.yaml")) \
+        + sorted((folder / "residences").glob("*.yaml"))
+    return [(f, folder) for f in files]
+
+
+def check_files(files: list[tuple[Path, Path]]) -> tuple[list[str], list[str]]:
+    """Problems (every one of each file, one line each, no repeats) and warnings, files told apart by
+    folder and content."""
     from ..replay.scenario import load_scenario  # the local provider server comes with it: only when checking
     problems: list[str] = []
     warnings: list[str] = []
-    for p in paths:
+    for p, base in files:
         try:
             kind = _kind_of(p)
             if kind == "project":
@@ -63,7 +88,8 @@ def check_paths(paths: list[Path], base: Path) -> tuple[list[str], list[str]]:
             else:
                 warnings += _model_warnings(p, "model", load_residence(str(p), base))
         except ConfigError as e:
-            problems.append(str(e))
+            files = list(dict.fromkeys(q.file for q in e.problems))  # each file's problems in line order
+            problems += [str(q) for q in sorted(e.problems, key=lambda q: (files.index(q.file), q.line or 0))]
     return list(dict.fromkeys(problems)), warnings
 
 

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
+from pathlib import Path
 
 import click
 
 from .. import models
 from .common import UsageError, in_config
+
+# The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
+DEMO_DB = str(Path("data") / "demo.db")
 
 
 @click.command()
@@ -18,17 +21,23 @@ from .common import UsageError, in_config
 @click.option("--provider", type=click.Choice(["scripted", "anthropic"]), default="scripted", show_default=True,
               help="anthropic: the real API with ANTHROPIC_API_KEY.")
 @click.option("--model", metavar="ID", help="With --provider anthropic: the model every demo resident uses.")
-@click.option("--db", metavar="PATH", help="The ledger (default: a new file under data/ in the configuration folder).")
+@click.option("--db", metavar="PATH",
+              help=f"The ledger, added to  [default: {DEMO_DB} in the configuration folder, started afresh each run]")
 def demo(host: str, port: int, headless: bool, provider: str, model: str | None, db: str | None) -> int:
     """The offline room with scripted residents and a web view.
 
-    No token and no network: a local room, a scripted provider and the real pipeline.
+    No token and no network: a local room, a scripted provider and the real pipeline. The demo's
+    script plays in the web room once a page opens it (people post, a reply is cut at its ceiling,
+    an attempt is retried, a moderator opens the stump), then the room is yours; "Play again"
+    clears the channel and plays it again. The ledger is data/demo.db, started afresh each run
+    (pass --db to keep one): read it with `residents ledger list --db data/demo.db`.
 
     \b
     Example:
+      residents demo
       residents demo --headless --port 0
     """
-    from ..demo.run import main_async
+    from ..demo.run import fresh_ledger, main_async
     from ..discord.run import StartupError
     if provider == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise UsageError("--provider anthropic needs ANTHROPIC_API_KEY in the environment")
@@ -37,9 +46,16 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         raise UsageError(f"--model {model}: not in the model table" + (f" (did you mean {hint}?)" if hint else ""))
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--host {host}: the demo serves on loopback only")
-    db = db or in_config(f"data/demo-{time.strftime('%Y%m%d-%H%M%S')}.db")
+    if db is None:
+        db = in_config(DEMO_DB)
+        replaced = fresh_ledger(db)
+        line = (f"residents demo: ledger {db} (the previous demo's ledger was replaced; --db PATH keeps a run's)"
+                if replaced else f"residents demo: ledger {db}")
+    else:
+        line = f"residents demo: ledger {db}"
+    line += f"; afterwards: residents ledger list --db {db}"
     try:
-        return asyncio.run(main_async(db, host, port, headless, provider, model))
+        return asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
     except OSError as e:
         raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
     except StartupError as e:  # e.g. --provider anthropic with a key the API refuses

@@ -61,24 +61,34 @@ def list_(db: str | None, residence: str | None, limit: int, as_json: bool) -> i
 def show(record_id: str, db: str | None, as_json: bool) -> int:
     """One generation or stump: its provenance and exact text.
 
-    ID is a generation id (g-…) or a stump id (s-…).
+    ID is a generation id (g-…), a stump id (s-…), or a message (its id, or a link to it, as
+    Discord's "Copy Message Link" gives): the generation that posted it.
 
     \b
     Example:
       residents ledger show g-0123456789ab --json
+      residents ledger show https://discord.com/channels/1/2/1234567890123456789
     """
     path = ledger_path(db)
     calls: list[ToolCall] = []
+    message = views.message_id_of(record_id)
 
     async def go() -> Generation | Stump | None:
         async with open_ledger(path) as lg:
             if record_id.startswith("s-"):
                 return await lg.get_stump(record_id)
-            calls.extend(await tool_calls_of(lg, record_id))
-            return await lg.get_generation(record_id)
+            gid: str | None = record_id
+            if message is not None:
+                post = (await lg.posts_by_message([message])).get(message)
+                gid = post.generation_id if post else None
+            if gid is None:
+                return None
+            calls.extend(await tool_calls_of(lg, gid))
+            return await lg.get_generation(gid)
     rec = asyncio.run(go())
     if rec is None:
-        raise UsageError(f"{record_id}: no such generation or stump in {path}")
+        what = f"no generation posted message {message}" if message else "no such generation or stump"
+        raise UsageError(f"{record_id}: {what} in {path}")
     if not as_json:
         emit(views.show(rec, calls))
     elif isinstance(rec, Stump):

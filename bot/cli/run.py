@@ -1,27 +1,50 @@
 """`residents run`: every residence with Discord settings, each as its own bot, in one process."""
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import click
 
 from .common import DEFAULT_DB, UsageError, config_dir, ledger_path
+
+
+LEVELS = ("debug", "info", "warning", "error")
 
 
 @click.command()
 @click.option("--discord-api", metavar="URL", help="A Discord-compatible API to use instead of discord.com "
                                                    "(e.g. the local room: http://127.0.0.1:8765).")
 @click.option("--db", metavar="PATH", help=f"The SQLite ledger (default: {DEFAULT_DB} in the configuration folder).")
-def run(discord_api: str | None, db: str | None) -> int:
+@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False),
+              help="What is logged on stderr, each line once  [default: discord.py's connection lines at info, "
+                   "the rest at warning; -v/-vv lower both]")
+def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
     The residences are those in the configuration folder (--config). Tokens come from the
-    environment variables they name (discord.token_env), the provider key from ANTHROPIC_API_KEY. A start-up problem stops everything with one line.
+    environment variables they name (discord.token_env), the provider key from ANTHROPIC_API_KEY;
+    every one missing is named in one line. Once every bot is ready, a table shows each resident,
+    its bot user, model, channels and continuation standing, and the invite URL of each bot. A
+    start-up problem stops everything with one line.
 
     \b
     Example:
       residents run --discord-api http://127.0.0.1:8765 --db data/ledger.db
+      residents run --log-level warning
     """
     from ..discord.run import StartupError, main
+    root, gateway = logging.getLogger(), logging.getLogger("discord")
+    previous = root.level, gateway.level
+    if log_level:
+        root.setLevel(getattr(logging, log_level.upper()))
+        gateway.setLevel(logging.NOTSET)
+    else:  # discord.py's connection lines at info; everything else at warning, or as -v/-vv say
+        gateway.setLevel(min(root.level, logging.INFO))
     try:
         return main(config_dir(), ledger_path(db), discord_api)
     except StartupError as e:
         raise UsageError(str(e)) from None
+    finally:
+        root.setLevel(previous[0])  # in-process callers (tests) keep their own levels
+        gateway.setLevel(previous[1])

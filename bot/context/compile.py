@@ -118,6 +118,12 @@ def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, 
     return out
 
 
+def notes_after(g: Generation, own_stumps_visible: bool) -> list[str]:
+    """The model-visible notes that follow a resident's own output in its later requests (none for an
+    ordinary completed reply): what `replay` shows beside each generation."""
+    return [text for role, text in _own_generation(g, own_stumps_visible) if role == "user"]
+
+
 def _merge(turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for role, text in turns:

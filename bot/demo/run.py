@@ -1,7 +1,9 @@
 """`residents demo`: the local room, a scripted provider and the residents, wired together.
 
 The same code that runs in Discord: real discord.py bots over real sockets to the local room
-server, the real anthropic SDK to the local provider, a real SQLite ledger under data/.
+server, the real anthropic SDK to the local provider, a real SQLite ledger (`data/demo.db`).
+The script (show.py) plays in the room itself: in the browser once a page opens it, or, headless,
+at once with its transcript printed.
 """
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..config import Residence, load_all_residences
 from ..ledger import live as live_ledger
@@ -20,16 +23,14 @@ from ..discord.run import Deployment, run_bots
 from ..ledger import Ledger
 from ..localservers.provider import ProviderServer
 from ..localservers.room.server import RoomServer
-from .script import demo_responder
+from .script import Scripted, demo_responder
+from .show import BROWSER_PACE, DemoShow, Pace, settled, transcript_lines
 
 
 HERE = Path(__file__).resolve().parent
 
-SCENES = [
-    ("alice", "@cairn Tell us about the harbour, everything you know.", "cairn"),
-    ("bob", "@sill What did Cairn leave out?", "sill"),
-    ("alice", "@cairn And the lighthouse?", "cairn"),
-]
+# The script starts when the first page opens the room, or this long after start, whichever is first.
+START_WITHIN_S = 20.0
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Demo:
     task: asyncio.Task[None]
     stop: asyncio.Event
     residences: list[Residence]
+    responder: Scripted | None = None
 
 
 def residences(provider: str, model: str | None) -> list[Residence]:
@@ -65,8 +67,10 @@ async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: st
     await room.start(host, port)
     point_at_local(room.url)
     prov: ProviderServer | None = None
+    responder: Scripted | None = None
     if provider == "scripted":
-        prov = ProviderServer(responder=demo_responder({r.name: r.model for r in res}))
+        responder = demo_responder({r.name: r.model for r in res})
+        prov = ProviderServer(responder=responder)
         await prov.start(host, 0)
         base_url, key = prov.url, "demo"
     else:
@@ -77,7 +81,7 @@ async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: st
     stop = asyncio.Event()
     dep = Deployment(res, {r.name: f"local-{r.name}" for r in res})
     task = asyncio.create_task(run_bots(dep, db, base_url, key, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
-    demo = Demo(room, prov, ledger, task, stop, res)
+    demo = Demo(room, prov, ledger, task, stop, res, responder)
     try:
         await _until_connected(demo, len(res))
     except BaseException:  # e.g. a provider key refused at start-up: the servers close before the one line
@@ -122,62 +126,49 @@ async def shutdown(demo: Demo) -> None:
 
 async def _settled(demo: Demo, trigger: str, resident: str, timeout: float = 30.0) -> str:
     """Wait until the reply to `trigger` is settled and every post of it delivered; its generation id."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        rows = await demo.ledger.db.execute_fetchall(
-            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident))
-        if rows:
-            g = await demo.ledger.get_generation(rows[0][0])
-            if g and g.posts and all(p.message_id for p in g.posts):
-                return g.id
-        await asyncio.sleep(0.05)
-    raise RuntimeError(f"{resident} did not answer message {trigger} in {timeout:.0f}s")
+    return await settled(demo.ledger, trigger, resident, timeout)
 
 
-async def play(demo: Demo, out) -> None:
-    """The scripted scenes, then a moderator's look at the stumps; prints the transcript with kinds."""
-    gens = []
-    for author, content, resident in SCENES:
-        m = demo.room.post("general", author, content)
-        gens.append(await _settled(demo, str(m["id"]), resident))
-    annotate = _annotator(demo.ledger)
+def fresh_ledger(db: str) -> bool:
+    """Start the demo's own ledger afresh (runs do not pile up files); True when a previous one was replaced."""
+    replaced = False
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(db + suffix)
+            replaced = replaced or suffix == ""
+        except FileNotFoundError:
+            pass
+    return replaced
+
+
+async def play(demo: Demo, out: TextIO, pace: Pace = Pace()) -> DemoShow:
+    """The script at once, then the transcript with kinds and what the moderator saw (headless)."""
+    timeout = 30.0 if demo.provider is not None else 180.0
+    show = DemoShow(demo.room, demo.ledger, demo.responder, pace, settle_timeout=timeout)
+    await (await show.start())
+    if show.state != "done":
+        raise RuntimeError(f"the demo script stopped: {show.problem}")
     msgs = demo.room.messages("general")
-    kinds = await annotate([str(m["id"]) for m in msgs])
-    print("== the room", file=out)
-    for m in msgs:
-        kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
-        body = m["content"] if len(m["content"]) <= 300 else m["content"][:280] + f" … [{len(m['content']):,} chars]"
-        print(f"[{m['author']} · {kind}] {body}", file=out)
-    print("\n== a moderator looks", file=out)
-    stumps = await demo.ledger.list_stumps(limit=20)
-    for label, bot, options in [
-        ("/stumps list resident:sill", "sill", [{"name": "list", "type": 1, "options": [
-            {"name": "resident", "type": 3, "value": "sill"}]}]),
-        *([(f"/stumps show id:{stumps[-1].id}", stumps[-1].residence, [{"name": "show", "type": 1, "options": [
-            {"name": "id", "type": 3, "value": stumps[-1].id}]}])] if stumps else []),
-        (f"/generation show ref:{gens[0]}", "cairn", [{"name": "show", "type": 1, "options": [
-            {"name": "ref", "type": 3, "value": gens[0]}]}]),
-    ]:
-        name = label.split()[0].lstrip("/")
-        # One bot of the process has the commands and answers for every resident (`bot` names whose record it is).
-        res = await demo.room.invoke_command("general", "moderator", name, options=options, moderator=True)
-        print(f"> {label}", file=out)
-        for r in res["responses"]:
-            content = r["content"] or ""
-            print("  " + ("\n  ".join(content.splitlines()[:14])) + (" …" if content.count("\n") > 14 else ""),
-                  file=out)
+    kinds = await _annotator(demo.ledger)([str(m["id"]) for m in msgs])
+    print("\n".join(transcript_lines(msgs, kinds, show.commands)), file=out)
+    return show
 
 
-async def main_async(db: str, host: str, port: int, headless: bool, provider: str, model: str | None) -> int:
-    import sys
+async def main_async(db: str, host: str, port: int, headless: bool, provider: str, model: str | None,
+                     ledger_line: str = "") -> int:
     demo = await start(db, host, port, provider, model)
     try:
+        if ledger_line:
+            print(ledger_line, flush=True)
         if headless:
             await play(demo, sys.stdout)
             return 0
-        print(f"residents demo: open {demo.room.url}/ in a browser (Ctrl-C to stop). "
-              f"Ledger: {db}", flush=True)
+        timeout = 30.0 if demo.provider is not None else 180.0
+        show = DemoShow(demo.room, demo.ledger, demo.responder, BROWSER_PACE, settle_timeout=timeout)
+        demo.room.set_show(show)
+        print(f"residents demo: open {demo.room.url}/ in a browser (Ctrl-C to stop); the script plays there "
+              f"once the page opens, then the room is yours to type in", flush=True)
+        starter = asyncio.create_task(show.start_when_watched(START_WITHIN_S), name="demo-starter")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -186,6 +177,10 @@ async def main_async(db: str, host: str, port: int, headless: bool, provider: st
         waiter = asyncio.create_task(stop.wait())
         await asyncio.wait([waiter, demo.task], return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
+        starter.cancel()
+        if show.task is not None:
+            show.task.cancel()
+            await asyncio.gather(show.task, return_exceptions=True)
         if demo.task.done() and not stop.is_set():
             demo.task.result()
         return 0

@@ -56,6 +56,12 @@ class Scripted:
 
     def __post_init__(self) -> None:
         self.counts: dict[str, int] = defaultdict(int)
+        self._script = {name: list(calls) for name, calls in self.queues.items()}
+
+    def reset(self) -> None:
+        """The canned calls again, from the first (the demo's "Play again")."""
+        self.queues = {name: list(calls) for name, calls in self._script.items()}
+        self.counts.clear()
 
     def who(self, body: dict[str, Any]) -> str:
         system = body.get("system") or ""

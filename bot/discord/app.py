@@ -5,6 +5,7 @@ ask one bot about another's stumps); the pipeline itself knows nothing of Discor
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import discord
@@ -44,6 +45,7 @@ class ResidentBot(commands.Bot):
         self.peers: dict[str, ResidentBot] = peers if peers is not None else {resident.residence.name: self}
         self.synced: set[int] = set()
         self.startup_problem: str | None = None
+        self.settled = asyncio.Event()  # set once ready: commands synced, channels found
 
     @property
     def residence(self):
@@ -87,6 +89,7 @@ class ResidentBot(commands.Bot):
                 await self.close()
                 return
         log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))
+        self.settled.set()
 
     def listens_in(self, channel: discord.abc.Messageable) -> bool:
         settings = self.residence.discord

@@ -12,13 +12,14 @@ import gc
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import anthropic
 import discord
 
-from ..config import ConfigError, Residence, load_all_residences
+from ..config import Residence, load_all_residences
 from ..delivery.keys import KeyRejections
 from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
@@ -28,7 +29,8 @@ from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
 from ..resident import Resident
-from .app import ResidentBot, commands_bot_of
+from . import startup
+from .app import ResidentBot, commands_bot_of, names_channel
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -53,21 +55,21 @@ class Deployment:
 
 
 def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = None) -> Deployment:
-    """Residences with Discord settings and their tokens; against a local room any token will do."""
+    """Residences with Discord settings and their tokens; against a local room any token will do.
+
+    Every variable start-up needs and does not find (tokens, the provider key) is named in one line.
+    """
     env = dict(os.environ if env is None else env)
     residences = [r for r in load_all_residences(base) if r.discord is not None]
     if not residences:
         raise StartupError(f"{base / 'residences'}: no residence has `discord` settings (token_env, channels)")
+    missing = startup.missing_variables(residences, env, local_api)
+    if missing:
+        raise StartupError(missing)
     tokens = {}
     for r in residences:
         assert r.discord is not None
-        token = env.get(r.discord.token_env, "").strip()
-        if not token:
-            if not local_api:
-                raise ConfigError(base / "residences" / f"{r.name}.yaml", "discord.token_env",
-                                  f"environment variable {r.discord.token_env} is not set")
-            token = f"local-{r.name}"
-        tokens[r.name] = token
+        tokens[r.name] = env.get(r.discord.token_env, "").strip() or f"local-{r.name}"
     commands_bot_of(residences)  # two residences marked `discord.commands: true` stop start-up here
     return Deployment(residences, tokens)
 
@@ -124,11 +126,13 @@ async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
 
 async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
                    guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None,
-                   key_rejections: KeyRejections | None = None, backoff: Backoff | None = None) -> None:
+                   key_rejections: KeyRejections | None = None, backoff: Backoff | None = None,
+                   announce: Callable[[list[ResidentBot]], None] | None = None) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
     `key_rejections` is shared by every resident (one notice per channel, whoever failed); a test
     passes its own to control the clock. `backoff` paces redelivery after a room failure.
+    `announce` is told once, when every bot is ready.
     """
     client = make_client(base_url, api_key)
     try:
@@ -136,13 +140,14 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         async with Ledger.open(db) as ledger:
             # Before any bot connects: what a stopped process left open is settled and planned.
             await recover(ledger, {r.name for r in dep.residences})
-            await _serve(dep, ledger, client, guild_ready_timeout, stop, key_rejections, backoff)
+            await _serve(dep, ledger, client, guild_ready_timeout, stop, key_rejections, backoff, announce)
     finally:
         await client.close()
 
 
 async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthropic, guild_ready_timeout: float,
-                 stop: asyncio.Event | None, key_rejections: KeyRejections | None, backoff: Backoff | None) -> None:
+                 stop: asyncio.Event | None, key_rejections: KeyRejections | None, backoff: Backoff | None,
+                 announce: Callable[[list[ResidentBot]], None] | None) -> None:
     """The bots, on an open ledger and provider client (their owner closes them), until `stop` or a problem."""
     key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
@@ -170,7 +175,9 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
         tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name], outbox),
                                      name=f"bot:{b.residence.name}") for b in bots]
         stopper = asyncio.create_task(stop.wait())
+        announcer = asyncio.create_task(_announce_when_ready(bots, announce))
         done, _ = await asyncio.wait(tasks + [stopper], return_when=asyncio.FIRST_COMPLETED)
+        announcer.cancel()
         problem = None
         for t in done:
             if t is stopper:
@@ -197,12 +204,35 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
         await outbox.close()
 
 
+async def _announce_when_ready(bots: list[ResidentBot], announce: Callable[[list[ResidentBot]], None] | None) -> None:
+    if announce is None:
+        return
+    await asyncio.gather(*(b.settled.wait() for b in bots))
+    announce(bots)
+
+
+def start_rows(bots: list[ResidentBot], local_api: bool) -> list[startup.Row]:
+    """Each ready bot's row of the start-up table: its user, and the channels its entries found."""
+    rows = []
+    for b in bots:
+        entries = b.residence.discord.channels if b.residence.discord else []
+        several = len(b.guilds) > 1
+        found = [f"{c.guild.name}/#{c.name}" if several else f"#{c.name}"
+                 for g in b.guilds for c in g.text_channels if any(names_channel(e, c) for e in entries)]
+        rows.append(startup.row(b.residence, str(b.user), b.application_id, found, local_api))
+    return rows
+
+
 def main(base: Path, db: str, discord_api: str | None) -> int:
+    """`residents run`: log lines go through the root logger's one handler (set up by the CLI), once."""
     dep = plan_deployment(base, local_api=discord_api is not None)
     base_url, key = provider_settings()
     if discord_api:
         point_at_local(discord_api)
-    discord.utils.setup_logging(level=logging.INFO, root=False)
     gc.freeze()  # everything imported lives as long as the process: out of the collector's full passes
-    asyncio.run(run_bots(dep, db, base_url, key))
+
+    def announce(bots: list[ResidentBot]) -> None:
+        print(startup.table(start_rows(bots, discord_api is not None), db), flush=True)
+
+    asyncio.run(run_bots(dep, db, base_url, key, announce=announce))
     return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .. import truth
 from ..ledger import Ledger
-from ..records import Attempt, Generation, Planned, PostKind, PostReason, Segment, StumpScope, make_stump, numbered
+from ..records import Attempt, ContinuationEnd, Generation, Planned, PostKind, PostReason, Segment, StumpScope, make_stump, numbered
 from .attempts import block_stumps
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
              and final.stop_reason != truth.TOOL_USE)  # a round whose tool calls never ran or were answered
     if ended and final is not None:
         g.status, g.stop_reason = truth.status_of_outcome(final.outcome), final.stop_reason
-        g.continuation_ended = "disabled" if final.stop_reason == "max_tokens" else "not-needed"
+        g.continuation_ended = ContinuationEnd.DISABLED if final.stop_reason == "max_tokens" else ContinuationEnd.NOT_NEEDED
     else:
         g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
     g.output_tokens = g.segments_tokens()

@@ -3,12 +3,24 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from typing import Any
 
 from .. import truth
 from ..records import Block, Generation, Post, Stump, ToolCall
 from . import chain
 from .chain import Entry
+
+
+# A Discord message link: https://discord.com/channels/GUILD/CHANNEL/MESSAGE (or @me for a DM).
+MESSAGE_LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
+
+
+def message_id_of(ref: str) -> str | None:
+    """The message id a reference names (a link to the message, or its id), or None for any other ref."""
+    ref = ref.strip()
+    m = MESSAGE_LINK.search(ref)
+    return m.group(1) if m else (ref if ref.isdigit() else None)
 
 
 def when(ts: float | None) -> str:
@@ -61,7 +73,7 @@ def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     """A generation's provenance without any of its text: what moderators and operators inspect first."""
     lines = [f"generation {g.id} · {g.residence} · {g.model}",
              f"status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · {tokens(g.output_tokens)} tokens",
-             f"continuation: standing {g.standing}, ended {g.continuation_ended}",
+             f"continuation: standing {g.standing}, ended {truth.continuation_ended_words(g.continuation_ended, g.standing)}",
              f"created {when(g.created_at)} UTC, settled {when(g.finished_at)} UTC",
              "attempts:"]
     for a in g.attempts:

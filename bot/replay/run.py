@@ -12,7 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .. import truth
 from ..context import RoomMessage
+from ..context.compile import notes_after
 from ..generation.attempts import AttemptRunner
 from ..records import Post
 from ..generation.run import Generator
@@ -69,6 +71,7 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                 resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
                 room = CollectingRoom(sc.residence.name)
                 turns = []
+                made: set[str] = set()  # attempts of earlier turns: a continuation's generation carries them too
                 for t in sc.turns:
                     server.reset(t.calls)
                     first = len(room.sent)
@@ -83,8 +86,13 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                         g = await ledger.get_generation(g.id)
                     if g is not None:
                         gj = {**g.as_json(), "tool_rounds": [c.as_json() for c in await tool_calls_of(ledger, g.id)]}
+                    new = [a.id for a in g.attempts if a.id not in made] if g is not None else []
+                    made.update(new)
                     turns.append({
                         "generation": gj,
+                        "attempts_this_turn": len(new),
+                        # what the resident's next request shows after this output (its words are shown as posted)
+                        "resident_sees": notes_after(g, sc.residence.policy.stumps.resident_reads_own) if g is not None else [],
                         "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
                                    "replacements": p.replacements}
                                   for p in room.sent[first:]],
@@ -121,9 +129,14 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
         if g is not None:
             tok = f"{g['output_tokens']:,} tokens" if g["output_tokens"] is not None else "tokens unknown"
             stop = g["stop_reason"] or "no stop reason"
+            n, total = turn["attempts_this_turn"], len(g["attempts"])
+            attempts = f"{n} attempt(s)" + (f" this turn ({total} in all)" if n != total else "")
+            ended = truth.continuation_ended_words(g["continuation"]["ended"], g["continuation"]["standing"])
             lines.append(f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
-                         f"{len(g['attempts'])} attempt(s), {len(g['segments'])} segment(s), continuation "
-                         f"{g['continuation']['ended']}; provider calls {turn['provider_calls']}")
+                         f"{attempts}, {len(g['segments'])} segment(s), continuation {ended}; "
+                         f"provider calls {turn['provider_calls']}")
+            for note in turn["resident_sees"]:
+                lines.append(f"  ↳ {result['residence']} sees after it next time: {note}")
             for c in g.get("tool_rounds", []):
                 verdict = "error" if c["is_error"] else "ok"
                 lines.append(f"    tool round {c['round']}: {c['name']} {json.dumps(c['input'], ensure_ascii=False)}"

@@ -78,26 +78,45 @@ def load_scenario(path: Path, base: Path | None = None) -> Scenario:
     base = base or Path.cwd()
     data, node = read_yaml(path)
     data = mapping(data, path, node, "scenario")
-    sf = validate(ScenarioFile, data, path, node)
-    res_data = sf.residence
+    problems: list[ConfigError] = []  # every problem of the file is reported, not only the first
+    sf: ScenarioFile | None = None
+    try:
+        sf = validate(ScenarioFile, data, path, node)
+    except ConfigError as e:
+        problems.append(e)
+    residence: Residence | None = None
+    if "residence" in data:
+        try:
+            residence = _residence(data["residence"], path, node, base)
+        except ConfigError as e:
+            problems.append(e)
+    turns = []
+    for ti, t in enumerate(sf.turns if sf is not None else []):
+        calls = []
+        for ci, c in enumerate(t.calls):
+            try:
+                calls.append(_call(c, path, node, ("turns", ti, "calls", ci)))
+            except ConfigError as e:
+                problems.append(e)
+        turns.append(LoadedTurn(t.say, t.continue_, calls))
+    if problems:
+        raise ConfigError.combined(problems)
+    assert residence is not None
+    return Scenario(path, residence, turns)
+
+
+def _residence(res_data: Any, path: Path, node: Any, base: Path) -> Residence:
+    """The scenario's residence: a name under residences/ or an inline mapping."""
     if isinstance(res_data, str):
         from ..config import load_residence
         try:
-            residence = load_residence(res_data, base)
+            return load_residence(res_data, base)
         except ConfigError as e:
             if e.message == "file not found":
                 raise ConfigError(path, "residence", f"no residence named {res_data!r} ({e.file})",
                                   line_of(node, ("residence",))) from None
             raise
-    else:
-        residence = build_residence(res_data, path, node, base, prefix=("residence",))
-    turns = []
-    for ti, t in enumerate(sf.turns):
-        calls = []
-        for ci, c in enumerate(t.calls):
-            calls.append(_call(c, path, node, ("turns", ti, "calls", ci)))
-        turns.append(LoadedTurn(t.say, t.continue_, calls))
-    return Scenario(path, residence, turns)
+    return build_residence(res_data, path, node, base, prefix=("residence",))
 
 
 def _call(c: CallSpec, path: Path, node: Any, loc: tuple) -> Call:

@@ -25,6 +25,11 @@ from .state import RoomState
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_MS = 41250
+# discord.py sends a heartbeat from its keep-alive thread and notes the send time there only after
+# the event loop has sent it; an ACK read first (instant on loopback) is measured against the
+# *previous* heartbeat: "Can't keep up, websocket is 41 s behind". Real Discord's ACK takes a network
+# round trip; the room waits this long (at most a quarter of the interval) to give the same order.
+HEARTBEAT_ACK_DELAY_S = 0.25
 HISTORY_LIMIT = 5000  # events kept per session for RESUME
 
 INTENT_GUILD_MEMBERS = 1 << 1
@@ -117,6 +122,7 @@ class Gateway:
         self.connections: set[Connection] = set()
         self.identifies = 0
         self.resumes = 0
+        self.heartbeat_interval_ms = HEARTBEAT_INTERVAL_MS  # read when the room starts (a test may lower it)
         self._open = asyncio.Event()
         self._open.set()
         self._tasks: set[asyncio.Task[None]] = set()  # strong refs: the loop only keeps weak ones
@@ -162,7 +168,7 @@ class Gateway:
             if not self._open.is_set():
                 log.debug("gateway held: delaying HELLO")
                 await self._open.wait()
-            conn.send_json({"op": OP_HELLO, "d": {"heartbeat_interval": HEARTBEAT_INTERVAL_MS,
+            conn.send_json({"op": OP_HELLO, "d": {"heartbeat_interval": self.heartbeat_interval_ms,
                                                    "_trace": ["residents-room"]}})
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
@@ -193,7 +199,8 @@ class Gateway:
             await conn.close(4002, flush=True)
             return
         if op == OP_HEARTBEAT:
-            conn.send_json({"op": OP_HEARTBEAT_ACK, "d": None})
+            delay = min(HEARTBEAT_ACK_DELAY_S, self.heartbeat_interval_ms / 4000)
+            asyncio.get_running_loop().call_later(delay, conn.send_json, {"op": OP_HEARTBEAT_ACK, "d": None})
         elif op == OP_IDENTIFY:
             await self._identify(conn, data or {})
         elif op == OP_RESUME:

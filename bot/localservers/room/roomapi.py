@@ -53,6 +53,8 @@ class Room(Protocol):
     async def drop_gateway(self, *, hold: bool = ...) -> int: ...
     def release_gateway(self) -> None: ...
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
+    def show_status(self) -> dict[str, Any] | None: ...
+    async def play_show_again(self) -> dict[str, Any]: ...
     def unsubscribe_events(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None: ...
 
 
@@ -71,6 +73,8 @@ class RoomApi:
         r.add_delete("/_room/faults", self.clear_faults)
         r.add_get("/_room/events", self.events)
         r.add_get("/_room/annotations", self.get_annotations)
+        r.add_get("/_room/show", self.get_show)
+        r.add_post("/_room/show/play", self.play_show)
         r.add_get("/", self.index)
         r.add_static("/static/", STATIC, append_version=False)
         r.add_get("/attachments/{channel_id}/{attachment_id}/{filename}", self.attachment)
@@ -122,6 +126,17 @@ class RoomApi:
             log.warning("annotator failed for %d ids", len(ids), exc_info=True)
             return json_response({"message": f"annotator failed: {exc!r}", "code": 0}, status=503)
         return json_response(found)
+
+    async def get_show(self, request: web.Request) -> web.Response:
+        """The script playing in this room (the demo's), or 404 where none is."""
+        status = self.server.show_status()
+        if status is None:
+            raise ApiError(404, 0, "nothing is playing in this room")
+        return json_response(status)
+
+    async def play_show(self, request: web.Request) -> web.Response:
+        """Play the script again (the page's "Play again"); 409 while it is still playing."""
+        return json_response(await self.server.play_show_again(), status=202)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         """The web page of the room (static/index.html; no build step)."""

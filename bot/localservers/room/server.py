@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -35,6 +35,13 @@ Annotator = Callable[[list[str]], Awaitable[dict[str, dict[str, Any]]]]
 """`async (message_ids) -> {message_id: {"kind": ..., "generation_id": ...}}`: what the room can't know itself."""
 
 
+class Show(Protocol):
+    """A script someone plays in the room (the demo): its state for the page, and a way to play it again."""
+
+    def status(self) -> dict[str, Any]: ...
+    async def play_again(self) -> dict[str, Any]: ...
+
+
 class RoomServer:
     """Guilds with text channels; any bot token logs in (and joins every guild), people post through /_room/."""
 
@@ -53,6 +60,8 @@ class RoomServer:
         self._changed = asyncio.Event()
         self._event_queues: set[asyncio.Queue[dict[str, Any] | None]] = set()
         self._annotator: Annotator | None = None
+        self._show: Show | None = None
+        self.watched = asyncio.Event()  # set when the first page (or other client) opens the event stream
         self.state.subscribe(self._on_room_event)
 
     # ----- lifecycle ------------------------------------------------------------------------
@@ -133,6 +142,7 @@ class RoomServer:
                        for p in state.people_by_name.values()],
             "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
             "annotator": self._annotator is not None,
+            "show": self._show.status() if self._show is not None else None,
         }
 
     def messages(self, channel: str = "general", member: str | None = None) -> list[dict[str, Any]]:
@@ -169,7 +179,39 @@ class RoomServer:
         found = await self._annotator(wanted)
         return {mid: dict(found[mid]) for mid in wanted if isinstance(found.get(mid), dict)}
 
+    # ----- a show (the demo's script) ------------------------------------------------------------
+
+    def set_show(self, show: Show | None) -> None:
+        """Let the page show a script's progress and offer to play it again (`/_room/show`)."""
+        self._show = show
+
+    def show_status(self) -> dict[str, Any] | None:
+        return self._show.status() if self._show is not None else None
+
+    async def play_show_again(self) -> dict[str, Any]:
+        if self._show is None:
+            raise ApiError(404, 0, "nothing is playing in this room")
+        return await self._show.play_again()
+
+    def publish(self, item: dict[str, Any]) -> None:
+        """Put an event of the room's own (not Discord's) on the page's event stream: `{"type": ..., ...}`."""
+        for queue in list(self._event_queues):
+            try:
+                queue.put_nowait(item)
+            except asyncio.QueueFull:
+                log.warning("event stream subscriber is not reading: dropping it")
+                self._event_queues.discard(queue)
+
     # ----- act in the room ----------------------------------------------------------------------
+
+    def clear_channel(self, channel: str) -> int:
+        """Delete every message of a channel, as the room itself (bots see MESSAGE_DELETE); how many."""
+        ch = self.state.channel_by_ref(channel)
+        live = [m for m in ch.messages if not m.deleted]
+        for msg in live:
+            msg.deleted = True
+            self.state.emit(RoomEvent("message_delete", message=msg))
+        return len(live)
 
     def post(self, channel: str, author: str, content: str, *, reply_to: int | str | None = None,
              mentions: Iterable[str] = (), moderator: bool | None = None,
@@ -291,6 +333,7 @@ class RoomServer:
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]:
         queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=10000)
         self._event_queues.add(queue)
+        self.watched.set()
         return queue
 
     def unsubscribe_events(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None:

@@ -2,11 +2,14 @@
  * /_room/annotations, a box to post as a person, and a moderator panel that runs slash
  * commands through POST /_room/commands. Live through the /_room/events SSE stream.
  * A room built from a layout has several guilds: a selector picks one, and channels are
- * named guild/channel in the address. */
+ * named guild/channel in the address. Where a script plays in the room (the demo), the header
+ * shows its progress and a "Play again" control, and its moderator's answers appear in the panel.
+ * Narrow screens keep the chat: channels become a drawer and the panel a sheet below it. */
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
 const GROUP_MS = 7 * 60 * 1000;          // Discord groups a sender's messages within 7 minutes
+const NEAR_BOTTOM_PX = 80;               // this close to the end counts as reading the latest
 const KIND_RETRIES = [300, 800, 2000, 5000];  // the ledger records a post just after it is sent
 
 const room = {
@@ -20,6 +23,8 @@ const room = {
   pending: new Set(),
   flushTimer: null,
   typing: new Map(),     // name -> timer
+  unseen: 0,             // messages that arrived below while the reader was scrolled up
+  stick: true,           // the reader is at the latest message: keep them there as things change
 };
 
 async function api(method, path, body) {
@@ -43,6 +48,7 @@ async function loadState() {
   renderMembers();
   renderBotPicker();
   renderModNames();
+  renderShow(room.state.show);
 }
 
 const multiGuild = () => room.state.guilds.length > 1;
@@ -67,7 +73,7 @@ function renderChannels() {
     a.textContent = c.name;
     a.dataset.channelId = c.id;
     a.className = c.id === room.channelId ? "active" : "";
-    a.addEventListener("click", (ev) => { ev.preventDefault(); openChannel(c.id); });
+    a.addEventListener("click", (ev) => { ev.preventDefault(); closeSide(); openChannel(c.id); });
     li.append(a);
     return li;
   }));
@@ -136,7 +142,7 @@ async function openChannel(id) {
     renderModNames();
   }
   $("#channel-name").textContent = ch ? ch.name : id;
-  $("#content").placeholder = `Message #${ch ? ch.name : ""} — @name mentions a resident`;
+  $("#content").placeholder = `Message #${ch ? ch.name : ""}` + (narrow() ? "" : " — @name mentions a resident");
   history.replaceState(null, "", `#${ch ? channelHash(ch) : id}`);
   renderChannels();
   room.messages = [];  // events that arrive while the history loads are merged, not lost
@@ -153,6 +159,46 @@ function renderMessages() {
   const list = $("#messages");
   list.replaceChildren(...room.messages.map((m, i) => messageItem(m, room.messages[i - 1])));
   list.scrollTop = list.scrollHeight;
+  room.unseen = 0;
+  onScroll();
+}
+
+/* ----- reading position: new-message indicator, jump to latest, kept across layout changes ------- */
+
+function nearBottom(list) { return list.scrollHeight - list.scrollTop - list.clientHeight < NEAR_BOTTOM_PX; }
+
+function onScroll() {
+  const list = $("#messages");
+  room.stick = nearBottom(list);
+  if (room.stick) room.unseen = 0;
+  renderJump();
+}
+
+function renderJump() {
+  const jump = $("#jump");
+  jump.hidden = room.stick;
+  jump.textContent = room.unseen
+    ? `${room.unseen} new message${room.unseen === 1 ? "" : "s"} · Jump to latest ↓` : "Jump to latest ↓";
+}
+
+function jumpToLatest() {
+  const list = $("#messages");
+  list.scrollTop = list.scrollHeight;
+  onScroll();
+  $("#content").focus();
+}
+
+/* Run `change` (which reflows the list: a panel opening, a sheet) keeping what the reader sees: the
+ * latest message if they were there, else the message at the top of the view, at the same offset. */
+function keepReading(change) {
+  const list = $("#messages");
+  const top = list.getBoundingClientRect().top;
+  const anchor = room.stick ? null : [...list.children].find((li) => li.getBoundingClientRect().bottom > top);
+  const offset = anchor ? anchor.getBoundingClientRect().top - top : 0;
+  change();
+  if (anchor) list.scrollTop += anchor.getBoundingClientRect().top - list.getBoundingClientRect().top - offset;
+  else list.scrollTop = list.scrollHeight;
+  onScroll();
 }
 
 function grouped(m, prev) {
@@ -204,7 +250,7 @@ function messageItem(m, prev) {
     const k = room.kinds.get(m.id);
     if (k && k.generation_id) { openPanel(); runGenerationShow(k.generation_id); }
   });
-  li.append(mark);
+  li.insertBefore(mark, li.querySelector(".head") || body);  // first, so on a phone it floats beside the text
   if (RoomMarkdown.allSubtext(m.content)) li.classList.add("boundary");
   applyKind(li, m);
   return li;
@@ -316,6 +362,8 @@ function connectEvents() {
   es.addEventListener("message_update", (ev) => onMessage(JSON.parse(ev.data).message, "update"));
   es.addEventListener("message_delete", (ev) => onMessage(JSON.parse(ev.data).message, "delete"));
   es.addEventListener("typing", (ev) => onTyping(JSON.parse(ev.data)));
+  es.addEventListener("show", (ev) => renderShow(JSON.parse(ev.data)));
+  es.addEventListener("show_command", (ev) => showCommand(JSON.parse(ev.data)));
   es.addEventListener("member_add", refreshStateSoon);
   es.addEventListener("member_update", refreshStateSoon);
 }
@@ -324,7 +372,7 @@ function onMessage(m, what) {
   room.names.set(m.author_id, m.author);
   if (m.channel_id !== room.channelId) return;
   const list = $("#messages");
-  const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 80;
+  const atBottom = room.stick;
   const i = room.messages.findIndex((x) => x.id === m.id);
   if (what === "create" && i < 0) {
     const prev = room.messages[room.messages.length - 1];
@@ -332,6 +380,7 @@ function onMessage(m, what) {
     list.append(messageItem(m, prev));
     stopTyping(m.author);
     wantKind(m.id);
+    if (!atBottom) { room.unseen += 1; renderJump(); }
   } else if (what === "update" && i >= 0) {
     room.messages[i] = m;
     const li = list.querySelector(`li[data-id="${m.id}"]`);
@@ -341,10 +390,14 @@ function onMessage(m, what) {
     if (m.bot && (!k || k.kind === "live")) { room.tries.delete(m.id); wantKind(m.id); }
   } else if (what === "delete" && i >= 0) {
     room.messages.splice(i, 1);
-    renderMessages();
-    return;
+    const li = list.querySelector(`li[data-id="${m.id}"]`);
+    if (li) li.remove();
+    const next = room.messages[i];
+    const nextLi = next && list.querySelector(`li[data-id="${next.id}"]`);
+    if (nextLi) nextLi.replaceWith(messageItem(next, room.messages[i - 1]));  // its grouping may change
   }
   if (atBottom) list.scrollTop = list.scrollHeight;
+  onScroll();
 }
 
 function onTyping(ev) {
@@ -391,13 +444,36 @@ async function postMessage(ev) {
 /* ----- moderator panel: slash commands, ephemeral answers --------------------------------------- */
 
 function openPanel() {
-  $("#mod").hidden = false;
+  if (!$("#mod").hidden) return;
+  keepReading(() => { $("#mod").hidden = false; });
   $("#mod-toggle").setAttribute("aria-pressed", "true");
+  $("#mod-toggle").classList.remove("news");
+}
+
+function closePanel() {
+  if ($("#mod").hidden) return;
+  keepReading(() => { $("#mod").hidden = true; });
+  $("#mod-toggle").setAttribute("aria-pressed", "false");
 }
 
 function togglePanel() {
   if ($("#mod").hidden) openPanel();
-  else { $("#mod").hidden = true; $("#mod-toggle").setAttribute("aria-pressed", "false"); }
+  else closePanel();
+}
+
+const narrow = () => window.matchMedia("(max-width: 700px)").matches;
+
+function openSide() {
+  document.body.classList.add("side-open");
+  $("#side-toggle").setAttribute("aria-expanded", "true");
+  const active = $("#channels a.active") || $("#channels a");
+  if (active) active.focus();
+}
+
+function closeSide() {
+  if (!document.body.classList.contains("side-open")) return;
+  document.body.classList.remove("side-open");
+  $("#side-toggle").setAttribute("aria-expanded", "false");
 }
 
 const sub = (name, options = []) => [{name, type: 1, options}];
@@ -411,15 +487,73 @@ function runGenerationShow(ref) {
   return runCommand(`/generation show ${ref}`, "generation", sub("show", [{name: "ref", type: 3, value: ref}]));
 }
 
-async function runCommand(label, name, options) {
-  const picked = $("#mod-bot").value;
-  const owner = room.state.bots.find((b) => b.commands.includes(name));  // the bot that registered the command
-  const bot = owner ? owner.name : picked;
+function ephemeralEntry(label, note) {
   const entry = document.createElement("section");
   entry.className = "ephemeral running";
-  entry.innerHTML = `<header><span class="cmd"></span><span class="only">only you can see this</span></header><div class="answer">running…</div>`;
-  entry.querySelector(".cmd").textContent = `${label} · ${picked || "no resident"}`;
+  entry.innerHTML = `<header><span class="cmd"></span><span class="only"></span></header><div class="answer">running…</div>`;
+  entry.querySelector(".cmd").textContent = label;
+  entry.querySelector(".only").textContent = note;
   $("#mod-out").prepend(entry);
+  return entry;
+}
+
+function renderAnswer(answer, responses, timedOut) {
+  const shown = new Map();  // message id -> content; an edit replaces what it edits
+  responses.forEach((r, i) => {
+    if (r.content == null && !(r.embeds || []).length) return;
+    shown.set(r.message_id || `r${i}`, r);
+  });
+  const parts = [...shown.values()].filter((r) => r.content || (r.embeds || []).length);
+  answer.innerHTML = parts.length ? parts.map((r) =>
+    `<div class="response">${RoomMarkdown.render(r.content || "", {names: nameOf, channels: channelName, refs: true})}${
+      (r.embeds || []).map((e) => `<div class="embed">${RoomMarkdown.render([e.title, e.description].filter(Boolean).join("\n"),
+        {refs: true})}</div>`).join("")}</div>`).join("")
+    : `<p class="muted">${timedOut ? "No answer: the resident did not respond in time." : "No answer."}</p>`;
+}
+
+/* A command the script's moderator ran (the demo): their ephemeral answer, shown here as they saw it. */
+function showCommand(ev) {
+  const entry = ephemeralEntry(`${ev.label} · ${ev.bot}`, `${ev.member} saw this (the demo's moderator)`);
+  entry.classList.add("shown");
+  renderAnswer(entry.querySelector(".answer"), ev.responses || [], false);
+  entry.classList.remove("running");
+  if (!narrow()) openPanel();  // on a phone the sheet would cover the chat: the toggle shows a mark instead
+  else if ($("#mod").hidden) $("#mod-toggle").classList.add("news");
+}
+
+/* ----- a script playing in the room (the demo) ------------------------------------------------------ */
+
+function renderShow(show) {
+  const box = $("#show");
+  box.hidden = !show;
+  if (!show) return;
+  room.show = show;
+  const playing = show.state === "playing";
+  const status = {waiting: "demo: starts when you watch", playing: `demo playing · ${show.step}/${show.steps}`,
+                  done: "demo played · the room is yours", failed: `demo stopped: ${show.problem || "error"}`}[show.state];
+  $("#show-status").textContent = status || show.state;
+  const button = $("#play-again");
+  button.disabled = playing || show.state === "waiting";
+  button.title = playing ? "The demo is playing" : `Play the demo again (${show.replay || "clears the channel"})`;
+  document.body.dataset.show = show.state;
+}
+
+async function playAgain() {
+  const button = $("#play-again");
+  button.disabled = true;
+  try {
+    renderShow(await api("POST", "/_room/show/play"));
+  } catch (err) {
+    $("#show-status").textContent = `not played again: ${err.message}`;
+    button.disabled = false;
+  }
+}
+
+async function runCommand(label, name, options) {
+  const picked = $("#mod-bot").value;
+  const owner = room.state.bots.find((b) => (b.commands || []).includes(name));  // the bot that registered the command
+  const bot = owner ? owner.name : picked;
+  const entry = ephemeralEntry(`${label} · ${picked || "no resident"}`, "only you can see this");
   const answer = entry.querySelector(".answer");
   try {
     if (!bot) throw new Error("no resident bot is in the room");
@@ -427,17 +561,7 @@ async function runCommand(label, name, options) {
       channel: room.channelId, member: $("#mod-name").value.trim() || "moderator",
       moderator: hasModeratorRole() ? true : undefined, bot, name, options, timeout: 15,
     });
-    const shown = new Map();  // message id -> content; an edit replaces what it edits
-    out.responses.forEach((r, i) => {
-      if (r.content == null && !(r.embeds || []).length) return;
-      shown.set(r.message_id || `r${i}`, r);
-    });
-    const parts = [...shown.values()].filter((r) => r.content || (r.embeds || []).length);
-    answer.innerHTML = parts.length ? parts.map((r) =>
-      `<div class="response">${RoomMarkdown.render(r.content || "", {names: nameOf, channels: channelName, refs: true})}${
-        (r.embeds || []).map((e) => `<div class="embed">${RoomMarkdown.render([e.title, e.description].filter(Boolean).join("\n"),
-          {refs: true})}</div>`).join("")}</div>`).join("")
-      : `<p class="muted">${out.timed_out ? "No answer: the resident did not respond in time." : "No answer."}</p>`;
+    renderAnswer(answer, out.responses, out.timed_out);
   } catch (err) {
     answer.innerHTML = `<p class="error"></p>`;
     answer.querySelector("p").textContent = `Failed: ${err.message}`;
@@ -463,7 +587,17 @@ async function start() {
     if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("#post").requestSubmit(); }
   });
   $("#mod-toggle").addEventListener("click", togglePanel);
-  $("#mod-close").addEventListener("click", togglePanel);
+  $("#mod-close").addEventListener("click", () => { closePanel(); $("#mod-toggle").focus(); });
+  $("#side-toggle").addEventListener("click", () => (document.body.classList.contains("side-open") ? closeSide() : openSide()));
+  $("#play-again").addEventListener("click", playAgain);
+  $("#jump").addEventListener("click", jumpToLatest);
+  $("#messages").addEventListener("scroll", onScroll, {passive: true});
+  new ResizeObserver(() => { if (room.stick) $("#messages").scrollTop = $("#messages").scrollHeight; }).observe($("#messages"));
+  document.addEventListener("keydown", (ev) => {
+    if (ev.key !== "Escape") return;
+    if (document.body.classList.contains("side-open")) { closeSide(); $("#side-toggle").focus(); }
+    else if (!$("#mod").hidden && $("#mod").contains(document.activeElement)) { closePanel(); $("#mod-toggle").focus(); }
+  });
   $("#stumps-list").addEventListener("click", runStumpsList);
   $("#stumps-show").addEventListener("submit", (ev) => { ev.preventDefault(); runStumpsShow($("#stump-id").value.trim()); });
   $("#generation-show").addEventListener("submit", (ev) => {

@@ -1,0 +1,212 @@
+"""The demo's script, played in the room where people look.
+
+The demo's people (alice, bob, and mo the moderator) act through the room's own `/_room/` API, as
+members, on a schedule: their lines are posted like anyone's, the residents answer through the real
+pipeline, and mo's slash commands are answered by the resident bots. The page is told the script's
+progress and each of mo's answers as room events (`show`, `show_command`), so its moderator panel
+opens the stump as mo sees it. "Play again" clears the channel (every message deleted, as the room)
+and plays the script from the start; the ledger keeps every run.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from ..ledger import Ledger
+from ..localservers.room.model import ApiError
+from ..localservers.room.server import RoomServer
+from .script import Scripted
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "general"
+MODERATOR = "mo"
+
+# (who, what they post, the resident who answers)
+SCENES: list[tuple[str, str, str]] = [
+    ("alice", "@cairn Tell us about the harbour, everything you know.", "cairn"),
+    ("bob", "@sill What did Cairn leave out?", "sill"),
+    ("alice", "@cairn And the lighthouse?", "cairn"),
+]
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Seconds the script waits: before it starts, between scenes, and before each of mo's commands."""
+    start: float = 0.0
+    between: float = 0.0
+    command: float = 0.0
+
+
+BROWSER_PACE = Pace(start=1.5, between=3.0, command=2.0)
+
+
+@dataclass
+class Command:
+    label: str  # as typed: `/stumps show id:s-…`
+    bot: str
+    name: str
+    options: list[dict[str, Any]]
+    responses: list[dict[str, Any]] = field(default_factory=list)
+
+
+class DemoShow:
+    """Plays SCENES and mo's look at the stumps; tells the room's page how far it got."""
+
+    def __init__(self, room: RoomServer, ledger: Ledger, responder: Scripted | None, pace: Pace = Pace(),
+                 settle_timeout: float = 30.0) -> None:
+        self.room, self.ledger, self.responder, self.pace = room, ledger, responder, pace
+        self.settle_timeout = settle_timeout
+        self.state = "waiting"  # waiting | playing | done | failed
+        self.step = 0
+        self.runs = 0
+        self.problem: str | None = None
+        self.generations: list[str] = []  # this run's, one per scene
+        self.commands: list[Command] = []  # this run's, answered
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def steps(self) -> int:
+        return len(SCENES) + 3
+
+    def status(self) -> dict[str, Any]:
+        """What the page shows: where the script is, and whether "Play again" may be pressed."""
+        return {"name": "residents demo", "state": self.state, "step": self.step, "steps": self.steps,
+                "runs": self.runs, "channel": CHANNEL, "replay": "clears the channel",
+                **({"problem": self.problem} if self.problem else {})}
+
+    # ----- starting ---------------------------------------------------------------------------
+
+    async def start_when_watched(self, within: float) -> None:
+        """Start once the first page opens the room, or after `within` seconds, whichever comes first."""
+        try:
+            await asyncio.wait_for(self.room.watched.wait(), within)
+        except asyncio.TimeoutError:
+            pass
+        await self.start()
+
+    async def start(self) -> asyncio.Task[None]:
+        self.task = asyncio.create_task(self.play(), name="demo-show")
+        await asyncio.sleep(0)
+        return self.task
+
+    async def play_again(self) -> dict[str, Any]:
+        """The page's "Play again": refused while playing; else the channel is cleared and the script restarts."""
+        if self.state == "playing" or (self.task is not None and not self.task.done()):
+            raise ApiError(409, 0, "the demo is still playing")
+        cleared = self.room.clear_channel(CHANNEL)
+        if self.responder is not None:
+            self.responder.reset()
+        log.info("demo: playing again (%d message(s) cleared)", cleared)
+        await self.start()
+        return self.status()
+
+    # ----- playing ----------------------------------------------------------------------------
+
+    async def play(self) -> None:
+        self.runs += 1
+        self.state, self.step, self.problem = "playing", 0, None
+        self.generations, self.commands = [], []
+        self._tell()
+        try:
+            async with aiohttp.ClientSession(self.room.url) as http:
+                await asyncio.sleep(self.pace.start)
+                for i, (author, content, resident) in enumerate(SCENES):
+                    if i:
+                        await asyncio.sleep(self.pace.between)
+                    posted = await _call(http, "POST", f"/_room/channels/{CHANNEL}/messages",
+                                         {"author": author, "content": content})
+                    self.generations.append(await self._settled(str(posted["id"]), resident))
+                    self._advance()
+                for command in await self._moderator_commands():
+                    await asyncio.sleep(self.pace.command)
+                    # by name: the room finds the process's one commands bot, which answers for every resident
+                    out = await _call(http, "POST", "/_room/commands", {
+                        "channel": CHANNEL, "member": MODERATOR, "moderator": True,
+                        "name": command.name, "options": command.options, "timeout": 15})
+                    command.responses = list(out["responses"])
+                    self.commands.append(command)
+                    self.room.publish({"type": "show_command", "label": command.label, "bot": command.bot,
+                                       "member": MODERATOR, "responses": command.responses})
+                    self._advance()
+            self.state = "done"
+        except asyncio.CancelledError:
+            self.state = "done"
+            raise
+        except Exception as e:  # one line for the operator and the page; the room stays open
+            self.state, self.problem = "failed", f"{type(e).__name__}: {e}"
+            log.error("demo script stopped at step %d: %s", self.step + 1, self.problem)
+        finally:
+            self._tell()
+
+    async def _moderator_commands(self) -> list[Command]:
+        """mo looks at Cairn's cut reply, lists Sill's stumps, and opens the one its retry left."""
+        cut = self.generations[0]
+        stumps = [s for s in await self.ledger.list_stumps(residence="sill", limit=20)
+                  if s.generation_id in self.generations]
+        commands = [Command(f"/generation show ref:{cut}", "cairn", "generation", _sub("show", ref=cut)),
+                    Command("/stumps list resident:sill", "sill", "stumps", _sub("list", resident="sill"))]
+        if stumps:
+            commands.append(Command(f"/stumps show id:{stumps[0].id}", "sill", "stumps", _sub("show", id=stumps[0].id)))
+        return commands
+
+    async def _settled(self, trigger: str, resident: str) -> str:
+        return await settled(self.ledger, trigger, resident, self.settle_timeout)
+
+    def _advance(self) -> None:
+        self.step += 1
+        self._tell()
+
+    def _tell(self) -> None:
+        self.room.publish({"type": "show", **self.status()})
+
+
+async def settled(ledger: Ledger, trigger: str, resident: str, timeout: float = 30.0) -> str:
+    """The generation answering message `trigger`, once settled and every post of it delivered."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        rows = await ledger.db.execute_fetchall(
+            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident))
+        if rows:
+            g = await ledger.get_generation(rows[0][0])
+            if g and g.posts and all(p.message_id for p in g.posts):
+                return g.id
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{resident} did not answer message {trigger} in {timeout:.0f}s")
+
+
+def _sub(name: str, **options: str) -> list[dict[str, Any]]:
+    return [{"name": name, "type": 1, "options": [{"name": k, "type": 3, "value": v} for k, v in options.items()]}]
+
+
+async def _call(http: aiohttp.ClientSession, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One `/_room/` request as a member; an error answer raises with the room's message."""
+    async with http.request(method, path, json=body) as resp:
+        data = await resp.json()
+        if resp.status >= 400:
+            raise RuntimeError(f"{method} {path}: {resp.status} {data.get('message', '')}")
+        return data
+
+
+def transcript_lines(messages: Sequence[dict[str, Any]], kinds: dict[str, dict[str, Any]],
+                     commands: Sequence[Command]) -> list[str]:
+    """The headless demo's printout: the room with each message's kind, then what mo saw."""
+    lines = ["== the room"]
+    for m in messages:
+        kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
+        body = m["content"] if len(m["content"]) <= 300 else m["content"][:280] + f" … [{len(m['content']):,} chars]"
+        lines.append(f"[{m['author']} · {kind}] {body}")
+    lines.append("")
+    lines.append("== a moderator looks")
+    for c in commands:
+        lines.append(f"> {c.label}")
+        for r in c.responses:
+            content = r.get("content") or ""
+            lines.append("  " + ("\n  ".join(content.splitlines()[:14])) + (" …" if content.count("\n") > 14 else ""))
+    return lines
