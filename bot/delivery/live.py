@@ -21,6 +21,7 @@ the history it compiles), and is told when they settle so it can take them as ne
 Live creates never overtake the channel's outbox: while posts wait there, nothing new is shown. A room
 failure while showing stops the showing; the reply is then settled through the outbox as without live.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,12 +33,12 @@ from typing import Protocol
 
 from .. import truth
 from ..generation.attempts import LiveLedgerSink
-from ..records import Attempt, Post, Stump, join_text, new_id
-from .resume import RoomUnavailable, Seen
 from ..ledger import Ledger
 from ..ledger import live as live_ledger
+from ..records import Attempt, Post, Stump, join_text, new_id
 from ..text import outbound
 from .plan import LIMIT, split_text
+from .resume import RoomUnavailable, Seen
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class StaleRoom(Protocol):
 
 def shown_as(content: str) -> tuple[str, str]:
     """How a live message with this content may stand in the room: closed, or open with the marker."""
-    return content, content[:LIMIT - len(truth.LIVE_MARKER)] + truth.LIVE_MARKER
+    return content, content[: LIMIT - len(truth.LIVE_MARKER)] + truth.LIVE_MARKER
 
 
 async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: str) -> int:
@@ -84,20 +85,36 @@ async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: 
             mid = m.message_id
             if mid is None:
                 seen = await room.own_messages(m.channel, None, m.created_at - 60)
-                mid = next((x.message_id for x in seen if x.nonce == m.nonce or
-                            (x.nonce is None and outbound(x.content)[0] in map(lambda c: outbound(c)[0],
-                                                                               shown_as(m.content)))), None)
+                mid = next(
+                    (
+                        x.message_id
+                        for x in seen
+                        if x.nonce == m.nonce
+                        or (
+                            x.nonce is None
+                            and outbound(x.content)[0] in map(lambda c: outbound(c)[0], shown_as(m.content))
+                        )
+                    ),
+                    None,
+                )
             if mid is not None:
                 await room.delete(m.channel, mid)
         except RoomUnavailable as e:
-            log.warning("%s: live message %s left in progress by a stop could not be removed: %s", residence,
-                        m.message_id or m.nonce, e)
+            log.warning(
+                "%s: live message %s left in progress by a stop could not be removed: %s",
+                residence,
+                m.message_id or m.nonce,
+                e,
+            )
             continue
         await live_ledger.withdraw(ledger, m.nonce, mid)
         done += 1
     if done:
-        log.warning("%s: %d live message(s) left in progress by a stop were removed; the reply is posted as "
-                    "recovered", residence, done)
+        log.warning(
+            "%s: %d live message(s) left in progress by a stop were removed; the reply is posted as recovered",
+            residence,
+            done,
+        )
     return done
 
 
@@ -148,9 +165,17 @@ class LiveMessage:
 class LiveView:
     """One reply's live messages, attempt by attempt (the generation's `AttemptWatch`)."""
 
-    def __init__(self, residence: str, channel: str, ledger: Ledger, room: LiveRoom, board: LiveBoard,
-                 post_notice: Callable[[str, str], Awaitable[None]], pending: Callable[[str], bool] = lambda _c: False,
-                 interval: float = EDIT_INTERVAL) -> None:
+    def __init__(
+        self,
+        residence: str,
+        channel: str,
+        ledger: Ledger,
+        room: LiveRoom,
+        board: LiveBoard,
+        post_notice: Callable[[str, str], Awaitable[None]],
+        pending: Callable[[str], bool] = lambda _c: False,
+        interval: float = EDIT_INTERVAL,
+    ) -> None:
         self.residence, self.channel, self.ledger, self.room, self.board = residence, channel, ledger, room, board
         self.post_notice = post_notice  # (generation id, line): one notice post of the generation, delivered
         self.pending = pending  # the channel's outbox has posts waiting: nothing new is shown meanwhile
@@ -193,8 +218,9 @@ class LiveView:
         except RoomUnavailable as e:
             self._broke(e)
         stump = next((s for s in stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED), None)
-        await live_ledger.set_aside(self.ledger, [m.message_id for m in shown], stump.id if stump else None,
-                                    [m.content for m in shown])
+        await live_ledger.set_aside(
+            self.ledger, [m.message_id for m in shown], stump.id if stump else None, [m.content for m in shown]
+        )
         if stump is not None:
             stump.published = True
         await self.post_notice(a.generation_id, truth.live_set_aside_notice(a.chars))
@@ -220,8 +246,12 @@ class LiveView:
                 await self._edit(m, post.content, post.content, wait=True)
             except RoomUnavailable as e:
                 # Not adopted: the post goes out through the outbox; the stale message is withdrawn if it can be.
-                log.warning("%s: live message %s could not be settled (%s); its post is delivered anew",
-                            self.residence, m.message_id, e)
+                log.warning(
+                    "%s: live message %s could not be settled (%s); its post is delivered anew",
+                    self.residence,
+                    m.message_id,
+                    e,
+                )
                 await self._withdraw(m)
                 continue
             await live_ledger.adopt(self.ledger, m.message_id, post.id, post.content)
@@ -262,13 +292,16 @@ class LiveView:
         if self.pending(self.channel):  # posts wait in the outbox: show nothing new before them
             asyncio.get_running_loop().call_later(self.interval / 4, self._dirty.set)
             return
-        await sink.flush()  # what the room is shown is on disk first
-        chunks = split_text(join_text(sink.blocks()), escape=True)
+        # What the room is shown is on disk first: the text as it stands now, before the flush that writes
+        # it (deltas arriving while the flush awaits the ledger are shown next time, once they are written).
+        text = join_text(sink.blocks())
+        await sink.flush()
+        chunks = split_text(text, escape=True)
         for i, c in enumerate(chunks):
             if self._stop.is_set():
                 return
             last = i == len(chunks) - 1
-            display = c[:LIMIT - len(truth.LIVE_MARKER)] + truth.LIVE_MARKER if last else c
+            display = c[: LIMIT - len(truth.LIVE_MARKER)] + truth.LIVE_MARKER if last else c
             if i < len(self.messages):
                 await self._edit(self.messages[i], display, c, wait=not last)
             else:
@@ -278,8 +311,10 @@ class LiveView:
         nonce = new_id("l-")
         self.board.hide(nonce)  # before the send: the room tells other bots before it answers this one
         self.keys.append(nonce)
-        await live_ledger.add(self.ledger, live_ledger.LiveMessage(nonce, None, a.generation_id, a.id, idx,
-                                                                   self.channel, self.residence, content))
+        await live_ledger.add(
+            self.ledger,
+            live_ledger.LiveMessage(nonce, None, a.generation_id, a.id, idx, self.channel, self.residence, content),
+        )
         mid = await self.room.send_live(display, nonce)
         self.board.hide(mid)
         self.keys.append(mid)
@@ -306,7 +341,7 @@ class LiveView:
         if seconds > 0:
             try:
                 await asyncio.wait_for(self._stop.wait(), seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _withdraw(self, m: LiveMessage) -> None:
@@ -318,8 +353,12 @@ class LiveView:
 
     def _broke(self, e: RoomUnavailable) -> None:
         if not self.broken:
-            log.warning("%s: the live reply in %s stopped showing (%s); it is delivered when it settles",
-                        self.residence, self.channel, e)
+            log.warning(
+                "%s: the live reply in %s stopped showing (%s); it is delivered when it settles",
+                self.residence,
+                self.channel,
+                e,
+            )
         self.broken = True
 
     def _release(self, settled: list[LiveMessage], removed: list[LiveMessage] = ()) -> None:  # type: ignore[assignment]
