@@ -1,4 +1,5 @@
 """`python -m bench`: see bench/run.py."""
+
 from .run import main
 
 raise SystemExit(main())

@@ -3,6 +3,7 @@
 Like replay it starts the local provider server in-process on a recorded stream and reads it over
 loopback; unlike replay it does nothing else: the SDK's raw events, text deltas joined, printed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,12 @@ async def main(path: str, tokens: int) -> str:
     url = await server.start()
     client = anthropic.AsyncAnthropic(base_url=url, api_key="bench", max_retries=0)
     try:
-        stream = await client.messages.create(model="claude-sonnet-4-6", max_tokens=tokens, stream=True,
-                                              messages=[{"role": "user", "content": "Write at length."}])
+        stream = await client.messages.create(
+            model="claude-sonnet-4-6",
+            max_tokens=tokens,
+            stream=True,
+            messages=[{"role": "user", "content": "Write at length."}],
+        )
         parts: list[str] = []
         async for ev in stream:
             if ev.type == "content_block_delta" and ev.delta.type == "text_delta":

@@ -1,4 +1,5 @@
 """Small helpers the benchmark sections share: timing, medians, a scratch folder."""
+
 from __future__ import annotations
 
 import gc
@@ -10,7 +11,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,6 +49,7 @@ def scratch(prefix: str) -> str:
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     import platform
+
     model = "unknown"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -62,5 +63,10 @@ def machine() -> dict[str, Any]:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    return {"nproc": os.cpu_count(), "cpu": model, "python": platform.python_version(),
-            "platform": platform.platform(), "load_avg_1min_at_start": round(load, 2)}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_1min_at_start": round(load, 2),
+    }

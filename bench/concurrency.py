@@ -6,6 +6,7 @@ place of the real one for this process only (the bot's code is unchanged): arriv
 hands the delta to the sink; flushed is when the ledger write holding it has committed, whether that
 is a streaming chunk or, for the tail after the last chunk, the attempt's settlement.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,18 +20,17 @@ from typing import Any
 import bot.generation.attempts as attempts_mod
 from bot.config import Residence
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.records import Attempt, Stump
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import make_client
+from bot.records import Attempt, Stump
 
 from .common import percentile, scratch
 from .overhead import MODEL, request
 from .server import ServerProcess
 
-
 DELAYS: list[float] = []
-SINKS: dict[str, "TimedSink"] = {}
+SINKS: dict[str, TimedSink] = {}
 
 
 class TimedSink(LedgerSink):
@@ -106,12 +106,24 @@ async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
     chars = sum(g.chars for g in gens)
     if any(g.status != "truncated" for g in gens):
         raise AssertionError(f"unexpected statuses: {sorted({g.status for g in gens})}")
-    return {"generations": n, "tokens_each": tokens, "pace_tokens_per_s": pace, "chars_total": chars, "deltas_total": len(DELAYS),
-            "wall_s": wall, "cpu_s": cpu, "generations_per_s": n / wall, "chars_per_s": chars / wall,
-            "deltas_per_s": len(DELAYS) / wall,
-            "flush_delay_p50_ms": percentile(DELAYS, 50) * 1000, "flush_delay_p99_ms": percentile(DELAYS, 99) * 1000,
-            "flush_delay_max_ms": max(DELAYS) * 1000,
-            "rss_before_mib": base_rss / 1024, "peak_rss_mib": peak / 1024, "peak_rss_growth_mib": (peak - base_rss) / 1024}
+    return {
+        "generations": n,
+        "tokens_each": tokens,
+        "pace_tokens_per_s": pace,
+        "chars_total": chars,
+        "deltas_total": len(DELAYS),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "generations_per_s": n / wall,
+        "chars_per_s": chars / wall,
+        "deltas_per_s": len(DELAYS) / wall,
+        "flush_delay_p50_ms": percentile(DELAYS, 50) * 1000,
+        "flush_delay_p99_ms": percentile(DELAYS, 99) * 1000,
+        "flush_delay_max_ms": max(DELAYS) * 1000,
+        "rss_before_mib": base_rss / 1024,
+        "peak_rss_mib": peak / 1024,
+        "peak_rss_growth_mib": (peak - base_rss) / 1024,
+    }
 
 
 if __name__ == "__main__":

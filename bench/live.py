@@ -7,6 +7,7 @@ clock starts when the room stores the person's message and stops when the room s
 message (live: its first live message; otherwise the first post of the settled reply) and, for the
 whole reply, when its last post is stored.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from bot.config import build_residence
+from bot.discord.localapi import point_at_local
 from bot.discord.run import Deployment, run_bots
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.localservers.room import RoomServer
-from bot.discord.localapi import point_at_local
 
 from .common import ROOT, median, scratch
 
@@ -49,24 +50,41 @@ def _call(tokens: int, pace: float) -> Call:
 
 
 async def _rounds(live: bool, rounds: int, tokens: int, pace: float, folder: Path) -> dict[str, list[float]]:
-    res = build_residence({"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096,
-                           "system": "You are Cairn.",
-                           "policy": {"floor": {"cooldown_seconds": 0}, "delivery": {"live": live}},
-                           "discord": {"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]}},
-                          "<bench>", None, Path(ROOT))
+    res = build_residence(
+        {
+            "name": "cairn",
+            "model": "claude-3-opus-20240229",
+            "max_tokens": 4096,
+            "system": "You are Cairn.",
+            "policy": {"floor": {"cooldown_seconds": 0}, "delivery": {"live": live}},
+            "discord": {"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]},
+        },
+        "<bench>",
+        None,
+        Path(ROOT),
+    )
     room = RoomServer(["general"])
     await room.start()
     point_at_local(room.url)
     provider = ProviderServer(lambda _body: _call(tokens, pace))
     await provider.start()
     stop = asyncio.Event()
-    task = asyncio.create_task(run_bots(Deployment([res], {"cairn": "local-cairn"}), str(folder / f"live-{live}.db"),
-                                        provider.url, "k", guild_ready_timeout=0.05, stop=stop))
+    task = asyncio.create_task(
+        run_bots(
+            Deployment([res], {"cairn": "local-cairn"}),
+            str(folder / f"live-{live}.db"),
+            provider.url,
+            "k",
+            guild_ready_timeout=0.05,
+            stop=stop,
+        )
+    )
     first: list[float] = []
     whole: list[float] = []
     try:
-        await room.wait_until(lambda: True if any(b["connected"] and b["synced"] for b in room.snapshot()["bots"])
-                              else None, timeout=20)
+        await room.wait_until(
+            lambda: True if any(b["connected"] and b["synced"] for b in room.snapshot()["bots"]) else None, timeout=20
+        )
         for _ in range(rounds):
             before = {m["id"] for m in room.messages("general")}
             asked = time.monotonic()
@@ -78,8 +96,14 @@ async def _rounds(live: bool, rounds: int, tokens: int, pace: float, folder: Pat
             await room.wait_until(lambda: mine() or None, timeout=60)
             first.append(time.monotonic() - asked)
             expected = _text(tokens * CHARS_PER_TOKEN)
-            await room.wait_until(lambda: True if "".join(m["content"] for m in mine()).replace(" ", "")
-                                  == expected.replace(" ", "") else None, timeout=60)
+            await room.wait_until(
+                lambda: (
+                    True
+                    if "".join(m["content"] for m in mine()).replace(" ", "") == expected.replace(" ", "")
+                    else None
+                ),
+                timeout=60,
+            )
             whole.append(time.monotonic() - asked)
             await asyncio.sleep(0.5)
     finally:
@@ -91,15 +115,17 @@ async def _rounds(live: bool, rounds: int, tokens: int, pace: float, folder: Pat
 
 
 async def run(rounds: int = 3, tokens: int = TOKENS, pace: float = PACE) -> dict[str, Any]:
-    out: dict[str, Any] = {"tokens": tokens, "pace_tokens_per_s": pace, "rounds": rounds,
-                           "stream_s": tokens / pace}
+    out: dict[str, Any] = {"tokens": tokens, "pace_tokens_per_s": pace, "rounds": rounds, "stream_s": tokens / pace}
     folder = Path(scratch("live"))
     try:
         for live in (False, True):
             r = await _rounds(live, rounds, tokens, pace, folder)
             key = "live" if live else "settled"
-            out[key] = {"first_visible_s": median(r["first_s"]), "whole_reply_s": median(r["whole_s"]),
-                        "samples_first_s": r["first_s"]}
+            out[key] = {
+                "first_visible_s": median(r["first_s"]),
+                "whole_reply_s": median(r["whole_s"]),
+                "samples_first_s": r["first_s"],
+            }
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return out
@@ -107,5 +133,6 @@ async def run(rounds: int = 3, tokens: int = TOKENS, pace: float = PACE) -> dict
 
 if __name__ == "__main__":  # python -m bench.live
     import json
+
     logging.basicConfig(level=logging.WARNING)
     print(json.dumps(asyncio.run(run()), indent=1))

@@ -7,6 +7,7 @@ ledger chunks every 2,048 chars, settlement) on a real WAL ledger, then `plan` a
 as `Resident.respond` does before a room sends. The whole-process comparison runs `residents replay`
 against a script that starts the same local server and reads the stream with the bare SDK.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,10 +24,10 @@ import anthropic
 from bot.config import Residence
 from bot.delivery import plan
 from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.records import Attempt, Generation, Post, new_id
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import ListSink, make_client, stream_once
+from bot.records import Attempt, Generation, Post, new_id
 
 from . import streams
 from .common import ROOT, Sample, measure, median, scratch
@@ -55,8 +56,10 @@ async def pipeline(gen: Generator, res: Residence, req: dict[str, Any]) -> str:
     """One resident turn short of the room: generate, plan, record the planned posts."""
     g = await gen.generate(res, "bench", req)
     planned = plan(g.ending(), g.text)
-    posts = [Post(id=new_id("p-"), generation_id=g.id, seq=i + 1, kind=p.kind, content=p.content, channel="bench")
-             for i, p in enumerate(planned)]
+    posts = [
+        Post(id=new_id("p-"), generation_id=g.id, seq=i + 1, kind=p.kind, content=p.content, channel="bench")
+        for i, p in enumerate(planned)
+    ]
     await gen.ledger.add_posts(posts)
     return g.text
 
@@ -75,9 +78,17 @@ class _PauseLedger:
         await asyncio.sleep(0.0002)
 
 
-def _variants(sdk: anthropic.AsyncAnthropic, client: anthropic.AsyncAnthropic, gen: Generator, res: Residence,
-              req: dict[str, Any], g: Generation, breakdown: bool) -> dict[str, Callable[[], Awaitable[str]]]:
+def _variants(
+    sdk: anthropic.AsyncAnthropic,
+    client: anthropic.AsyncAnthropic,
+    gen: Generator,
+    res: Residence,
+    req: dict[str, Any],
+    g: Generation,
+    breakdown: bool,
+) -> dict[str, Callable[[], Awaitable[str]]]:
     """The two paths, and with `breakdown` the layers between them, each adding one step to the last."""
+
     async def provider() -> str:
         sink = ListSink()
         await stream_once(client, req, sink)
@@ -94,6 +105,7 @@ def _variants(sdk: anthropic.AsyncAnthropic, client: anthropic.AsyncAnthropic, g
             finally:
                 await sink.close()
             return sink.text()
+
         return run
 
     async def generate() -> str:
@@ -101,9 +113,13 @@ def _variants(sdk: anthropic.AsyncAnthropic, client: anthropic.AsyncAnthropic, g
 
     out: dict[str, Callable[[], Awaitable[str]]] = {"bare": lambda: bare(sdk, req)}
     if breakdown:
-        out |= {"stream_once+ListSink": provider, "+LedgerSink, no ledger": sink_on(_NoLedger()),
-                "+LedgerSink, 0.2 ms pause per chunk": sink_on(_PauseLedger()),
-                "+LedgerSink, real ledger": sink_on(gen.ledger), "Generator.generate": generate}
+        out |= {
+            "stream_once+ListSink": provider,
+            "+LedgerSink, no ledger": sink_on(_NoLedger()),
+            "+LedgerSink, 0.2 ms pause per chunk": sink_on(_PauseLedger()),
+            "+LedgerSink, real ledger": sink_on(gen.ledger),
+            "Generator.generate": generate,
+        }
     out["pipeline"] = lambda: pipeline(gen, res, req)
     return out
 
@@ -130,23 +146,31 @@ async def in_process(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
                 paths = list(_variants(sdk, client, gen, res, req, holder, breakdown).items())
                 runs: dict[str, list[Sample]] = {name: [] for name, _ in paths}
                 for r in range(rounds + 1):
-                    for name, fn in (paths if r % 2 else paths[::-1]):
+                    for name, fn in paths if r % 2 else paths[::-1]:
                         s, text = await measure(fn)
                         if text != expect:
                             raise AssertionError(f"{name} read {len(text)} chars, expected {len(expect)}")
                         if r:  # round 0 warms caches and connections
                             runs[name].append(s)
-                out[label] = {"tokens": tokens, "chars": len(expect), "deltas": len(streams.deltas(expect)),
-                              **_summary(runs["bare"], runs["pipeline"], "pipeline")}
+                out[label] = {
+                    "tokens": tokens,
+                    "chars": len(expect),
+                    "deltas": len(streams.deltas(expect)),
+                    **_summary(runs["bare"], runs["pipeline"], "pipeline"),
+                }
                 if breakdown:
                     b_cpu = median([x.cpu for x in runs["bare"]])
                     b_min = min(x.cpu for x in runs["bare"])
-                    out[label]["layers"] = {name: {"cpu_ms": median([x.cpu for x in v]) * 1000,
-                                                   "cpu_min_ms": min(x.cpu for x in v) * 1000,
-                                                   "wall_ms": median([x.wall for x in v]) * 1000,
-                                                   "cpu_ratio": median([x.cpu for x in v]) / b_cpu,
-                                                   "cpu_ratio_of_minima": min(x.cpu for x in v) / b_min}
-                                            for name, v in runs.items()}
+                    out[label]["layers"] = {
+                        name: {
+                            "cpu_ms": median([x.cpu for x in v]) * 1000,
+                            "cpu_min_ms": min(x.cpu for x in v) * 1000,
+                            "wall_ms": median([x.wall for x in v]) * 1000,
+                            "cpu_ratio": median([x.cpu for x in v]) / b_cpu,
+                            "cpu_ratio_of_minima": min(x.cpu for x in v) / b_min,
+                        }
+                        for name, v in runs.items()
+                    }
                 log.info("overhead %s: wall %.3fx cpu %.3fx", label, out[label]["wall_ratio"], out[label]["cpu_ratio"])
         finally:
             await client.close()
@@ -159,18 +183,27 @@ def _summary(bare_runs: list[Sample], other: list[Sample], name: str) -> dict[st
     """Medians and their ratios; the paired ratios (round by round) too, which a busy machine disturbs less."""
     b_wall, b_cpu = median([s.wall for s in bare_runs]), median([s.cpu for s in bare_runs])
     o_wall, o_cpu = median([s.wall for s in other]), median([s.cpu for s in other])
-    return {"rounds": len(bare_runs), "bare_wall_s": b_wall, "bare_cpu_s": b_cpu,
-            f"{name}_wall_s": o_wall, f"{name}_cpu_s": o_cpu,
-            "wall_ratio": o_wall / b_wall, "cpu_ratio": o_cpu / b_cpu,
-            "wall_ratio_paired": median([o.wall / b.wall for o, b in zip(other, bare_runs)]),
-            "cpu_ratio_paired": median([o.cpu / b.cpu for o, b in zip(other, bare_runs)]),
-            "wall_ratio_of_minima": min(s.wall for s in other) / min(s.wall for s in bare_runs),
-            "cpu_ratio_of_minima": min(s.cpu for s in other) / min(s.cpu for s in bare_runs),
-            "bare_wall_all": [round(s.wall, 4) for s in bare_runs], f"{name}_wall_all": [round(s.wall, 4) for s in other],
-            "bare_cpu_all": [round(s.cpu, 4) for s in bare_runs], f"{name}_cpu_all": [round(s.cpu, 4) for s in other]}
+    return {
+        "rounds": len(bare_runs),
+        "bare_wall_s": b_wall,
+        "bare_cpu_s": b_cpu,
+        f"{name}_wall_s": o_wall,
+        f"{name}_cpu_s": o_cpu,
+        "wall_ratio": o_wall / b_wall,
+        "cpu_ratio": o_cpu / b_cpu,
+        "wall_ratio_paired": median([o.wall / b.wall for o, b in zip(other, bare_runs, strict=False)]),
+        "cpu_ratio_paired": median([o.cpu / b.cpu for o, b in zip(other, bare_runs, strict=False)]),
+        "wall_ratio_of_minima": min(s.wall for s in other) / min(s.wall for s in bare_runs),
+        "cpu_ratio_of_minima": min(s.cpu for s in other) / min(s.cpu for s in bare_runs),
+        "bare_wall_all": [round(s.wall, 4) for s in bare_runs],
+        f"{name}_wall_all": [round(s.wall, 4) for s in other],
+        "bare_cpu_all": [round(s.cpu, 4) for s in bare_runs],
+        f"{name}_cpu_all": [round(s.cpu, 4) for s in other],
+    }
 
 
 # ---------------------------------------------------------------- whole processes
+
 
 def _scenario(folder: str, tokens: int) -> tuple[str, str]:
     """A one-turn replay scenario over a recorded `tokens`-token stream; returns (scenario, sse file)."""
@@ -180,9 +213,11 @@ def _scenario(folder: str, tokens: int) -> tuple[str, str]:
         f.write(body)
     sc = os.path.join(folder, f"scenario-{tokens}.yaml")
     with open(sc, "w", encoding="utf-8") as f:
-        f.write(f"residence:\n  name: bench\n  model: {MODEL}\n  max_tokens: {tokens}\n"
-                f"turns:\n  - say: {{author: ana, content: Write at length.}}\n"
-                f"    calls:\n      - sse: {os.path.basename(sse_path)}\n")
+        f.write(
+            f"residence:\n  name: bench\n  model: {MODEL}\n  max_tokens: {tokens}\n"
+            f"turns:\n  - say: {{author: ana, content: Write at length.}}\n"
+            f"    calls:\n      - sse: {os.path.basename(sse_path)}\n"
+        )
     return sc, sse_path
 
 
@@ -210,13 +245,15 @@ def processes(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for label, (tokens, rounds, frozen) in sizes.items():
         sc, sse_path = _scenario(folder, tokens)
-        cmds = {"bare": [sys.executable, "-m", "bench.bare_process", sse_path, str(tokens)],
-                "replay": [residents, "replay", sc, "--json"]}
+        cmds = {
+            "bare": [sys.executable, "-m", "bench.bare_process", sse_path, str(tokens)],
+            "replay": [residents, "replay", sc, "--json"],
+        }
         if frozen:
             cmds["replay_frozen"] = [sys.executable, "-m", "bench.replay_frozen", "replay", sc, "--json"]
         runs: dict[str, list[Sample]] = {name: [] for name in cmds}
         for r in range(rounds + 1):
-            for name in (list(cmds) if r % 2 else list(cmds)[::-1]):
+            for name in list(cmds) if r % 2 else list(cmds)[::-1]:
                 s = _run(cmds[name])
                 if r:
                     runs[name].append(s)
@@ -230,5 +267,6 @@ def processes(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
 
 if __name__ == "__main__":
     import json
+
     logging.basicConfig(level=logging.INFO)
     print(json.dumps(asyncio.run(in_process({"4k": (4096, 9, True), "128k": (128_000, 3, False)})), indent=1))

@@ -2,6 +2,7 @@
 
 matplotlib is an optional `bench` extra; without it the figures are still written, only the PNG is not.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,6 +14,7 @@ log = logging.getLogger(__name__)
 def scaling_png(scaling: dict[str, Any], path: str, title: str) -> bool:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -20,10 +22,12 @@ def scaling_png(scaling: dict[str, Any], path: str, title: str) -> bool:
         return False
     rows = scaling["rows"]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    series = [("overlap_us_per_kb", "find_overlap (KMP)", "o-"),
-              ("similarity_us_per_kb", "similarity (fixed windows)", "s-"),
-              ("split_us_per_kb", "split_text (posts ≤ 2,000)", "^-"),
-              ("naive_overlap_us_per_kb", "naive overlap search (quadratic)", "x--")]
+    series = [
+        ("overlap_us_per_kb", "find_overlap (KMP)", "o-"),
+        ("similarity_us_per_kb", "similarity (fixed windows)", "s-"),
+        ("split_us_per_kb", "split_text (posts ≤ 2,000)", "^-"),
+        ("naive_overlap_us_per_kb", "naive overlap search (quadratic)", "x--"),
+    ]
     for key, label, style in series:
         pts = [(r["size_bytes"] / 1024, r[key]) for r in rows if key in r]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)

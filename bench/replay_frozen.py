@@ -4,6 +4,7 @@ CPython's full collections walk every tracked object, and the objects made by im
 pydantic and the bot are most of them; freezing them leaves the collector only the run's own
 objects. Run as `python -m bench.replay_frozen replay SCENARIO --json`.
 """
+
 from __future__ import annotations
 
 import gc
@@ -12,7 +13,6 @@ import sys
 import bot.cli
 import bot.generation.attempts  # noqa: F401  (the SDK, pydantic and aiohttp come with these)
 import bot.replay.run  # noqa: F401
-
 
 if __name__ == "__main__":
     gc.freeze()

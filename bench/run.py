@@ -2,6 +2,7 @@
 the scaling plot in bench/scaling.png. Sections run one after another so they do not disturb each other;
 the concurrency section runs in a child process so its peak memory is its own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,9 @@ def run(quick: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     k = 1 if quick else 0  # --quick: fewer rounds and smaller loads, for a smoke run
     log.info("1/5 overhead in one process")
-    r["overhead"] = asyncio.run(overhead.in_process({"4k": (4096, 3 if k else 20, True),
-                                                     "128k": (128_000, 1 if k else 5, False)}))
+    r["overhead"] = asyncio.run(
+        overhead.in_process({"4k": (4096, 3 if k else 20, True), "128k": (128_000, 1 if k else 5, False)})
+    )
     log.info("1/5 overhead as whole processes")
     r["process"] = overhead.processes({"4k": (4096, 1 if k else 5, True), "128k": (128_000, 1 if k else 3, False)})
     log.info("2/5 scaling")
@@ -55,69 +57,103 @@ def run(quick: bool) -> dict[str, Any]:
         for label, v in r[section].items():
             r["targets"][f"{section}_{label}_cpu_met"] = v["cpu_ratio"] <= TARGET
             r["targets"][f"{section}_{label}_wall_met"] = v["wall_ratio"] <= TARGET
-    r["targets"]["scaling_linear"] = all(b <= LINEAR for key, b in r["scaling"]["exponent"].items()
-                                         if not key.startswith("naive"))
+    r["targets"]["scaling_linear"] = all(
+        b <= LINEAR for key, b in r["scaling"]["exponent"].items() if not key.startswith("naive")
+    )
     r["duration_s"] = time.perf_counter() - t0
     return r
 
 
 def table(r: dict[str, Any]) -> str:
     m = r["machine"]
-    lines = [f"residents bench · {m['nproc']}× {m['cpu']} · Python {m['python']} · load {m['load_avg_1min_at_start']}"
-             f" · {r['duration_s']:.0f} s", ""]
-    lines.append("1. overhead vs bare SDK (medians)   bare wall/cpu      pipeline wall/cpu   ratio wall/cpu (paired) [of minima]")
+    lines = [
+        f"residents bench · {m['nproc']}× {m['cpu']} · Python {m['python']} · load {m['load_avg_1min_at_start']}"
+        f" · {r['duration_s']:.0f} s",
+        "",
+    ]
+    lines.append(
+        "1. overhead vs bare SDK (medians)   bare wall/cpu      pipeline wall/cpu   ratio wall/cpu (paired) [of minima]"
+    )
     for label, v in r["overhead"].items():
-        lines.append(f"   in-process {label:<5} x{v['rounds']:<2}          {v['bare_wall_s']*1e3:7.1f}/{v['bare_cpu_s']*1e3:7.1f} ms"
-                     f"  {v['pipeline_wall_s']*1e3:7.1f}/{v['pipeline_cpu_s']*1e3:7.1f} ms"
-                     f"  {v['wall_ratio']:.3f}/{v['cpu_ratio']:.3f} ({v['wall_ratio_paired']:.3f}/{v['cpu_ratio_paired']:.3f})"
-                     f" [{v['wall_ratio_of_minima']:.3f}/{v['cpu_ratio_of_minima']:.3f}]")
+        lines.append(
+            f"   in-process {label:<5} x{v['rounds']:<2}          {v['bare_wall_s'] * 1e3:7.1f}/{v['bare_cpu_s'] * 1e3:7.1f} ms"
+            f"  {v['pipeline_wall_s'] * 1e3:7.1f}/{v['pipeline_cpu_s'] * 1e3:7.1f} ms"
+            f"  {v['wall_ratio']:.3f}/{v['cpu_ratio']:.3f} ({v['wall_ratio_paired']:.3f}/{v['cpu_ratio_paired']:.3f})"
+            f" [{v['wall_ratio_of_minima']:.3f}/{v['cpu_ratio_of_minima']:.3f}]"
+        )
     for name, v in r["overhead"]["4k"].get("layers", {}).items():
-        lines.append(f"      4k layer {name:<38} cpu median {v['cpu_ms']:5.1f} ms {v['cpu_ratio']:.3f}×,"
-                     f" min {v['cpu_min_ms']:5.1f} ms {v['cpu_ratio_of_minima']:.3f}×")
+        lines.append(
+            f"      4k layer {name:<38} cpu median {v['cpu_ms']:5.1f} ms {v['cpu_ratio']:.3f}×,"
+            f" min {v['cpu_min_ms']:5.1f} ms {v['cpu_ratio_of_minima']:.3f}×"
+        )
     for label, v in r["process"].items():
-        lines.append(f"   replay process {label:<5} x{v['rounds']:<2}      {v['bare_wall_s']*1e3:7.1f}/{v['bare_cpu_s']*1e3:7.1f} ms"
-                     f"  {v['replay_wall_s']*1e3:7.1f}/{v['replay_cpu_s']*1e3:7.1f} ms"
-                     f"  {v['wall_ratio']:.3f}/{v['cpu_ratio']:.3f} ({v['wall_ratio_paired']:.3f}/{v['cpu_ratio_paired']:.3f})"
-                     f" [{v['wall_ratio_of_minima']:.3f}/{v['cpu_ratio_of_minima']:.3f}]")
+        lines.append(
+            f"   replay process {label:<5} x{v['rounds']:<2}      {v['bare_wall_s'] * 1e3:7.1f}/{v['bare_cpu_s'] * 1e3:7.1f} ms"
+            f"  {v['replay_wall_s'] * 1e3:7.1f}/{v['replay_cpu_s'] * 1e3:7.1f} ms"
+            f"  {v['wall_ratio']:.3f}/{v['cpu_ratio']:.3f} ({v['wall_ratio_paired']:.3f}/{v['cpu_ratio_paired']:.3f})"
+            f" [{v['wall_ratio_of_minima']:.3f}/{v['cpu_ratio_of_minima']:.3f}]"
+        )
         if "replay_frozen" in v:
             f = v["replay_frozen"]
-            lines.append(f"      same, gc.freeze() after imports (experiment)  {f['frozen_wall_s']*1e3:7.1f}/{f['frozen_cpu_s']*1e3:7.1f} ms"
-                         f"  {f['wall_ratio']:.3f}/{f['cpu_ratio']:.3f} ({f['wall_ratio_paired']:.3f}/{f['cpu_ratio_paired']:.3f})")
+            lines.append(
+                f"      same, gc.freeze() after imports (experiment)  {f['frozen_wall_s'] * 1e3:7.1f}/{f['frozen_cpu_s'] * 1e3:7.1f} ms"
+                f"  {f['wall_ratio']:.3f}/{f['cpu_ratio']:.3f} ({f['wall_ratio_paired']:.3f}/{f['cpu_ratio_paired']:.3f})"
+            )
     lines += ["", "2. scaling, µs per KB    size   find_overlap  similarity  split_text  naive overlap"]
     for row in r["scaling"]["rows"]:
         naive = f"{row['naive_overlap_us_per_kb']:12.0f}" if "naive_overlap_us_per_kb" in row else "           –"
-        lines.append(f"   {row['size_bytes'] // 1024:>23} KB {row['overlap_us_per_kb']:10.1f} {row['similarity_us_per_kb']:11.2f}"
-                     f" {row['split_us_per_kb']:11.2f} {naive}")
+        lines.append(
+            f"   {row['size_bytes'] // 1024:>23} KB {row['overlap_us_per_kb']:10.1f} {row['similarity_us_per_kb']:11.2f}"
+            f" {row['split_us_per_kb']:11.2f} {naive}"
+        )
     e = r["scaling"]["exponent"]
-    lines.append(f"   exponent b (time ∝ size^b): overlap {e['overlap_us_per_kb']:.2f}, similarity "
-                 f"{e['similarity_us_per_kb']:.2f}, split {e['split_us_per_kb']:.2f}, naive {e['naive_overlap_us_per_kb']:.2f}"
-                 f" (to {r['scaling']['naive_largest_bytes'] // 1024} KB); split of 2 MB: {r['scaling']['split_2mb_ms']:.1f} ms")
-    lines += ["", "3. concurrency             gens  tokens each  wall s  gens/s  deltas/s  flush delay p50/p99 ms  peak RSS (growth) MiB"]
+    lines.append(
+        f"   exponent b (time ∝ size^b): overlap {e['overlap_us_per_kb']:.2f}, similarity "
+        f"{e['similarity_us_per_kb']:.2f}, split {e['split_us_per_kb']:.2f}, naive {e['naive_overlap_us_per_kb']:.2f}"
+        f" (to {r['scaling']['naive_largest_bytes'] // 1024} KB); split of 2 MB: {r['scaling']['split_2mb_ms']:.1f} ms"
+    )
+    lines += [
+        "",
+        "3. concurrency             gens  tokens each  wall s  gens/s  deltas/s  flush delay p50/p99 ms  peak RSS (growth) MiB",
+    ]
     for label, c in r["concurrency"].items():
         pace = f"@{c['pace_tokens_per_s']:.0f} tok/s" if c["pace_tokens_per_s"] else "unpaced"
-        lines.append(f"   {label:<9} {pace:<12} {c['generations']:>4} {c['tokens_each']:>12} {c['wall_s']:7.2f} "
-                     f"{c['generations_per_s']:7.1f} {c['deltas_per_s']:9.0f}  {c['flush_delay_p50_ms']:9.0f}/{c['flush_delay_p99_ms']:.0f}"
-                     f"            {c['peak_rss_mib']:.0f} ({c['peak_rss_growth_mib']:.0f})")
+        lines.append(
+            f"   {label:<9} {pace:<12} {c['generations']:>4} {c['tokens_each']:>12} {c['wall_s']:7.2f} "
+            f"{c['generations_per_s']:7.1f} {c['deltas_per_s']:9.0f}  {c['flush_delay_p50_ms']:9.0f}/{c['flush_delay_p99_ms']:.0f}"
+            f"            {c['peak_rss_mib']:.0f} ({c['peak_rss_growth_mib']:.0f})"
+        )
     lr = r["ledger"]["records"]
-    lines += ["", "4. ledger (WAL, sustained)",
-              f"   attempts/s {lr['attempts_per_s']:.0f} · posts/s (add + delivered) {lr['posts_per_s']:.0f} · "
-              f"2,048-char chunks/s {lr['chunks_per_s']:.0f}"]
+    lines += [
+        "",
+        "4. ledger (WAL, sustained)",
+        f"   attempts/s {lr['attempts_per_s']:.0f} · posts/s (add + delivered) {lr['posts_per_s']:.0f} · "
+        f"2,048-char chunks/s {lr['chunks_per_s']:.0f}",
+    ]
     for label in ("reply_2k", "cut_16k"):
         v = r["ledger"][label]
-        lines.append(f"   {label}: {v['generations_per_s']:.0f} whole generations/s, "
-                     f"{v['db_bytes_per_1000'] / 2**20:.1f} MiB per 1,000 generations "
-                     f"({v['db_bytes_per_text_byte']:.1f}× the text)")
+        lines.append(
+            f"   {label}: {v['generations_per_s']:.0f} whole generations/s, "
+            f"{v['db_bytes_per_1000'] / 2**20:.1f} MiB per 1,000 generations "
+            f"({v['db_bytes_per_text_byte']:.1f}× the text)"
+        )
     lv = r.get("live")
     if lv:
-        lines += ["", f"5. a person's message → first visible text ({lv['tokens']} tokens at {lv['pace_tokens_per_s']:.0f} tok/s,"
-                      f" median of {lv['rounds']})",
-                  f"   settled delivery: first text {lv['settled']['first_visible_s']:.2f} s, whole reply "
-                  f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
-                  f"whole reply {lv['live']['whole_reply_s']:.2f} s"]
+        lines += [
+            "",
+            f"5. a person's message → first visible text ({lv['tokens']} tokens at {lv['pace_tokens_per_s']:.0f} tok/s,"
+            f" median of {lv['rounds']})",
+            f"   settled delivery: first text {lv['settled']['first_visible_s']:.2f} s, whole reply "
+            f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
+            f"whole reply {lv['live']['whole_reply_s']:.2f} s",
+        ]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
-    lines += ["", f"targets (≤{TARGET}× the bare SDK): " + ", ".join(verdicts),
-              f"scaling: {'linear' if t['scaling_linear'] else 'NOT linear'} (every exponent ≤ {LINEAR})"]
+    lines += [
+        "",
+        f"targets (≤{TARGET}× the bare SDK): " + ", ".join(verdicts),
+        f"scaling: {'linear' if t['scaling_linear'] else 'NOT linear'} (every exponent ≤ {LINEAR})",
+    ]
     return "\n".join(lines)
 
 
@@ -127,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=HERE, help="folder for results.json and scaling.png (default: bench/)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if a.verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s: %(message)s",
+    )
     if not a.verbose:
         logging.getLogger("bench").setLevel(logging.INFO)
     r = run(a.quick)
@@ -137,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(r, f, indent=1)
         f.write("\n")
     m = r["machine"]
-    plot.scaling_png(r["scaling"], os.path.join(a.out, "scaling.png"),
-                     f"time per KB against output size · {m['nproc']}× {m['cpu']}, Python {m['python']}")
+    plot.scaling_png(
+        r["scaling"],
+        os.path.join(a.out, "scaling.png"),
+        f"time per KB against output size · {m['nproc']}× {m['cpu']}, Python {m['python']}",
+    )
     print(table(r))
     return 0

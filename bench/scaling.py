@@ -6,6 +6,7 @@ are timed on them, `split_text` on the assembled 2·S output, all in µs per KB 
 read. The naive overlap search (try every length, longest first, by slicing) is the quadratic
 contrast; its sizes stop before one run would pass NAIVE_BUDGET seconds (about 4× per doubling).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,7 +23,7 @@ from . import streams
 log = logging.getLogger(__name__)
 
 KB = 1024
-SIZES = [16 * KB * 2 ** i for i in range(8)]  # 16 KB … 2 MB
+SIZES = [16 * KB * 2**i for i in range(8)]  # 16 KB … 2 MB
 OVERLAP = 256
 NAIVE_BUDGET = 0.5
 
@@ -62,18 +63,20 @@ def run() -> dict[str, Any]:
     naive_on = True
     for size in SIZES:
         prior = big[:size]
-        new = prior[-OVERLAP:] + big[size:2 * size - OVERLAP]
+        new = prior[-OVERLAP:] + big[size : 2 * size - OVERLAP]
         got = find_overlap(prior, new, 8)
         if got != OVERLAP:
             raise AssertionError(f"find_overlap found {got} at {size}, expected {OVERLAP}")
         added = new[got:]
         assembled = prior + added
         kb = size / KB
-        row: dict[str, Any] = {"size_bytes": size,
-                               "overlap_us_per_kb": _time(lambda: find_overlap(prior, new, 8)) / kb * 1e6,
-                               "similarity_us_per_kb": _time(lambda: similarity(prior, added)) / kb * 1e6,
-                               "split_us_per_kb": _time(lambda: split_text(assembled)) / (2 * kb) * 1e6,
-                               "posts": len(split_text(assembled))}
+        row: dict[str, Any] = {
+            "size_bytes": size,
+            "overlap_us_per_kb": _time(lambda: find_overlap(prior, new, 8)) / kb * 1e6,
+            "similarity_us_per_kb": _time(lambda: similarity(prior, added)) / kb * 1e6,
+            "split_us_per_kb": _time(lambda: split_text(assembled)) / (2 * kb) * 1e6,
+            "posts": len(split_text(assembled)),
+        }
         if naive_on:
             if naive_overlap(prior, new, 8) != OVERLAP:
                 raise AssertionError("the naive search disagrees with find_overlap")
@@ -88,14 +91,18 @@ def run() -> dict[str, Any]:
         have = [r for r in rows if k in r]
         growth[k] = have[-1][k] / have[0][k]
     naive = [r for r in rows if "naive_overlap_us_per_kb" in r]
-    return {"overlap_chars": OVERLAP, "rows": rows,
-            "per_kb_growth_16kb_to_largest": growth,
-            "exponent": {k: exponent(rows, k) for k in keys},
-            "naive_largest_bytes": naive[-1]["size_bytes"],
-            "split_2mb_ms": _time(lambda: split_text(big[:2 * 1024 * KB])) * 1000}
+    return {
+        "overlap_chars": OVERLAP,
+        "rows": rows,
+        "per_kb_growth_16kb_to_largest": growth,
+        "exponent": {k: exponent(rows, k) for k in keys},
+        "naive_largest_bytes": naive[-1]["size_bytes"],
+        "split_2mb_ms": _time(lambda: split_text(big[: 2 * 1024 * KB])) * 1000,
+    }
 
 
 if __name__ == "__main__":
     import json
+
     logging.basicConfig(level=logging.INFO)
     print(json.dumps(run(), indent=1))

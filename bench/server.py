@@ -7,6 +7,7 @@ for the pipeline (a stump is written besides the generation). Unpaced, a stream 
 the socket takes it (the local ProviderServer as is); with --pace, deltas go out at about N tokens a
 second per stream, in 50 ms batches, like a provider's steady output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,6 @@ from bot.localservers.provider import Call, ProviderServer
 
 from . import streams
 
-
 TICK = 0.05
 
 
@@ -43,21 +43,24 @@ def paced_handler(rate: float) -> Any:
         tokens = int((await request.json())["max_tokens"])
         text = streams.text(tokens * streams.CHARS_PER_TOKEN)
         parts = streams.deltas(text)
-        resp = web.StreamResponse(status=200, headers={"content-type": "text/event-stream",
-                                                       "request-id": f"req_bench_{uuid.uuid4().hex[:12]}"})
+        resp = web.StreamResponse(
+            status=200,
+            headers={"content-type": "text/event-stream", "request-id": f"req_bench_{uuid.uuid4().hex[:12]}"},
+        )
         await resp.prepare(request)
         await resp.write(sse.head("claude-sonnet-4-6"))
         per_tick = max(1, round(rate * TICK))
         loop = asyncio.get_running_loop()
         start = loop.time()
         for i in range(0, len(parts), per_tick):
-            await resp.write(b"".join(sse.delta(p) for p in parts[i:i + per_tick]))
+            await resp.write(b"".join(sse.delta(p) for p in parts[i : i + per_tick]))
             delay = start + (i // per_tick + 1) * TICK - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
         await resp.write(sse.tail("max_tokens", tokens))
         await resp.write_eof()
         return resp
+
     return handle
 
 
@@ -87,8 +90,13 @@ class ServerProcess:
 
     def __init__(self, preload: list[int], pace: float | None = None) -> None:
         cmd = [sys.executable, "-m", "bench.server", *map(str, preload)] + (["--pace", str(pace)] if pace else [])
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        )
         assert self.proc.stdout is not None
         self.url = self.proc.stdout.readline().strip()
         if not self.url.startswith("http"):

@@ -3,21 +3,27 @@
 The text mixes prose, markdown lists and fenced code (so delivery planning meets fences), and the
 stream cuts it into small text deltas of 1–7 characters (about one token each), as Claude sends them.
 """
+
 from __future__ import annotations
 
 import random
 
 from bot.localservers import sse
 
-
 CHARS_PER_TOKEN = 4
-_WORDS = ("the of and to in is that it for as with was on be by this are from at or an have not which but "
-          "all were when we there can more one has their if will each about how up out them then she many some so "
-          "these would other into its like time two him see could no way people than first water been call who "
-          "now find long down day did get come made may part river stone window ledger output continue truth "
-          "résumé naïve café — “quoted” 東京 😀").split()
-_CODE = ("def f(x):\n    return x * 2\n", "for i in range(10):\n    print(i)\n", "let y = await fetch(url);\n",
-         "SELECT id, text FROM posts WHERE seq > 3;\n")
+_WORDS = (
+    "the of and to in is that it for as with was on be by this are from at or an have not which but "
+    "all were when we there can more one has their if will each about how up out them then she many some so "
+    "these would other into its like time two him see could no way people than first water been call who "
+    "now find long down day did get come made may part river stone window ledger output continue truth "
+    "résumé naïve café — “quoted” 東京 😀"
+).split()
+_CODE = (
+    "def f(x):\n    return x * 2\n",
+    "for i in range(10):\n    print(i)\n",
+    "let y = await fetch(url);\n",
+    "SELECT id, text FROM posts WHERE seq > 3;\n",
+)
 
 
 def text(chars: int, seed: int = 7) -> str:
@@ -30,8 +36,10 @@ def text(chars: int, seed: int = 7) -> str:
         if roll < 0.08:
             block = "```python\n" + "".join(rnd.choice(_CODE) for _ in range(rnd.randint(2, 12))) + "```\n\n"
         elif roll < 0.2:
-            block = "".join(f"- {' '.join(rnd.choices(_WORDS, k=rnd.randint(3, 12)))}\n"
-                            for _ in range(rnd.randint(2, 6))) + "\n"
+            block = (
+                "".join(f"- {' '.join(rnd.choices(_WORDS, k=rnd.randint(3, 12)))}\n" for _ in range(rnd.randint(2, 6)))
+                + "\n"
+            )
         else:
             sentences = []
             for _ in range(rnd.randint(2, 7)):
@@ -49,7 +57,7 @@ def deltas(t: str, seed: int = 11) -> list[str]:
     out, i = [], 0
     while i < len(t):
         k = rnd.randint(1, 7)
-        out.append(t[i:i + k])
+        out.append(t[i : i + k])
         i += k
     return out
 
@@ -57,8 +65,11 @@ def deltas(t: str, seed: int = 11) -> list[str]:
 def stream(t: str, stop_reason: str = "end_turn", model: str = "claude-sonnet-4-6") -> bytes:
     """A whole recorded-style stream for `t`, in small deltas."""
     parts = deltas(t)
-    return (sse.head(model) + b"".join(sse.delta(p) for p in parts)
-            + sse.tail(stop_reason, max(1, len(t) // CHARS_PER_TOKEN)))
+    return (
+        sse.head(model)
+        + b"".join(sse.delta(p) for p in parts)
+        + sse.tail(stop_reason, max(1, len(t) // CHARS_PER_TOKEN))
+    )
 
 
 def for_tokens(tokens: int, stop_reason: str = "end_turn") -> tuple[str, bytes]:

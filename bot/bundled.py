@@ -6,6 +6,7 @@ where people read and edit them. A built wheel carries the same folders as `bot/
 editable install or a source checkout reads the repository's folders. Nothing else is read from
 where the package lives: configuration and ledgers come from the configuration folder.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,8 @@ from pathlib import Path
 import yaml
 
 _HERE = Path(__file__).resolve().parent
-PACKAGED = _HERE / "examples"      # in an installed wheel
-CHECKOUT = _HERE.parent            # a source checkout (an editable install runs from one)
+PACKAGED = _HERE / "examples"  # in an installed wheel
+CHECKOUT = _HERE.parent  # a source checkout (an editable install runs from one)
 
 STARTER_FOLDERS = ("residences", "policies")
 ENV_EXAMPLE = ".env.example"
@@ -60,8 +61,11 @@ def starter_files() -> dict[str, bytes]:
     """What `residents init` writes, by path relative to the destination: the examples as they are,
     and an `.env.example` naming every variable they read (never a value)."""
     base = root()
-    files = {f"{folder}/{p.name}": p.read_bytes()
-             for folder in STARTER_FOLDERS for p in sorted((base / folder).glob("*.yaml"))}
+    files = {
+        f"{folder}/{p.name}": p.read_bytes()
+        for folder in STARTER_FOLDERS
+        for p in sorted((base / folder).glob("*.yaml"))
+    }
     files[ENV_EXAMPLE] = env_example(files).encode("utf-8")
     return files
 

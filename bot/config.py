@@ -3,10 +3,10 @@
 A typo in a policy must never silently turn a guard off, so every model forbids unknown keys and
 every error names the file, the key path and, where the YAML has one, the line.
 """
+
 from __future__ import annotations
 
 import difflib
-import logging
 import re
 import types
 import typing
@@ -19,7 +19,6 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import models
-
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,12 +35,16 @@ class ConfigError(Exception):
         where = f"{self.file}:{line}" if line else self.file
         text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
         # One problem is one line: control and line-separator characters in names are shown escaped.
-        super().__init__("".join(c.encode("unicode_escape").decode()
-                                 if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text))
+        super().__init__(
+            "".join(
+                c.encode("unicode_escape").decode() if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+                for c in text
+            )
+        )
         self.problems: list[ConfigError] = [self]
 
     @staticmethod
-    def combined(errors: Sequence["ConfigError"]) -> "ConfigError":
+    def combined(errors: Sequence[ConfigError]) -> ConfigError:
         """One error carrying every problem of `errors` (the first stands for them where one line is shown)."""
         first, *rest = errors
         seen: dict[str, ConfigError] = {}
@@ -57,6 +60,7 @@ class Strict(BaseModel):
 
 class Continuation(Strict):
     """Who may continue a cut output, and the hard bounds when anyone does."""
+
     standing: Literal["none", "on-request", "bounded"] = "none"
     max_segments: int | None = Field(None, ge=1, le=8)
     max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
@@ -65,7 +69,7 @@ class Continuation(Strict):
     min_overlap_chars: int = Field(8, ge=1, le=10_000)
 
     @model_validator(mode="after")
-    def _bounds_required(self) -> "Continuation":
+    def _bounds_required(self) -> Continuation:
         if self.standing != "none":
             for key in ("max_segments", "max_output_tokens", "min_progress_chars", "similarity_abort"):
                 if getattr(self, key) is None:
@@ -82,6 +86,7 @@ class Retries(Strict):
 
 class Notices(Strict):
     """Room lines beyond the receipts, which are never optional."""
+
     retry_abandoned: bool = False
 
 
@@ -94,11 +99,13 @@ class StumpAccess(Strict):
 
 class Tools(Strict):
     """The tool loop: rounds of provider calls, each ending in tool calls whose results go back."""
+
     max_rounds: int = Field(4, ge=2, le=32)  # requests in one generation's tool loop, the final answer's included
 
 
 class Floor(Strict):
     """Turn-taking among several residents and people in one room."""
+
     reply_to: Literal["mentions", "mentions-and-replies", "all"] = "mentions-and-replies"
     cooldown_seconds: float = Field(2.0, ge=0.0, le=3600.0)
     max_resident_run: int = Field(3, ge=1, le=100)
@@ -107,6 +114,7 @@ class Floor(Strict):
 
 class Delivery(Strict):
     """How a reply reaches the room. `live`: shown while it is generated, edited as text arrives."""
+
     live: bool = False
 
 
@@ -149,15 +157,18 @@ class Residence(Strict):
     output_ceiling: int | None = Field(None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
-    def _within_model_ceiling(self) -> "Residence":
+    def _within_model_ceiling(self) -> Residence:
         """max_tokens within the model's ceiling, which the table knows or the residence states."""
         if not models.known(self.model):
             if self.output_ceiling is None:
                 hint = models.nearest(self.model)
-                raise _KeyError("model", f"{self.model!r} is not in the model table"
-                                + (f" (did you mean {hint!r}?)" if hint else "")
-                                + f"; a model the table does not know needs `output_ceiling` in the residence"
-                                  f" (or a row under `models:` in {PROJECT_FILE})")
+                raise _KeyError(
+                    "model",
+                    f"{self.model!r} is not in the model table"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + f"; a model the table does not know needs `output_ceiling` in the residence"
+                    f" (or a row under `models:` in {PROJECT_FILE})",
+                )
             ceiling, whose = self.output_ceiling, "the stated output_ceiling"
         else:
             ceiling, whose = models.caps(self.model).max_output_tokens, f"{self.model}'s output ceiling"
@@ -171,6 +182,7 @@ class Residence(Strict):
 
 class ModelRow(Strict):
     """One operator row of the model table (`models:` in residents.yaml), the shape of bot/models.yaml."""
+
     family: str = ""
     output_ceiling: int = Field(ge=1, le=1_000_000)
     prefill: bool = False
@@ -178,6 +190,7 @@ class ModelRow(Strict):
 
 class ProjectFile(Strict):
     """residents.yaml at the root of the configuration folder: settings for every residence there."""
+
     models: dict[str, ModelRow] = Field(default_factory=dict)
 
 
@@ -194,6 +207,7 @@ class _KeyError(ValueError):
 
 
 # ---------------------------------------------------------------- loading with line numbers
+
 
 def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
     """The parsed document and its node tree (for line numbers), or a ConfigError naming the file."""
@@ -241,26 +255,35 @@ def dotted(loc: tuple[str | int, ...]) -> str:
     return out
 
 
-def first_error(e: ValidationError, path: Path | str, node: yaml.Node | None,
-                prefix: tuple[str | int, ...] = (), model: type[BaseModel] | None = None) -> ConfigError:
+def first_error(
+    e: ValidationError,
+    path: Path | str,
+    node: yaml.Node | None,
+    prefix: tuple[str | int, ...] = (),
+    model: type[BaseModel] | None = None,
+) -> ConfigError:
     """Turn pydantic's complaints into one error naming file, key and line, carrying every problem."""
     errors = [_one_error(err, path, node, prefix, model) for err in e.errors(include_url=False)]
     return ConfigError.combined(errors)
 
 
-def _one_error(err: Any, path: Path | str, node: yaml.Node | None, prefix: tuple[str | int, ...],
-               model: type[BaseModel] | None) -> ConfigError:
+def _one_error(
+    err: Any, path: Path | str, node: yaml.Node | None, prefix: tuple[str | int, ...], model: type[BaseModel] | None
+) -> ConfigError:
     raw = tuple(err["loc"])
     own = raw[-1:] if err["type"] == "extra_forbidden" else ()  # the user's own key, whatever it is called
-    loc = tuple(p for p in raw[:len(raw) - len(own)]
-                if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool", "dict", "list"))))
+    loc = tuple(
+        p
+        for p in raw[: len(raw) - len(own)]
+        if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool", "dict", "list")))
+    )
     loc += own
     msg = err["msg"]
     ctx_err = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_err, _KeyError):
         loc, msg = loc + (ctx_err.key,), ctx_err.message
     elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
         hint = _nearest_key(model, raw[:-1], raw[-1]) if model is not None and raw else None
@@ -268,7 +291,9 @@ def _one_error(err: Any, path: Path | str, node: yaml.Node | None, prefix: tuple
             msg += f" (did you mean {hint}?)"
     elif err["type"] == "missing":
         msg = "required key is missing"
-    elif "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list)):
+    elif (
+        "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list))
+    ):
         msg = f"{msg} (got {err['input']!r})"
     full = prefix + loc
     return ConfigError(path, dotted(full), msg, line_of(node, full))
@@ -322,13 +347,18 @@ def mapping(data: Any, path: Path | str, node: yaml.Node | None, what: str, pref
     if data is None and not prefix:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(path, dotted(prefix), f"a {what} must be a mapping of keys, not {type(data).__name__}",
-                          line_of(node, prefix))
+        raise ConfigError(
+            path,
+            dotted(prefix),
+            f"a {what} must be a mapping of keys, not {type(data).__name__}",
+            line_of(node, prefix),
+        )
     return data
 
 
-def build_policy(data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = (),
-                 default_name: str = "inline") -> Policy:
+def build_policy(
+    data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = (), default_name: str = "inline"
+) -> Policy:
     data = dict(mapping(data, path, node, "policy", prefix))
     data.setdefault("name", default_name)
     return validate(Policy, data, path, node, prefix)
@@ -366,11 +396,14 @@ def _policy_file(pol: str, path: Path | str, node: yaml.Node | None, prefix: tup
     """policies/NAME.yaml for a residence's `policy: NAME`; a path (or anything that could leave
     policies/) is an error, so a residence file cannot make the bot read a file elsewhere."""
     suffix = Path(pol).suffix if Path(pol).suffix in (".yaml", ".yml") else ""
-    if not _POLICY_NAME.fullmatch(pol[:len(pol) - len(suffix)]):
-        raise ConfigError(path, dotted(prefix + ("policy",)),
-                          f"{pol!r} is not a policy name: a policy is a name under policies/ (letters, digits, "
-                          "'_', '-', '.'; no '/' or leading '.') or an inline mapping, never a path",
-                          line_of(node, prefix + ("policy",)))
+    if not _POLICY_NAME.fullmatch(pol[: len(pol) - len(suffix)]):
+        raise ConfigError(
+            path,
+            dotted(prefix + ("policy",)),
+            f"{pol!r} is not a policy name: a policy is a name under policies/ (letters, digits, "
+            "'_', '-', '.'; no '/' or leading '.') or an inline mapping, never a path",
+            line_of(node, prefix + ("policy",)),
+        )
     return base / "policies" / (pol if suffix else f"{pol}.yaml")
 
 
@@ -402,13 +435,18 @@ def _residence_policy(pol: Any, path: Path | str, node: yaml.Node | None, base: 
             return _read_policy(pol_path)
         except ConfigError as e:
             if e.message == "file not found":
-                raise ConfigError(path, dotted(prefix + ("policy",)), f"no policy named {pol!r} ({pol_path})",
-                                  line_of(node, prefix + ("policy",))) from None
+                raise ConfigError(
+                    path,
+                    dotted(prefix + ("policy",)),
+                    f"no policy named {pol!r} ({pol_path})",
+                    line_of(node, prefix + ("policy",)),
+                ) from None
             raise
     if isinstance(pol, dict):
         return build_policy(pol, path, node, prefix + ("policy",))
-    raise ConfigError(path, dotted(prefix + ("policy",)), "must be a policy name or a mapping",
-                      line_of(node, prefix + ("policy",)))
+    raise ConfigError(
+        path, dotted(prefix + ("policy",)), "must be a policy name or a mapping", line_of(node, prefix + ("policy",))
+    )
 
 
 def validate(model: type[M], data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = ()) -> M:
@@ -436,4 +474,3 @@ def _named(name_or_path: str, folder: Path) -> Path:
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
         return p if p.is_absolute() or p.exists() else (folder.parent / p)
     return folder / f"{name_or_path}.yaml"
-

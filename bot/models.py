@@ -5,6 +5,7 @@ new model is one row in the data file, or in the operator's `models:` overrides 
 `bot.config`), and nowhere else. Ids are matched on whole segments, so a prefix of a version number
 (`claude-opus-4-1` against `claude-opus-4-10`) never passes for the version.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,6 +54,7 @@ def _number(segment: str) -> int | None:
 @dataclass(frozen=True)
 class Row:
     """One row of the table: an id (whole segments; a last segment `N+` is open-ended) and its caps."""
+
     id: str
     caps: ModelCaps
 
@@ -71,10 +73,9 @@ class Row:
         fixed, at_least = self._parts
         if at_least is None:
             return segments == fixed
-        rest = segments[len(fixed):]
+        rest = segments[len(fixed) :]
         numbers = [_number(s) for s in rest]
-        return (segments[:len(fixed)] == fixed and bool(rest) and None not in numbers
-                and (numbers[0] or 0) >= at_least)
+        return segments[: len(fixed)] == fixed and bool(rest) and None not in numbers and (numbers[0] or 0) >= at_least
 
 
 def row(model_id: str, family: str, output_ceiling: int, prefill: bool) -> Row:
@@ -94,7 +95,7 @@ class ModelTable:
         rows = list(rows)
         self.rows = [r for r in rows if not r.id.endswith("+")] + [r for r in rows if r.id.endswith("+")]
 
-    def with_overrides(self, rows: Iterable[Row]) -> "ModelTable":
+    def with_overrides(self, rows: Iterable[Row]) -> ModelTable:
         return ModelTable([*ModelTable(rows).rows, *self.rows])
 
     def lookup(self, model: str) -> ModelCaps | None:

@@ -5,6 +5,7 @@ carry data only, and the rules that give them meaning live in `bot.truth`. Every
 module and it imports none of them. The states are `StrEnum`s: each member equals its string, so
 the ledger's columns and the JSON written from these records are the same bytes as plain strings.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,6 +18,7 @@ from typing import Any, Literal
 
 class Status(StrEnum):
     """A generation's status: `pending` until settled, then how its output ended."""
+
     PENDING = "pending"
     COMPLETED = "completed"
     TRUNCATED = "truncated"
@@ -27,6 +29,7 @@ class Status(StrEnum):
 
 class Outcome(StrEnum):
     """An attempt's outcome: `streaming` until it ends; `abandoned` when set aside for a retry."""
+
     STREAMING = "streaming"
     COMPLETED = "completed"
     TRUNCATED = "truncated"
@@ -38,6 +41,7 @@ class Outcome(StrEnum):
 
 class PostKind(StrEnum):
     """How a post reads in the room: a generation's text (speech, partial) or a boundary line."""
+
     SPEECH = "speech"
     PARTIAL = "partial"
     RECEIPT = "receipt"
@@ -47,6 +51,7 @@ class PostKind(StrEnum):
 
 class PostReason(StrEnum):
     """Why a post exists: what `ledger verify` checks a post against, never its wording."""
+
     TEXT = "text"  # a piece of a generation's own text (speech or partial)
     RECEIPT = "receipt"  # the boundary line after a cut, interrupted or assembled output
     REFUSAL = "refusal"  # the notice that the provider declined the reply
@@ -61,6 +66,7 @@ class PostReason(StrEnum):
 
 class StumpScope(StrEnum):
     """What a stump holds: the output's own text, a text set aside, or a non-text block cut."""
+
     OUTPUT = "output"
     ATTEMPT = "attempt"
     BLOCK = "block"
@@ -68,6 +74,7 @@ class StumpScope(StrEnum):
 
 class Cause(StrEnum):
     """Stump and discard causes that are not provider stop reasons (a stump's cause may also be one)."""
+
     MAX_TOKENS = "max_tokens"
     CONTEXT_WINDOW = "model_context_window_exceeded"
     REFUSAL = "refusal"
@@ -81,6 +88,7 @@ class Cause(StrEnum):
 
 class ContinuationEnd(StrEnum):
     """How continuation of a generation ended (or that it was never needed or allowed)."""
+
     NOT_NEEDED = "not-needed"
     DISABLED = "disabled"
     COMPLETED = "completed"
@@ -99,6 +107,7 @@ Standing = Literal["none", "on-request", "bounded"]
 @dataclass(frozen=True)
 class Ending:
     """Plain facts about how a generation ended, as the wording below needs them."""
+
     status: Status
     stop_reason: str | None
     output_tokens: int | None  # the provider's figure for the last segment, None when it gave none
@@ -138,6 +147,7 @@ class Block:
     `extras` are its other deltas as given (a thinking block's signature, citations, a delta of a
     type not known here).
     """
+
     index: int
     type: str
     content: str = ""
@@ -230,12 +240,25 @@ class Attempt:
         return last if last is not None and not last.is_text and last.content else None
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "segment": self.segment, "stop_details": self.stop_details, "index": self.index, "outcome": self.outcome,
-                "stop_reason": self.stop_reason, "discard_reason": self.discard_reason, "error": self.error,
-                "chars": self.chars, "output_tokens": self.output_tokens, "request_id": self.request_id,
-                "replaced_by": self.replaced_by, "started_at": self.started_at, "ended_at": self.ended_at,
-                "request_replacements": self.request_replacements,
-                "text": self.text, "blocks": [b.as_json() for b in self.content_blocks()]}
+        return {
+            "id": self.id,
+            "segment": self.segment,
+            "stop_details": self.stop_details,
+            "index": self.index,
+            "outcome": self.outcome,
+            "stop_reason": self.stop_reason,
+            "discard_reason": self.discard_reason,
+            "error": self.error,
+            "chars": self.chars,
+            "output_tokens": self.output_tokens,
+            "request_id": self.request_id,
+            "replaced_by": self.replaced_by,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "request_replacements": self.request_replacements,
+            "text": self.text,
+            "blocks": [b.as_json() for b in self.content_blocks()],
+        }
 
 
 @dataclass
@@ -259,7 +282,9 @@ class Stump:
     cause: Cause | str  # one of this project's causes, or a provider stop reason as given
     text: str
     output_tokens: int | None
-    scope: StumpScope = StumpScope.ATTEMPT  # "output": the generation's own text; "attempt": a text set aside; "block": see below
+    scope: StumpScope = (
+        StumpScope.ATTEMPT
+    )  # "output": the generation's own text; "attempt": a text set aside; "block": see below
     published: bool = False
     replaced_by: str | None = None
     created_at: float = field(default_factory=time.time)
@@ -275,10 +300,21 @@ class Stump:
         return self.known_chars if self.known_chars is not None else len(self.text)
 
     def meta(self) -> dict[str, Any]:
-        return {"id": self.id, "generation_id": self.generation_id, "attempt_id": self.attempt_id,
-                "scope": self.scope, "cause": self.cause, "chars": self.chars, "output_tokens": self.output_tokens,
-                "published": self.published, "replaced_by": self.replaced_by, "created_at": self.created_at,
-                "residence": self.residence, "block": self.block, "block_type": self.block_type}
+        return {
+            "id": self.id,
+            "generation_id": self.generation_id,
+            "attempt_id": self.attempt_id,
+            "scope": self.scope,
+            "cause": self.cause,
+            "chars": self.chars,
+            "output_tokens": self.output_tokens,
+            "published": self.published,
+            "replaced_by": self.replaced_by,
+            "created_at": self.created_at,
+            "residence": self.residence,
+            "block": self.block,
+            "block_type": self.block_type,
+        }
 
 
 @dataclass
@@ -294,40 +330,68 @@ class Post:
     # Lone surrogates in `content` that leave the process as U+FFFD (`bot.text.outbound`): counted
     # when the ledger records the post, since it keeps the content exactly and the room gets it valid.
     replacements: int | None = None
-    stump_id: str | None = None  # kind `recovered` and the receipt after it: the stump published at the resident's request
+    stump_id: str | None = (
+        None  # kind `recovered` and the receipt after it: the stump published at the resident's request
+    )
     # Why the post exists. A text post or a receipt says so by its kind; a notice must be told why.
     reason: PostReason | None = None
 
     def __post_init__(self) -> None:
         if self.reason is None:
-            self.reason = PostReason.RECOVERED if self.stump_id is not None else \
-                _REASON_OF_KIND.get(self.kind, PostReason.UNKNOWN)
+            self.reason = (
+                PostReason.RECOVERED
+                if self.stump_id is not None
+                else _REASON_OF_KIND.get(self.kind, PostReason.UNKNOWN)
+            )
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "seq": self.seq, "kind": self.kind, "content": self.content,
-                "message_id": self.message_id, "replacements": self.replacements}
+        return {
+            "id": self.id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "content": self.content,
+            "message_id": self.message_id,
+            "replacements": self.replacements,
+        }
 
 
-_REASON_OF_KIND = {PostKind.SPEECH: PostReason.TEXT, PostKind.PARTIAL: PostReason.TEXT,
-                   PostKind.RECEIPT: PostReason.RECEIPT, PostKind.RECOVERED: PostReason.RECOVERED}
+_REASON_OF_KIND = {
+    PostKind.SPEECH: PostReason.TEXT,
+    PostKind.PARTIAL: PostReason.TEXT,
+    PostKind.RECEIPT: PostReason.RECEIPT,
+    PostKind.RECOVERED: PostReason.RECOVERED,
+}
 
 
 @dataclass(frozen=True)
 class Planned:
     """A post as delivery plans it, before it is numbered and recorded: what it is, says, and why."""
+
     kind: PostKind
     content: str
     reason: PostReason
 
 
-def numbered(planned: Iterable[Planned], generation_id: str | None, channel: str, start: int,
-             stump_id: str | None = None) -> list[Post]:
+def numbered(
+    planned: Iterable[Planned], generation_id: str | None, channel: str, start: int, stump_id: str | None = None
+) -> list[Post]:
     """The posts for `planned`, numbered on from `start` (the ledger's `next_post_seq` of the generation).
 
     The one numbering of posts: a live turn, a /continue, a publication, recovery and resume all number
     through here. `stump_id`: the stump these posts publish at its resident's request."""
-    return [Post(id=new_id("p-"), generation_id=generation_id, seq=start + i, kind=p.kind, content=p.content,
-                 channel=channel, reason=p.reason, stump_id=stump_id) for i, p in enumerate(planned)]
+    return [
+        Post(
+            id=new_id("p-"),
+            generation_id=generation_id,
+            seq=start + i,
+            kind=p.kind,
+            content=p.content,
+            channel=channel,
+            reason=p.reason,
+            stump_id=stump_id,
+        )
+        for i, p in enumerate(planned)
+    ]
 
 
 @dataclass
@@ -367,34 +431,50 @@ class Generation:
     def ending(self) -> Ending:
         last = self.attempts[-1] if self.attempts else None
         # the attempt whose text stands last in the canonical output (a set-aside segment may follow it)
-        final = next((a for a in self.attempts if a.id == self.segments[-1].attempt_id), last) \
-            if self.segments else last
+        final = (
+            next((a for a in self.attempts if a.id == self.segments[-1].attempt_id), last) if self.segments else last
+        )
         blocks = final.blocks if final is not None else []
-        return Ending(status=self.status, stop_reason=self.stop_reason,
-                      output_tokens=self.last_segment_tokens if self.segments else None,
-                      chars=self.chars, segments=max(1, len(self.segments)),
-                      continuation_ended=self.continuation_ended,
-                      attempts=sum(1 for a in self.attempts if a.segment == (last.segment if last else 1)),
-                      error=last.error if last else None,
-                      cut_in=blocks[-1].type if blocks else None,
-                      other_content=any(b.content for b in blocks if not b.is_text),
-                      kept_chars=self.chars, last_outcome=last.outcome if last else None)
+        return Ending(
+            status=self.status,
+            stop_reason=self.stop_reason,
+            output_tokens=self.last_segment_tokens if self.segments else None,
+            chars=self.chars,
+            segments=max(1, len(self.segments)),
+            continuation_ended=self.continuation_ended,
+            attempts=sum(1 for a in self.attempts if a.segment == (last.segment if last else 1)),
+            error=last.error if last else None,
+            cut_in=blocks[-1].type if blocks else None,
+            other_content=any(b.content for b in blocks if not b.is_text),
+            kept_chars=self.chars,
+            last_outcome=last.outcome if last else None,
+        )
 
     def as_json(self) -> dict[str, Any]:
-        return {"id": self.id, "residence": self.residence, "channel": self.channel, "model": self.model,
-                "status": self.status, "stop_reason": self.stop_reason,
-                "truncated": self.status == "truncated", "text": self.text, "chars": self.chars,
-                "output_tokens": self.output_tokens,
-                "attempts": [a.as_json() for a in self.attempts],
-                "segments": [s.as_json() for s in self.segments],
-                "continuation": {"standing": self.standing, "ended": self.continuation_ended},
-                "created_at": self.created_at, "finished_at": self.finished_at}
+        return {
+            "id": self.id,
+            "residence": self.residence,
+            "channel": self.channel,
+            "model": self.model,
+            "status": self.status,
+            "stop_reason": self.stop_reason,
+            "truncated": self.status == "truncated",
+            "text": self.text,
+            "chars": self.chars,
+            "output_tokens": self.output_tokens,
+            "attempts": [a.as_json() for a in self.attempts],
+            "segments": [s.as_json() for s in self.segments],
+            "continuation": {"standing": self.standing, "ended": self.continuation_ended},
+            "created_at": self.created_at,
+            "finished_at": self.finished_at,
+        }
 
 
 @dataclass
 class ToolCall:
     """One tool call of a generation's tool loop: the round (the request whose answer asked for it), its
     position in that round, the attempt that made it, the input as parsed, and the result sent back."""
+
     round: int
     pos: int
     attempt_id: str
@@ -406,8 +486,15 @@ class ToolCall:
     created_at: float = field(default_factory=time.time)
 
     def as_json(self) -> dict[str, Any]:
-        return {"round": self.round, "name": self.name, "input": self.input, "result": self.result,
-                "is_error": self.is_error, "attempt_id": self.attempt_id, "tool_use_id": self.tool_use_id}
+        return {
+            "round": self.round,
+            "name": self.name,
+            "input": self.input,
+            "result": self.result,
+            "is_error": self.is_error,
+            "attempt_id": self.attempt_id,
+            "tool_use_id": self.tool_use_id,
+        }
 
 
 def make_stump(g: Generation, a: Attempt, cause: Cause | str, scope: StumpScope, block: Block | None = None) -> Stump:
@@ -424,6 +511,15 @@ def make_stump(g: Generation, a: Attempt, cause: Cause | str, scope: StumpScope,
         text, tokens = block.content, a.output_tokens
     else:
         text, tokens = a.text, a.output_tokens
-    return Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id, cause=cause, text=text, output_tokens=tokens,
-                 scope=scope, residence=g.residence, block=block.index if block is not None else None,
-                 block_type=block.type if block is not None else None)
+    return Stump(
+        id=new_id("s-"),
+        generation_id=g.id,
+        attempt_id=a.id,
+        cause=cause,
+        text=text,
+        output_tokens=tokens,
+        scope=scope,
+        residence=g.residence,
+        block=block.index if block is not None else None,
+        block_type=block.type if block is not None else None,
+    )

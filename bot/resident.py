@@ -7,6 +7,7 @@ every post goes out in per-channel order whatever room a caller names.
 Work on one resident in one channel is serialised here (a turn, a /continue, a declined /continue):
 two requests never number posts of one generation at once, and their posts never interleave.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +46,14 @@ class Reply:
 
 
 class Resident:
-    def __init__(self, residence: Residence, generator: Generator, ledger: Ledger,
-                 outbox: Outbox | None = None, key_rejections: KeyRejections | None = None) -> None:
+    def __init__(
+        self,
+        residence: Residence,
+        generator: Generator,
+        ledger: Ledger,
+        outbox: Outbox | None = None,
+        key_rejections: KeyRejections | None = None,
+    ) -> None:
         self.residence = residence
         self.generator = generator
         self.ledger = ledger
@@ -70,8 +77,14 @@ class Resident:
         posts = await self.ledger.posts_by_message(ledger_message_ids(history))
         gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
         own = {m.id for m in history if m.is_self}
-        recovered = {p.stump_id: s for mid, p in posts.items() if mid in own and p.kind == "recovered" and p.stump_id
-                     and (s := await self.ledger.get_stump(p.stump_id)) is not None}
+        recovered = {
+            p.stump_id: s
+            for mid, p in posts.items()
+            if mid in own
+            and p.kind == "recovered"
+            and p.stump_id
+            and (s := await self.ledger.get_stump(p.stump_id)) is not None
+        }
         return compile_request(self.residence, history, posts, gens, recovered)
 
     def tools(self, room: Room, channel: str) -> StumpsTool | None:
@@ -81,16 +94,23 @@ class Resident:
 
         async def publish(meta: dict[str, Any], text: str, g: Generation) -> dict[str, Any]:
             return await self._publish(room, channel, g, meta, text)
+
         return StumpsTool(self.ledger, self.residence, channel, publish)
 
-    async def _publish(self, room: Room, channel: str, g: Generation, meta: dict[str, Any],
-                       text: str) -> dict[str, Any]:
+    async def _publish(
+        self, room: Room, channel: str, g: Generation, meta: dict[str, Any], text: str
+    ) -> dict[str, Any]:
         """A stump's text into its channel at the resident's request, as posts of the generation asking.
 
         Recorded before they are sent; a room that fails now leaves them undelivered, in order, for the
         same redelivery every post gets."""
-        posts = numbered(plan_recovered(text, meta["cause"]), g.id, channel, await self.ledger.next_post_seq(g.id),
-                         stump_id=meta["id"])
+        posts = numbered(
+            plan_recovered(text, meta["cause"]),
+            g.id,
+            channel,
+            await self.ledger.next_post_seq(g.id),
+            stump_id=meta["id"],
+        )
         await self.ledger.add_posts(posts)
         g.posts += posts
         if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
@@ -105,21 +125,41 @@ class Resident:
         delivered = all(p.message_id is not None for p in posts)
         return {"posts": len(posts), "delivered": delivered}
 
-    async def respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None = None,
-                      superseded: Callable[[], bool] = never,
-                      queued: Callable[[list[Post]], None] | None = None) -> Reply:
+    async def respond(
+        self,
+        room: Room,
+        channel: str,
+        history: list[RoomMessage],
+        trigger: str | None = None,
+        superseded: Callable[[], bool] = never,
+        queued: Callable[[list[Post]], None] | None = None,
+    ) -> Reply:
         """One turn. `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
         async with self.busy(channel):
             return await self._respond(room, channel, history, trigger, superseded, queued)
 
-    async def _respond(self, room: Room, channel: str, history: list[RoomMessage], trigger: str | None,
-                       superseded: Callable[[], bool], queued: Callable[[list[Post]], None] | None) -> Reply:
+    async def _respond(
+        self,
+        room: Room,
+        channel: str,
+        history: list[RoomMessage],
+        trigger: str | None,
+        superseded: Callable[[], bool],
+        queued: Callable[[list[Post]], None] | None,
+    ) -> Reply:
         request = await self.compile(history)
         view = self._live_view(room, channel)
         try:
-            g = await self.generator.generate(self.residence, channel, request, trigger, superseded,
-                                              seen_upto=history[-1].id if history else None,
-                                              tools=self.tools(room, channel), watch=view)
+            g = await self.generator.generate(
+                self.residence,
+                channel,
+                request,
+                trigger,
+                superseded,
+                seen_upto=history[-1].id if history else None,
+                tools=self.tools(room, channel),
+                watch=view,
+            )
         finally:
             if view is not None:
                 await view.halt()
@@ -127,11 +167,15 @@ class Resident:
         if self.key_rejections is not None:
             planned = self.key_rejections.review(g, channel, planned)
         # A stump shown live was told in a notice of its own as it was set aside (`LiveView.set_aside`).
-        set_aside = [s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED
-                     and not s.published]
+        set_aside = [
+            s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED and not s.published
+        ]
         if set_aside and self.residence.policy.notices.retry_abandoned:
-            planned.append(notice_post(truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)),
-                                       PostReason.ABANDONED_NOTICE))
+            planned.append(
+                notice_post(
+                    truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)), PostReason.ABANDONED_NOTICE
+                )
+            )
         posts = await self._record(g, planned, channel)
         if view is not None:
             final = next((a for a in g.attempts if g.segments and a.id == g.segments[0].attempt_id), None)
@@ -146,19 +190,30 @@ class Resident:
         if not self.residence.policy.delivery.live or not supports_live(room):
             return None
         outbox = self.outbox
-        return LiveView(self.name, channel, self.ledger, room, self.board,  # type: ignore[arg-type]
-                        lambda gid, line: self._notice(room, gid, line, channel),
-                        pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False))
+        return LiveView(
+            self.name,
+            channel,
+            self.ledger,
+            room,
+            self.board,  # type: ignore[arg-type]
+            lambda gid, line: self._notice(room, gid, line, channel),
+            pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False),
+        )
 
     async def _notice(self, room: Room, generation_id: str, line: str, channel: str) -> None:
         """One notice post of a generation still being written (an attempt shown live was set aside)."""
-        posts = numbered([notice_post(line, PostReason.LIVE_SET_ASIDE)], generation_id, channel,
-                         await self.ledger.next_post_seq(generation_id))
+        posts = numbered(
+            [notice_post(line, PostReason.LIVE_SET_ASIDE)],
+            generation_id,
+            channel,
+            await self.ledger.next_post_seq(generation_id),
+        )
         await self.ledger.add_posts(posts)
         await self._deliver(room, posts)
 
-    async def continue_generation(self, room: Room, channel: str, generation_id: str | None,
-                                  superseded: Callable[[], bool] = never) -> Reply:
+    async def continue_generation(
+        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool] = never
+    ) -> Reply:
         """A moderator asked for more of a cut output: one segment at most, under the standing.
 
         Waits for any turn or continuation of this resident in `channel`, then reads the generation
@@ -167,13 +222,23 @@ class Resident:
         async with self.busy(channel):
             return await self._continue(room, channel, generation_id, superseded)
 
-    async def _continue(self, room: Room, channel: str, generation_id: str | None,
-                        superseded: Callable[[], bool]) -> Reply:
-        g = (await self.ledger.get_generation(generation_id) if generation_id
-             else await self.ledger.latest_generation(self.name, channel))
+    async def _continue(
+        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool]
+    ) -> Reply:
+        g = (
+            await self.ledger.get_generation(generation_id)
+            if generation_id
+            else await self.ledger.latest_generation(self.name, channel)
+        )
         if g is None or g.residence != self.name:
-            return await self._decline(room, channel, None, truth.Declined(
-                "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id))
+            return await self._decline(
+                room,
+                channel,
+                None,
+                truth.Declined(
+                    "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id
+                ),
+            )
         result = await self.generator.continue_on_request(g, self.residence, superseded)
         if result.refused:
             return await self._decline(room, channel, g, result.refused)
@@ -185,13 +250,13 @@ class Resident:
         return Reply(g, posts)
 
     async def _decline(self, room: Room, channel: str, g: Generation | None, why: truth.Declined) -> Reply:
-        posts = await self._record(g, [notice_post(truth.declined_continue(why), PostReason.DECLINED_CONTINUE)],
-                                   channel)
+        posts = await self._record(
+            g, [notice_post(truth.declined_continue(why), PostReason.DECLINED_CONTINUE)], channel
+        )
         await self._deliver(room, posts)
         return Reply(g, posts, declined=truth.declined_reason(why), decline=why)
 
-    async def _deliver(self, room: Room, posts: list[Post],
-                       queued: Callable[[list[Post]], None] | None = None) -> None:
+    async def _deliver(self, room: Room, posts: list[Post], queued: Callable[[list[Post]], None] | None = None) -> None:
         """Through the outbox when the process has one (in order behind anything still waiting), else directly."""
         if self.outbox is None:
             if queued is not None:
@@ -202,8 +267,11 @@ class Resident:
         if queued is not None:
             queued(posts)  # in the same step as the enqueue: floor control never sees the reply in neither place
         if not await self.outbox.wait(waiting):
-            log.warning("%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
-                        self.name, sum(1 for p in posts if p.message_id is None))
+            log.warning(
+                "%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
+                self.name,
+                sum(1 for p in posts if p.message_id is None),
+            )
 
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
         start = await self.ledger.next_post_seq(g.id) if g is not None else 1

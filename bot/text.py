@@ -6,11 +6,11 @@ must be valid UTF-8, so it passes through `outbound` there, and the number of re
 recorded beside it. Speech and partial posts also pass through `escape_subtext`, so only receipts
 and notices render as Discord subtext.
 """
+
 from __future__ import annotations
 
 import re
 from typing import Any
-
 
 REPLACEMENT = "\ufffd"
 _SURROGATES = re.compile(r"[\ud800-\udbff][\udc00-\udfff]|[\ud800-\udfff]")

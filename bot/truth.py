@@ -5,6 +5,7 @@ are stumps, and what the room and the resident are told at a boundary. Nothing h
 knows about Discord, SQLite or the SDK, so every rule is a small function over plain data and the
 wording of a receipt exists exactly once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -140,7 +141,6 @@ _CONT_REASON = {
 }
 
 
-
 def _continuation_stop(e: Ending) -> str | None:
     """Why continuation stopped, as it was. `error` (the replay contract's value) stands for every segment
     that neither completed nor was cut at the ceiling, so its wording follows that segment's own outcome."""
@@ -201,15 +201,15 @@ def _boundary(e: Ending, nothing: str | None) -> str | None:
     elif e.status == "failed":
         if is_internal(e.error):
             assert e.error is not None
-            parts.append(f"Internal error ({e.error[len(INTERNAL) + 1:]}) stopped this output; {cut}.")
+            parts.append(f"Internal error ({e.error[len(INTERNAL) + 1 :]}) stopped this output; {cut}.")
         else:
             what = f" ({e.error})" if e.error else ""
-            parts.append(f"Provider error{what} after {e.attempts} attempt{'s' if e.attempts != 1 else ''}; "
-                         f"{cut}.")
+            parts.append(f"Provider error{what} after {e.attempts} attempt{'s' if e.attempts != 1 else ''}; {cut}.")
     elif e.status == "incomplete":
         if e.stop_reason == INTERRUPTED:
-            parts.append(INTERRUPTED_SENTENCE if nothing is None else
-                         f"Process stopped before this output was finished; {cut}.")
+            parts.append(
+                INTERRUPTED_SENTENCE if nothing is None else f"Process stopped before this output was finished; {cut}."
+            )
         elif e.stop_reason == TOOL_ROUND_LIMIT:
             parts.append(f"Tool round limit reached; a further tool call was not run, and {maybe}.")
         elif e.stop_reason is None:
@@ -271,13 +271,15 @@ LIVE_MARKER = " \u258d"
 
 def live_set_aside_notice(chars: int) -> str:
     """One room line when a provider attempt whose text was already shown live is set aside for a retry."""
-    return _compact(f"Provider attempt set aside after {fmt_tokens(chars)} characters shown; "
-                    "a new attempt follows as new messages.")
+    return _compact(
+        f"Provider attempt set aside after {fmt_tokens(chars)} characters shown; a new attempt follows as new messages."
+    )
 
 
 # Why a /continue makes no provider call, each worded once below from the facts it names.
-DeclineReason = Literal["unknown-generation", "no-generation-here", "standing", "not-cut", "no-request",
-                        "tool-calls", "stopped"]
+DeclineReason = Literal[
+    "unknown-generation", "no-generation-here", "standing", "not-cut", "no-request", "tool-calls", "stopped"
+]
 
 _DECLINED: dict[str, str] = {
     "unknown-generation": "no generation {generation_id} of {residence}",
@@ -294,6 +296,7 @@ _DECLINED: dict[str, str] = {
 class Declined:
     """A /continue declined, as facts: the reason, whose, which generation, and the one fact the reason
     names (`standing`: the standing; `not-cut`: the status; `stopped`: the continuation's ending)."""
+
     reason: DeclineReason
     residence: str
     generation_id: str | None = None
@@ -324,20 +327,30 @@ def context_boundary_note(e: Ending) -> str:
             cause = f"the output ceiling of {fmt_tokens(e.output_tokens)} tokens was reached"
         else:
             cause = "the output ceiling was reached"
-        return (f"[Boundary: the message above was cut off mid-output because {cause}; the remainder was "
-                "not generated. It is an unfinished message, not an authored ending.]")
+        return (
+            f"[Boundary: the message above was cut off mid-output because {cause}; the remainder was "
+            "not generated. It is an unfinished message, not an authored ending.]"
+        )
     if e.status == "failed":
-        return ("[Boundary: the message above was interrupted by a provider error; the remainder was not "
-                "generated. It is an unfinished message, not an authored ending.]")
+        return (
+            "[Boundary: the message above was interrupted by a provider error; the remainder was not "
+            "generated. It is an unfinished message, not an authored ending.]"
+        )
     if e.status == "incomplete" and e.stop_reason == TOOL_ROUND_LIMIT:
-        return ("[Boundary: the message above ended at the tool round limit; a further tool call was not run, "
-                "so it may be incomplete and is not an authored ending.]")
+        return (
+            "[Boundary: the message above ended at the tool round limit; a further tool call was not run, "
+            "so it may be incomplete and is not an authored ending.]"
+        )
     if e.status == "incomplete" and e.stop_reason == INTERRUPTED:
-        return ("[Boundary: the message above was cut off mid-output because the process running it stopped; "
-                "the remainder was not generated. It is an unfinished message, not an authored ending.]")
+        return (
+            "[Boundary: the message above was cut off mid-output because the process running it stopped; "
+            "the remainder was not generated. It is an unfinished message, not an authored ending.]"
+        )
     if e.status == "incomplete":
-        return ("[Boundary: the message above ended without a stop reason from the provider; it may be "
-                "incomplete and is not an authored ending.]")
+        return (
+            "[Boundary: the message above ended without a stop reason from the provider; it may be "
+            "incomplete and is not an authored ending.]"
+        )
     return ""
 
 
@@ -347,9 +360,11 @@ def context_refusal_note() -> str:
 
 def context_abandoned_note(count: int, chars: int) -> str:
     noun = "attempt" if count == 1 else "attempts"
-    return (f"[Note: before the message above, {count} provider {noun} produced {fmt_tokens(chars)} characters "
-            "that were set aside when the attempt was retried (retry-abandoned); that text is kept outside "
-            "the conversation.]")
+    return (
+        f"[Note: before the message above, {count} provider {noun} produced {fmt_tokens(chars)} characters "
+        "that were set aside when the attempt was retried (retry-abandoned); that text is kept outside "
+        "the conversation.]"
+    )
 
 
 def _compact(line: str) -> str:
@@ -373,8 +388,10 @@ def key_rejected(error: str | None) -> bool:
 def key_rejected_notice(error: str) -> str:
     """The room's one line, per channel per KEY_NOTICE_SECONDS, when the provider refuses the key."""
     minutes = round(KEY_NOTICE_SECONDS / 60)
-    return _compact(f"Provider rejected the API key ({error}); no text was generated. The operator's log has "
-                    f"the remedy; further rejections here within {minutes} minutes are not posted.")
+    return _compact(
+        f"Provider rejected the API key ({error}); no text was generated. The operator's log has "
+        f"the remedy; further rejections here within {minutes} minutes are not posted."
+    )
 
 
 def context_room_line_note(author: str, line: str) -> str:
@@ -400,7 +417,8 @@ STUMPS_TOOL_DESCRIPTION = (
     "tokens, when, channel, access, who has read the text and when); `read` with `id` (the exact text); "
     "`set_access` with `id` and `access` (`moderators`: moderators may read the text where the operator's "
     "policy allows; `private`: they may not); `publish` with `id` (posts a set-aside text into its channel, "
-    "followed by one line saying it was recovered at this resident's request). The resident decides.")
+    "followed by one line saying it was recovered at this resident's request). The resident decides."
+)
 
 # Where a published stump's text came from, by its cause; a cause not listed is named as it is.
 _RECOVERED_FROM = {
@@ -415,22 +433,27 @@ _RECOVERED_FROM = {
 def recovered_receipt(chars: int, cause: str) -> str:
     """The one line after a stump's text published at its resident's request (post kind `recovered`)."""
     origin = _RECOVERED_FROM.get(cause, f"a text set aside ({cause})")
-    return _compact(f"Recovered fragment of {fmt_tokens(chars)} characters from {origin}, published at the "
-                    "resident's request.")
+    return _compact(
+        f"Recovered fragment of {fmt_tokens(chars)} characters from {origin}, published at the resident's request."
+    )
 
 
 def context_recovered_note(chars: int, cause: str) -> str:
     """The model-visible note after a stump's text this resident published, in a later request."""
     origin = _RECOVERED_FROM.get(cause, f"a text set aside ({cause})")
-    return (f"[Note: the message above is a recovered fragment of {fmt_tokens(chars)} characters from {origin}, "
-            "published later at this resident's request; it is not a reply written at that point.]")
+    return (
+        f"[Note: the message above is a recovered fragment of {fmt_tokens(chars)} characters from {origin}, "
+        "published later at this resident's request; it is not a reply written at that point.]"
+    )
 
 
 # Provenance: anyone who can see a channel may check a resident's post there against the ledger
 # (`bot.discord.cogs.provenance`). The answer is figures and hashes; these are its sentences.
 PROVENANCE_NOT_FOUND = "No post of a resident is recorded for that message here."
-PROVENANCE_HASHES = ("Hashes are SHA-256: of a post's content as posted (UTF-8), of a text's exact bytes in the "
-                     "ledger; each ledger entry's hash covers every entry before it.")
+PROVENANCE_HASHES = (
+    "Hashes are SHA-256: of a post's content as posted (UTF-8), of a text's exact bytes in the "
+    "ledger; each ledger entry's hash covers every entry before it."
+)
 PROVENANCE_MISMATCH = "The ledger no longer matches this entry: the record was changed after the entry was written."
 
 
@@ -441,5 +464,8 @@ def provenance_bad_ref(ref: str) -> str:
 
 def provenance_closes(count: int) -> str:
     """Heads the list of the text posts a receipt closes, each with its own hash."""
-    return f"This receipt closes {count} text post{'' if count == 1 else 's'}:" if count else \
-        "This receipt closes no text post (none was posted)."
+    return (
+        f"This receipt closes {count} text post{'' if count == 1 else 's'}:"
+        if count
+        else "This receipt closes no text post (none was posted)."
+    )

@@ -2,6 +2,7 @@
 
 Any error logged by a background task, or left unretrieved on the loop, fails the test that caused it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,11 @@ import pytest
 from bot.config import Residence, build_residence
 from bot.context import RoomMessage
 from bot.generation.attempts import AttemptRunner
-from bot.records import Post
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
+from bot.records import Post
 from bot.resident import Resident
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,9 +31,13 @@ def specimen(name: str) -> bytes:
 
 
 def residence(**overrides) -> Residence:
-    data = {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096,
-            "system": "You are Cairn, a resident of this room.",
-            "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}}}
+    data = {
+        "name": "cairn",
+        "model": "claude-3-opus-20240229",
+        "max_tokens": 4096,
+        "system": "You are Cairn, a resident of this room.",
+        "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}},
+    }
     policy = overrides.pop("policy", None)
     data.update(overrides)
     if policy is not None:
@@ -68,6 +73,7 @@ class Pipeline:
     def resident(self, res: Residence) -> Resident:
         async def fake_sleep(s: float) -> None:
             self.sleeps.append(s)
+
         return Resident(res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)), self.ledger)
 
     async def turn(self, res: Resident, room: Room, content: str, calls: list[Call], author: str = "alice"):
@@ -122,9 +128,9 @@ async def fail_on_background_errors(expected_errors):
     loop.set_exception_handler(previous)
     for lg in watched:
         lg.removeHandler(catcher)
-    problems = [f"{r.name}: {r.getMessage()}" for r in catcher.records
-                if not any(e in r.getMessage() for e in expected_errors)] + [str(c.get("message")) + " " +
-                                                                          repr(c.get("exception")) for c in seen]
+    problems = [
+        f"{r.name}: {r.getMessage()}" for r in catcher.records if not any(e in r.getMessage() for e in expected_errors)
+    ] + [str(c.get("message")) + " " + repr(c.get("exception")) for c in seen]
     assert not problems, "errors in background tasks or logs:\n" + "\n".join(problems)
 
 

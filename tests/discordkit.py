@@ -8,6 +8,7 @@ Everything goes over real sockets: discord.py ↔ the local room server (REST + 
 SDK ↔ the local provider server; the ledger is a real SQLite file. Errors discord.py swallows in
 background tasks fail the test (roomkit's `error_guard`, on top of conftest's autouse guard).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -82,12 +83,14 @@ class Deployed:
 
     async def wait_bot_messages(self, n: int, channel: str = "general", timeout: float = 10.0) -> list[dict[str, Any]]:
         """Wait until at least `n` bot messages are in the channel; returns them all."""
-        return await self.room.wait_until(lambda: (lambda ms: ms if len(ms) >= n else None)(self.bot_messages(channel)),
-                                          timeout=timeout)
+        return await self.room.wait_until(
+            lambda: (lambda ms: ms if len(ms) >= n else None)(self.bot_messages(channel)), timeout=timeout
+        )
 
     async def wait_receipt(self, channel: str = "general", timeout: float = 10.0) -> dict[str, Any]:
-        return await self.room.wait_for_message(lambda m: m["bot"] and m["content"].startswith("-# "),
-                                                channel=channel, timeout=timeout)
+        return await self.room.wait_for_message(
+            lambda m: m["bot"] and m["content"].startswith("-# "), channel=channel, timeout=timeout
+        )
 
     async def wait_seen(self, bot: str, message_id: str, timeout: float = 5.0) -> None:
         """Wait until `bot`'s on_message listeners have been handed `message_id` (and have run a step)."""
@@ -107,10 +110,19 @@ class Deployed:
             await asyncio.sleep(seconds)
         raise AssertionError("the room never went quiet")
 
-    async def command(self, member: str, name: str, options: list[dict[str, Any]] | None = None, *,
-                      bot: str = "cairn", moderator: bool = True, channel: str = "general") -> dict[str, Any]:
-        out = await self.room.invoke_command(channel, member, name, bot=bot, options=options or [],
-                                             moderator=moderator, timeout=10.0, settle=0.1)
+    async def command(
+        self,
+        member: str,
+        name: str,
+        options: list[dict[str, Any]] | None = None,
+        *,
+        bot: str = "cairn",
+        moderator: bool = True,
+        channel: str = "general",
+    ) -> dict[str, Any]:
+        out = await self.room.invoke_command(
+            channel, member, name, bot=bot, options=options or [], moderator=moderator, timeout=10.0, settle=0.1
+        )
         assert not out["timed_out"], out
         return out
 
@@ -130,10 +142,17 @@ def opts(**options: Any) -> list[dict[str, Any]]:
 
 
 @contextlib.asynccontextmanager
-async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Sequence[Call] = (),
-                   responder: Responder | None = None, channels: Sequence[str] = ("general",),
-                   layout: Layout | None = None, expected_errors: Sequence[str] = (),
-                   **run_options: Any) -> AsyncIterator[Deployed]:
+async def deployed(
+    tmp_path: Path,
+    residences: Sequence[Residence],
+    *,
+    calls: Sequence[Call] = (),
+    responder: Responder | None = None,
+    channels: Sequence[str] = ("general",),
+    layout: Layout | None = None,
+    expected_errors: Sequence[str] = (),
+    **run_options: Any,
+) -> AsyncIterator[Deployed]:
     """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced
     (in every guild of `layout`, when the room is built from one).
 
@@ -163,9 +182,17 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
         stop = asyncio.Event()
         saved = run_mod.ResidentBot
         run_mod.ResidentBot = TrackedBot  # type: ignore[misc]
-        task = asyncio.create_task(run_bots(Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}),
-                                            str(db), provider.url, "test-key", guild_ready_timeout=0.05, stop=stop,
-                                            **run_options))
+        task = asyncio.create_task(
+            run_bots(
+                Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}),
+                str(db),
+                provider.url,
+                "test-key",
+                guild_ready_timeout=0.05,
+                stop=stop,
+                **run_options,
+            )
+        )
         ledger: Ledger | None = None
         try:
             names = {r.name for r in residences}
@@ -175,8 +202,11 @@ async def deployed(tmp_path: Path, residences: Sequence[Residence], *, calls: Se
                     task.result()
                     raise AssertionError("run_bots stopped before the bots were ready")
                 state = {b["name"]: b for b in room.snapshot()["bots"]}
-                return all(n in state and state[n]["connected"] and synced(n) for n in names) \
-                    and len(bots) == len(names) and all(b.is_ready() for b in bots)
+                return (
+                    all(n in state and state[n]["connected"] and synced(n) for n in names)
+                    and len(bots) == len(names)
+                    and all(b.is_ready() for b in bots)
+                )
 
             def synced(name: str) -> bool:
                 """The bot has put its command list in every guild of the room (on_ready syncs them one by one):

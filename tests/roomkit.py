@@ -101,8 +101,9 @@ async def error_guard(loggers: Sequence[str] = ("discord", "bot", "aiohttp", "as
 
 
 @contextlib.asynccontextmanager
-async def running_room(channels: Sequence[str] = ("general",), guild_name: str = "residents",
-                       **kwargs: Any) -> AsyncIterator[RoomServer]:
+async def running_room(
+    channels: Sequence[str] = ("general",), guild_name: str = "residents", **kwargs: Any
+) -> AsyncIterator[RoomServer]:
     """A RoomServer on a free port, with discord.py pointed at it; stopped on exit."""
     server = RoomServer(list(channels), guild_name, **kwargs)
     saved = (discord.http.Route.BASE, discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY)
@@ -123,10 +124,17 @@ def default_intents() -> discord.Intents:
 
 
 @contextlib.asynccontextmanager
-async def running_bot(server_url: str, token: str, *, setup: Setup | None = None,
-                      intents: discord.Intents | None = None, sync_commands: bool = False,
-                      ready_timeout: float = 10.0, bot_class: type[commands.Bot] = commands.Bot,
-                      **bot_kwargs: Any) -> AsyncIterator[commands.Bot]:
+async def running_bot(
+    server_url: str,
+    token: str,
+    *,
+    setup: Setup | None = None,
+    intents: discord.Intents | None = None,
+    sync_commands: bool = False,
+    ready_timeout: float = 10.0,
+    bot_class: type[commands.Bot] = commands.Bot,
+    **bot_kwargs: Any,
+) -> AsyncIterator[commands.Bot]:
     """A real commands.Bot logged in to the room, yielded once ready; always closed on exit.
 
     `setup(bot)` runs before login (add cogs, app commands, listeners). `sync_commands` copies

@@ -7,6 +7,7 @@ deltas; an event whose data is not a JSON object) on the real path: the SDK over
 ledger, delivery planning. Each is checked in the JSON output, then in the ledger it left
 (`ledger show`, `ledger verify`).
 """
+
 from __future__ import annotations
 
 import json
@@ -74,7 +75,9 @@ def test_reasoning_then_text_keeps_both_blocks_and_posts_only_the_text(work, cap
     g = turn["generation"]
     (a,) = g["attempts"]
     assert [(b["index"], b["type"], b["chars"], b.get("text")) for b in a["blocks"]] == [
-        (0, "thinking", len(thinking), thinking), (1, "text", len(text), text)]
+        (0, "thinking", len(thinking), thinking),
+        (1, "text", len(text), text),
+    ]
     assert a["blocks"][0]["extras"][0]["type"] == "signature_delta"  # the signature kept as given
     assert (g["status"], g["text"], a["text"]) == ("completed", text, text)
     assert kinds(turn) == [("speech", text)]
@@ -119,10 +122,17 @@ def test_a_ceiling_inside_the_reasoning_posts_no_partial_and_keeps_the_reasoning
     assert (g["status"], g["stop_reason"], g["text"], g["output_tokens"]) == ("truncated", "max_tokens", "", 1024)
     assert [(b["type"], b["text"]) for b in g["attempts"][0]["blocks"]] == [("thinking", thinking)]
     assert kinds(turn) == [
-        ("receipt", "-# Output ceiling reached at 1,024 tokens during reasoning; no reply text was generated.")]
+        ("receipt", "-# Output ceiling reached at 1,024 tokens during reasoning; no reply text was generated.")
+    ]
     (stump,) = result["stumps"]
-    assert (stump["cause"], stump["text"], stump["published"], stump["scope"], stump["block"],
-            stump["block_type"]) == ("max_tokens", thinking, False, "block", 0, "thinking")
+    assert (stump["cause"], stump["text"], stump["published"], stump["scope"], stump["block"], stump["block_type"]) == (
+        "max_tokens",
+        thinking,
+        False,
+        "block",
+        0,
+        "thinking",
+    )
     assert "max_tokens" in shown(capsys, db, g["id"]) and turn["provider_calls"] == 1
 
 
@@ -134,10 +144,14 @@ def test_a_ceiling_inside_a_tool_input_keeps_the_partial_json_as_a_stump(work, c
     assert (g["status"], g["text"]) == ("truncated", text)
     assert g["attempts"][0]["blocks"][1]["input_json"] == partial_json
     assert partial_json.endswith('"from": "2025-06-0')  # cut mid-value: kept exactly as streamed
-    assert kinds(turn) == [("partial", text),
-                           ("receipt", "-# Output ceiling reached at 256 tokens; the remainder was not generated.")]
+    assert kinds(turn) == [
+        ("partial", text),
+        ("receipt", "-# Output ceiling reached at 256 tokens; the remainder was not generated."),
+    ]
     assert [(s["scope"], s["cause"], s["text"], s["published"]) for s in result["stumps"]] == [
-        ("output", "max_tokens", text, True), ("block", "max_tokens", partial_json, False)]
+        ("output", "max_tokens", text, True),
+        ("block", "max_tokens", partial_json, False),
+    ]
 
 
 def test_a_refusal_with_no_content_says_no_text_was_generated(work, capsys):
@@ -181,31 +195,50 @@ async def test_each_block_keeps_its_content_as_given_over_the_real_sdk():
     """Redacted reasoning keeps its data; a text block may begin in its start event; a delta of a type
     not known here is kept as given beside its block; a tool call keeps its start and its input as
     streamed; a stop with no content block at all gives an attempt with none."""
+
     def delta(i: int, d: dict[str, Any]) -> bytes:
         return _event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": d})
 
     def start(i: int, block: dict[str, Any]) -> bytes:
         return _event("content_block_start", {"type": "content_block_start", "index": i, "content_block": block})
 
-    raw = (_event("message_start", {"type": "message_start", "message": {
-               "id": "msg_blocks", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5", "content": [],
-               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 1}}})
-           + start(0, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw=="})
-           + start(1, {"type": "text", "text": "Begun in the start. "})
-           + delta(1, {"type": "text_delta", "text": "Then a delta."})
-           + delta(1, {"type": "future_delta", "payload": {"x": 1}})
-           + start(2, {"type": "tool_use", "id": "toolu_01", "name": "tides", "input": {}})
-           + delta(2, {"type": "input_json_delta", "partial_json": '{"port": '})
-           + delta(2, {"type": "input_json_delta", "partial_json": '"harbour"}'})
-           + sse.tail("tool_use", 40))
+    raw = (
+        _event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_blocks",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-sonnet-4-5",
+                    "content": [],
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": {"input_tokens": 9, "output_tokens": 1},
+                },
+            },
+        )
+        + start(0, {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw=="})
+        + start(1, {"type": "text", "text": "Begun in the start. "})
+        + delta(1, {"type": "text_delta", "text": "Then a delta."})
+        + delta(1, {"type": "future_delta", "payload": {"x": 1}})
+        + start(2, {"type": "tool_use", "id": "toolu_01", "name": "tides", "input": {}})
+        + delta(2, {"type": "input_json_delta", "partial_json": '{"port": '})
+        + delta(2, {"type": "input_json_delta", "partial_json": '"harbour"}'})
+        + sse.tail("tool_use", 40)
+    )
     server = ProviderServer()
     await server.start()
     client = make_client(server.url, "test-key", timeout=5)
     try:
         server.reset([Call(sse=raw)])
         sink = ListSink()
-        end = await stream_once(client, {"model": "claude-sonnet-4-5", "max_tokens": 64,
-                                         "messages": [{"role": "user", "content": "Tides?"}]}, sink)
+        end = await stream_once(
+            client,
+            {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "Tides?"}]},
+            sink,
+        )
     finally:
         await client.close()
         await server.stop()
@@ -214,7 +247,8 @@ async def test_each_block_keeps_its_content_as_given_over_the_real_sdk():
     assert [(b.index, b.type, b.content) for b in blocks] == [
         (0, "redacted_thinking", "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIw=="),
         (1, "text", "Begun in the start. Then a delta."),
-        (2, "tool_use", '{"port": "harbour"}')]
+        (2, "tool_use", '{"port": "harbour"}'),
+    ]
     assert blocks[1].extras == [{"type": "future_delta", "payload": {"x": 1}}]
     assert blocks[2].start == {"id": "toolu_01", "name": "tides", "input": {}}
     assert blocks[0].start is None and blocks[1].start is None  # nothing but their type and content

@@ -36,6 +36,7 @@ except ImportError:  # tests/ collected as a package
 
 try:
     from playwright.async_api import BrowserContext, Page, async_playwright, expect
+
     PLAYWRIGHT_ERROR: str | None = None
 except ImportError as exc:  # fail in the test, with the fix, rather than skip
     PLAYWRIGHT_ERROR = repr(exc)
@@ -44,16 +45,28 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("RESIDENTS_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 STEP_MS = 10_000  # every browser wait is bounded
 
 RECEIPT = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
-PART_1 = ("The harbour opens to the west: a long arm of grey stone with a lamp at its end, and behind it "
-          "the terraces of the old town climbing toward the granary. At low tide the mud flats show their ribs, "
-          "and the gulls work them in lines, as if someone had drawn a grid for them.")
-PART_2 = ("Boats come in at dusk. The nets are hung along the quay to dry, and the smell of tar and salt sits "
-          "over everything until the wind turns. The lighthouse keep")  # cut mid-word, as at the ceiling
+PART_1 = (
+    "The harbour opens to the west: a long arm of grey stone with a lamp at its end, and behind it "
+    "the terraces of the old town climbing toward the granary. At low tide the mud flats show their ribs, "
+    "and the gulls work them in lines, as if someone had drawn a grid for them."
+)
+PART_2 = (
+    "Boats come in at dusk. The nets are hung along the quay to dry, and the smell of tar and salt sits "
+    "over everything until the wind turns. The lighthouse keep"
+)  # cut mid-word, as at the ceiling
 GENERATION = "g-0a1b2c3d4e5f"
 STUMPS = {"s-5e1f00aa11bb": "The harbour opens to the we", "s-77c0ffee0042": "Boats come in at du"}
 
@@ -64,12 +77,19 @@ async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
     if PLAYWRIGHT_ERROR is not None:
         pytest.fail(f"playwright is not importable ({PLAYWRIGHT_ERROR}); install it: .venv/bin/pip install playwright")
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.fail(f"no chromium at {CHROMIUM}; install it: apt-get install -y chromium "
-                    "(or point RESIDENTS_CHROMIUM at a chromium binary)")
+        pytest.fail(
+            f"no chromium at {CHROMIUM}; install it: apt-get install -y chromium "
+            "(or point RESIDENTS_CHROMIUM at a chromium binary)"
+        )
     async with async_playwright() as pw:
         context = await pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1280, "height": 800}, timeout=STEP_MS)
+            str(tmp_path / "profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 800},
+            timeout=STEP_MS,
+        )
         context.set_default_timeout(STEP_MS)
         expect.set_options(timeout=STEP_MS)
         try:
@@ -80,6 +100,7 @@ async def browser(tmp_path: Path) -> AsyncIterator[BrowserContext]:
 
 def resident_setup(kinds: dict[str, dict[str, Any]]):
     """A tiny resident: a mention gets a reply cut at the ceiling (2 partials + receipt); moderators get /stumps."""
+
     def setup(bot: commands.Bot) -> None:
         async def on_message(message: discord.Message) -> None:
             if message.author.bot or bot.user not in message.mentions:
@@ -94,10 +115,13 @@ def resident_setup(kinds: dict[str, dict[str, Any]]):
         @stumps.command(name="list", description="Stumps of a resident")
         async def stumps_list(interaction: discord.Interaction) -> None:
             if not interaction.permissions.manage_messages:
-                await interaction.response.send_message("This command needs the Manage Messages permission.",
-                                                        ephemeral=True)
+                await interaction.response.send_message(
+                    "This command needs the Manage Messages permission.", ephemeral=True
+                )
                 return
-            lines = [f"{sid}  retry-abandoned  {len(text):>3} chars  unpublished  cairn" for sid, text in STUMPS.items()]
+            lines = [
+                f"{sid}  retry-abandoned  {len(text):>3} chars  unpublished  cairn" for sid, text in STUMPS.items()
+            ]
             await interaction.response.send_message("```\n" + "\n".join(lines) + "\n```", ephemeral=True)
 
         @stumps.command(name="show", description="One stump")
@@ -106,8 +130,9 @@ def resident_setup(kinds: dict[str, dict[str, Any]]):
             if not interaction.permissions.manage_messages or text is None:
                 await interaction.response.send_message(f"No stump {id}.", ephemeral=True)
                 return
-            await interaction.response.send_message(f"```\n{id}  retry-abandoned\ngeneration {GENERATION}\n```",
-                                                    ephemeral=True)
+            await interaction.response.send_message(
+                f"```\n{id}  retry-abandoned\ngeneration {GENERATION}\n```", ephemeral=True
+            )
             await interaction.followup.send(text, ephemeral=True)
 
         bot.tree.add_command(stumps)
@@ -173,8 +198,10 @@ async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserCo
         looked_up.append(ids)
         return {i: kinds[i] for i in ids if i in kinds}
 
-    async with running_room(["general", "random"]) as room, \
-            running_bot(room.url, "local-cairn", setup=resident_setup(kinds), sync_commands=True):
+    async with (
+        running_room(["general", "random"]) as room,
+        running_bot(room.url, "local-cairn", setup=resident_setup(kinds), sync_commands=True),
+    ):
         room.set_annotator(annotator)
         page = await browser.new_page()
         errors: list[str] = []
@@ -198,7 +225,9 @@ async def test_page_shows_room_live_and_moderator_reads_stump(browser: BrowserCo
 
         # the receipt is a compact boundary line, smaller than speech; kinds come from the annotator
         receipt = replies.nth(2)
-        await expect(receipt).to_have_class(re.compile(r"\bboundary\b.*\bkind-receipt\b|\bkind-receipt\b.*\bboundary\b"))
+        await expect(receipt).to_have_class(
+            re.compile(r"\bboundary\b.*\bkind-receipt\b|\bkind-receipt\b.*\bboundary\b")
+        )
         await expect(receipt.locator(".subtext")).to_have_text(RECEIPT.removeprefix("-# "))
         assert "-#" not in await receipt.inner_text()
         speech_px = await font_px(page, "#messages li.msg[data-author='alice'] .body .line")
@@ -289,16 +318,25 @@ async def demo(tmp_path: Path) -> AsyncIterator[DemoRun]:
     """`residents demo --port 0` as a person starts it, in a folder of its own; stops it with SIGINT."""
     with open(tmp_path / "demo.log", "wb") as errlog:
         proc = await asyncio.create_subprocess_exec(
-            *console_script(), "demo", "--port", "0", cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=errlog,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            *console_script(),
+            "demo",
+            "--port",
+            "0",
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=errlog,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
         try:
             assert proc.stdout is not None
             url, said = None, []
             while url is None:
                 line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
                 if not line:
-                    raise AssertionError("residents demo exited before printing its URL:\n"
-                                         + (tmp_path / "demo.log").read_text(errors="replace")[-3000:])
+                    raise AssertionError(
+                        "residents demo exited before printing its URL:\n"
+                        + (tmp_path / "demo.log").read_text(errors="replace")[-3000:]
+                    )
                 said.append(line.rstrip("\n"))
                 found = re.search(r"http://127\.0\.0\.1:\d+", line)
                 url = found.group(0) if found else None
@@ -308,7 +346,7 @@ async def demo(tmp_path: Path) -> AsyncIterator[DemoRun]:
                 proc.send_signal(signal.SIGINT)
                 try:
                     await asyncio.wait_for(proc.wait(), timeout=15)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     proc.kill()
                     await proc.wait()
     logged = (tmp_path / "demo.log").read_text(errors="replace")
@@ -318,8 +356,10 @@ async def demo(tmp_path: Path) -> AsyncIterator[DemoRun]:
 def stump_of_sill(db: Path) -> tuple[str, str]:
     """The newest stump Sill's retry left: (id, text)."""
     with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-        stump_id, text = con.execute("SELECT id, text FROM stumps WHERE residence='sill' AND cause='retry-abandoned' "
-                                     "ORDER BY created_at DESC LIMIT 1").fetchone()
+        stump_id, text = con.execute(
+            "SELECT id, text FROM stumps WHERE residence='sill' AND cause='retry-abandoned' "
+            "ORDER BY created_at DESC LIMIT 1"
+        ).fetchone()
     return stump_id, bytes(text).decode() if isinstance(text, (bytes, memoryview)) else text
 
 
@@ -330,8 +370,9 @@ async def test_the_demo_plays_itself_where_people_look(browser: BrowserContext, 
     """Nobody types: the people's lines, Cairn's cut reply and its receipt, Sill's retried attempt, and the
     moderator opening the stump in the panel all appear; then "Play again" clears the channel and plays it
     again, and the one ledger (data/demo.db) holds both runs."""
-    assert demo.said[0] == ("residents demo: ledger data/demo.db; afterwards: residents ledger list "
-                            "--db data/demo.db"), demo.said
+    assert demo.said[0] == (
+        "residents demo: ledger data/demo.db; afterwards: residents ledger list --db data/demo.db"
+    ), demo.said
     page = await browser.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -344,7 +385,8 @@ async def test_the_demo_plays_itself_where_people_look(browser: BrowserContext, 
     receipt = page.locator("#messages li.msg.kind-receipt[data-author='cairn']")
     await expect(receipt).to_have_count(1, timeout=PLAY_MS)
     await expect(receipt.locator(".subtext")).to_have_text(
-        "Output ceiling reached at 4,096 tokens; the remainder was not generated.")
+        "Output ceiling reached at 4,096 tokens; the remainder was not generated."
+    )
     await expect(receipt).to_have_attribute("title", re.compile(r"^receipt · generation g-"))
     partials = page.locator("#messages li.msg.kind-partial[data-author='cairn']")
     assert await partials.count() >= 2
@@ -384,8 +426,13 @@ async def test_the_demo_plays_itself_where_people_look(browser: BrowserContext, 
 
     with contextlib.closing(sqlite3.connect(f"file:{demo.folder / 'data' / 'demo.db'}?mode=ro", uri=True)) as con:
         assert con.execute("SELECT count(*) FROM generations").fetchone()[0] == 6  # both runs, one ledger
-    listed = subprocess.run([*console_script(), "ledger", "list", "--db", "data/demo.db"], cwd=demo.folder,
-                            capture_output=True, text=True, timeout=30)
+    listed = subprocess.run(
+        [*console_script(), "ledger", "list", "--db", "data/demo.db"],
+        cwd=demo.folder,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert listed.returncode == 0 and listed.stdout.count(" truncated ") == 2, listed.stdout + listed.stderr
     assert not errors, errors
 
@@ -531,8 +578,19 @@ async def test_keyboard_focus_is_visible_on_every_control(browser: BrowserContex
             if name.startswith("BODY:"):  # past the last control, focus leaves the page for a step
                 continue
             seen[name] = visible
-        wanted = {"mod-toggle", "author", "content", "mod-close", "mod-bot", "mod-name", "stumps-list", "stump-id",
-                  "A:general", "A:random", "messages"}
+        wanted = {
+            "mod-toggle",
+            "author",
+            "content",
+            "mod-close",
+            "mod-bot",
+            "mod-name",
+            "stumps-list",
+            "stump-id",
+            "A:general",
+            "A:random",
+            "messages",
+        }
         assert wanted <= set(seen), seen
         assert all(seen.values()), {k: v for k, v in seen.items() if not v}
 
@@ -547,8 +605,10 @@ async def test_an_escaped_subtext_line_renders_as_plain_text_and_a_receipt_as_su
         assert isinstance(channel, discord.TextChannel)
         await channel.send("Quoting the room:\n\\" + RECEIPT + "\nand \\*not italic\\* either")
         await channel.send(RECEIPT)
-        quoted, receipt = page.locator("#messages li.msg[data-author='sill']").nth(0), \
-            page.locator("#messages li.msg[data-author='sill']").nth(1)
+        quoted, receipt = (
+            page.locator("#messages li.msg[data-author='sill']").nth(0),
+            page.locator("#messages li.msg[data-author='sill']").nth(1),
+        )
         await expect(quoted.locator(".line").nth(1)).to_have_text(RECEIPT)  # "-# …" as text, no backslash
         await expect(quoted.locator(".subtext")).to_have_count(0)
         await expect(quoted.locator("em")).to_have_count(0)

@@ -31,14 +31,18 @@ def telling_setup(bot: commands.Bot) -> None:
         assert interaction.guild is not None
         await interaction.response.send_message(
             f"{interaction.user.name} in {interaction.guild.name}: manage_messages "
-            f"{interaction.permissions.manage_messages}", ephemeral=True)
+            f"{interaction.permissions.manage_messages}",
+            ephemeral=True,
+        )
 
     bot.tree.add_command(stumps)
 
 
 async def test_page_picks_a_guild_and_acts_as_a_member(browser: BrowserContext) -> None:  # noqa: F811
-    async with running_room(layout=load_layout("two-guilds")) as room, \
-            running_bot(room.url, "local-cairn", setup=telling_setup) as bot:
+    async with (
+        running_room(layout=load_layout("two-guilds")) as room,
+        running_bot(room.url, "local-cairn", setup=telling_setup) as bot,
+    ):
         for guild in bot.guilds:
             bot.tree.copy_global_to(guild=guild)
             await bot.tree.sync(guild=guild)
@@ -65,7 +69,8 @@ async def test_page_picks_a_guild_and_acts_as_a_member(browser: BrowserContext) 
         await page.press("#content", "Enter")
         await expect(page.locator("#messages li.msg")).to_have_count(1)
         assert [(m["guild"], m["channel"], m["content"]) for m in room.messages("harbour/yard")] == [
-            ("harbour", "yard", "hello harbour")]
+            ("harbour", "yard", "hello harbour")
+        ]
         assert room.messages("elsewhere/yard") == []
 
         await page.click("#mod-toggle")
@@ -76,5 +81,6 @@ async def test_page_picks_a_guild_and_acts_as_a_member(browser: BrowserContext) 
         await page.fill("#mod-name", "alice")
         await page.click("#stumps-list")
         await expect(page.locator("#mod-out .ephemeral").first.locator(".answer")).to_contain_text(
-            "alice in harbour: manage_messages False")
+            "alice in harbour: manage_messages False"
+        )
         assert not errors, errors

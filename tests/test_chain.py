@@ -6,6 +6,7 @@ changes; an old ledger begins its chain at a marked genesis.
 The ledgers are made by `residents replay` of the bundled scenarios: a retried attempt (an abandoned
 attempt and its stump), a cut reply (partials and a receipt), and a cut inside reasoning (a thinking block).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from bot import cli
-from bot.records import Generation, Stump
 from bot.ledger import Ledger, chain
 from bot.ledger.verify import verify
+from bot.records import Generation, Stump
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
@@ -67,9 +68,16 @@ def run_verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, lis
 def texts(db: Path) -> list[str]:
     """Every text the ledger holds: what no entry, export or answer may contain."""
     found = []
-    for table, column in (("generations", "text"), ("attempts", "text"), ("stumps", "text"), ("posts", "content"),
-                          ("attempt_blocks", "content")):
-        found += [bytes(r[0]).decode("utf-8", "surrogatepass") for r in sql(db, f"SELECT {column} FROM {table}") if r[0]]
+    for table, column in (
+        ("generations", "text"),
+        ("attempts", "text"),
+        ("stumps", "text"),
+        ("posts", "content"),
+        ("attempt_blocks", "content"),
+    ):
+        found += [
+            bytes(r[0]).decode("utf-8", "surrogatepass") for r in sql(db, f"SELECT {column} FROM {table}") if r[0]
+        ]
     return found
 
 
@@ -89,24 +97,42 @@ def test_every_settled_record_is_in_the_chain_and_verify_ends_with_the_head(tmp_
     bodies = "\n".join(r[0] for r in sql(db, "SELECT body FROM chain"))
     for text in texts(db):  # hashes and metadata only
         for i in range(0, max(1, len(text) - 16), 8):
-            assert text[i:i + 16] not in bodies or not text[i:i + 16].strip(), text[i:i + 16]
+            assert text[i : i + 16] not in bodies or not text[i : i + 16].strip(), text[i : i + 16]
 
 
 EDITS = [  # (what a person changes with sqlite, the kind of entry, which record's entry it is)
-    ("UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'", "stump",
-     "SELECT id FROM stumps WHERE cause='retry-abandoned'"),
-    ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE kind='partial' AND seq=2", "post",
-     "SELECT id FROM posts WHERE kind='partial' AND seq=2"),
-    ("UPDATE posts SET message_id='999' WHERE kind='receipt' AND generation_id IN"
-     " (SELECT generation_id FROM posts WHERE kind='partial')", "delivered",
-     "SELECT id FROM posts WHERE message_id='999'"),
-    ("UPDATE attempt_blocks SET content=CAST('other reasoning' AS BLOB), chars=15 WHERE type='thinking'", "attempt",
-     "SELECT attempt_id FROM attempt_blocks WHERE type='thinking'"),
-    ("UPDATE attempts SET error='edited_error' WHERE rowid=(SELECT min(rowid) FROM attempts WHERE outcome='abandoned')",
-     "attempt", "SELECT id FROM attempts WHERE error='edited_error'"),
+    (
+        "UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'",
+        "stump",
+        "SELECT id FROM stumps WHERE cause='retry-abandoned'",
+    ),
+    (
+        "UPDATE posts SET content=CAST('something else' AS BLOB) WHERE kind='partial' AND seq=2",
+        "post",
+        "SELECT id FROM posts WHERE kind='partial' AND seq=2",
+    ),
+    (
+        "UPDATE posts SET message_id='999' WHERE kind='receipt' AND generation_id IN"
+        " (SELECT generation_id FROM posts WHERE kind='partial')",
+        "delivered",
+        "SELECT id FROM posts WHERE message_id='999'",
+    ),
+    (
+        "UPDATE attempt_blocks SET content=CAST('other reasoning' AS BLOB), chars=15 WHERE type='thinking'",
+        "attempt",
+        "SELECT attempt_id FROM attempt_blocks WHERE type='thinking'",
+    ),
+    (
+        "UPDATE attempts SET error='edited_error' WHERE rowid=(SELECT min(rowid) FROM attempts WHERE outcome='abandoned')",
+        "attempt",
+        "SELECT id FROM attempts WHERE error='edited_error'",
+    ),
     # No invariant of the records alone can see this one: only the chain does.
-    ("UPDATE generations SET output_tokens=output_tokens+1 WHERE stop_reason='max_tokens' AND chars > 0", "generation",
-     "SELECT id FROM generations WHERE stop_reason='max_tokens' AND chars > 0"),
+    (
+        "UPDATE generations SET output_tokens=output_tokens+1 WHERE stop_reason='max_tokens' AND chars > 0",
+        "generation",
+        "SELECT id FROM generations WHERE stop_reason='max_tokens' AND chars > 0",
+    ),
 ]
 
 
@@ -146,9 +172,12 @@ def test_a_changed_or_missing_chain_entry_is_named(tmp_path, capsys):
 
 def test_a_record_written_without_its_entry_is_named(tmp_path, capsys):
     db = replayed(tmp_path, capsys)
-    sql(db, "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
-            " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
-            " FROM stumps WHERE cause='retry-abandoned'")
+    sql(
+        db,
+        "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
+        " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
+        " FROM stumps WHERE cause='retry-abandoned'",
+    )
     code, out = run_verify(capsys, "--db", str(db))
     assert code == 1 and "stump s-unchained00: not in the chain" in out, out
 
@@ -170,14 +199,14 @@ def test_an_export_verifies_offline_and_fails_after_any_one_byte_changes(tmp_pat
 
     checked = 0
     for i in range(len(data)):  # every single byte, changed: never accepted
-        changed = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:]
+        changed = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :]
         assert not chain.check_export(changed, "bad.jsonl").ok, f"a change of byte {i} was accepted"
         checked += 1
     assert checked == len(data) > 4000
 
     bad = tmp_path / "bad.jsonl"
     at = data.index(b'"chars":') + len(b'"chars":')  # one digit of the first entry's character count
-    bad.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1:])
+    bad.write_bytes(data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :])
     code, said = run_verify(capsys, "--export", str(bad))
     assert code == 1 and said == [f"{bad}:1: entry 1: its hash does not match its content"]
     bad.write_bytes(data[:-40])
@@ -204,7 +233,7 @@ def test_the_readmes_few_lines_check_an_export_too(tmp_path, capsys):
     data = out.read_bytes()
     for i in range(0, len(data), max(1, len(data) // 12)):
         bad = tmp_path / "bad.jsonl"
-        bad.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:])
+        bad.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :])
         run = subprocess.run([sys.executable, str(checker), str(bad)], capture_output=True, text=True, timeout=30)
         assert run.returncode != 0, f"the README's checker accepted a change of byte {i}"
 
@@ -216,8 +245,9 @@ def test_an_export_since_an_entry_starts_from_its_anchor(tmp_path, capsys):
     [(anchor,)] = sql(db, "SELECT hash FROM chain WHERE seq=4")
     [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
     code, said = run_verify(capsys, "--export", str(out))
-    assert code == 0 and said == [f"export ok: entries 5..{last} ({last - 4}), head {head}; it continues entry 4, "
-                                  f"whose hash it names as {anchor}"]
+    assert code == 0 and said == [
+        f"export ok: entries 5..{last} ({last - 4}), head {head}; it continues entry 4, whose hash it names as {anchor}"
+    ]
     assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out), "--since", str(last + 1)]) == 2
     assert f"--since {last + 1}: no such entry" in capsys.readouterr().err
 
@@ -226,8 +256,11 @@ def test_an_old_ledger_begins_its_chain_at_a_marked_genesis(tmp_path, capsys):
     db = replayed(tmp_path, capsys)
     before = dict(sql(db, "SELECT kind, count(*) FROM chain GROUP BY kind"))
     # The ledger as it was before the chain: no table, no migration recorded.
-    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete; DROP TABLE chain;"
-               " DELETE FROM _migrations WHERE name='m025_chain';")
+    script(
+        db,
+        "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete; DROP TABLE chain;"
+        " DELETE FROM _migrations WHERE name='m025_chain';",
+    )
     code, out = run_verify(capsys, "--db", str(db))  # opening it applies m025 and backfills
     assert code == 0, out
     [(body,)] = sql(db, "SELECT body FROM chain WHERE seq=1")
@@ -262,8 +295,12 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
 
         # Another kind of entry (a stump's access, say) appended with the change it records: linked and hashed,
         # and a change to it is named like any other.
-        await ledger._tx([("UPDATE stumps SET published=0 WHERE id=?", (first.id,)),
-                          chain.append("stump_access", first.id, {"id": first.id, "access": "private"})])
+        await ledger._tx(
+            [
+                ("UPDATE stumps SET published=0 WHERE id=?", (first.id,)),
+                chain.append("stump_access", first.id, {"id": first.id, "access": "private"}),
+            ]
+        )
         assert await verify(ledger) == []
     finally:
         await ledger.close()
@@ -273,7 +310,9 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
     ledger = await Ledger.open(db)
     try:
         [line] = await verify(ledger)
-        assert re.fullmatch(r"chain entry \d+ \(stump_access s-first0000000\): its hash does not match its content", line)
+        assert re.fullmatch(
+            r"chain entry \d+ \(stump_access s-first0000000\): its hash does not match its content", line
+        )
     finally:
         await ledger.close()
 
@@ -285,12 +324,14 @@ def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
             return await ledger.db.execute_fetchall("SELECT * FROM chain")
         finally:
             await ledger.close()
+
     assert asyncio.run(go()) == []
 
 
 def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain(tmp_path, capsys):
     """Issue 12: stump access (the resident's choice, and each read of the text) is chained like a record."""
     from bot.ledger import access
+
     db = replayed(tmp_path, capsys, ("retry",))
     [(sid,)] = sql(db, "SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
 

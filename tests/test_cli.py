@@ -1,4 +1,5 @@
 """The verbs people type: replay (readable and JSON), check, ledger list/show/stumps, help, and their errors."""
+
 from __future__ import annotations
 
 import ast
@@ -78,14 +79,17 @@ def test_unknown_id_is_one_line(work, capsys):
     assert capsys.readouterr().err.strip().count("\n") == 0
 
 
-@pytest.mark.parametrize("mutate, key", [
-    (lambda s: s.replace("sse: specimens/ceiling-1024.sse", "sse: specimens/missing.sse"), "turns[0].calls[0].sse"),
-    (lambda s: s.replace("max_tokens: 1024", "max_tokens: lots"), "residence.max_tokens"),
-    (lambda s: s.replace("say:", "sya:", 1), "turns[0].sya"),
-    (lambda s: s.replace("standing: none", "standing: sometimes"), "residence.policy.continuation.standing"),
-    (lambda s: s + "extra: 1\n", "extra"),
-    (lambda s: s.replace("turns:", "turns: 3\nx:"), "turns"),
-])
+@pytest.mark.parametrize(
+    "mutate, key",
+    [
+        (lambda s: s.replace("sse: specimens/ceiling-1024.sse", "sse: specimens/missing.sse"), "turns[0].calls[0].sse"),
+        (lambda s: s.replace("max_tokens: 1024", "max_tokens: lots"), "residence.max_tokens"),
+        (lambda s: s.replace("say:", "sya:", 1), "turns[0].sya"),
+        (lambda s: s.replace("standing: none", "standing: sometimes"), "residence.policy.continuation.standing"),
+        (lambda s: s + "extra: 1\n", "extra"),
+        (lambda s: s.replace("turns:", "turns: 3\nx:"), "turns"),
+    ],
+)
 def test_bad_scenarios_exit_2_with_one_line_and_an_untouched_ledger(work, capsys, mutate, key):
     src = (work / "scenarios/ceiling.yaml").read_text()
     (work / "scenarios/bad.yaml").write_text(mutate(src))
@@ -109,6 +113,7 @@ def test_continue_turn_in_replay_reports_the_generation_as_it_now_stands(work, c
 
 # ---------------------------------------------------------------- the click package: help, version, groups
 
+
 def _console_script() -> list[str]:
     """The installed `residents` entry point of this interpreter's environment."""
     exe = Path(sys.executable).parent / "residents"
@@ -130,9 +135,20 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tu
 
 def test_every_verb_and_option_has_help_and_every_verb_an_example():
     from bot.cli import cli as group
+
     verbs = _commands(group)
-    assert {" ".join(v) for v, _ in verbs} >= {"replay", "check", "run", "room", "demo", "ledger", "ledger list",
-                                               "ledger show", "ledger stumps", "ledger verify"}
+    assert {" ".join(v) for v, _ in verbs} >= {
+        "replay",
+        "check",
+        "run",
+        "room",
+        "demo",
+        "ledger",
+        "ledger list",
+        "ledger show",
+        "ledger stumps",
+        "ledger verify",
+    }
     runner = CliRunner()
     for words, cmd in verbs:
         assert cmd.help and cmd.get_short_help_str(80).strip(), words
@@ -169,7 +185,9 @@ def _import_graph() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 graph[m] |= {a.name for a in node.names if a.name in mods}
             elif isinstance(node, ast.ImportFrom):
-                base = ".".join((here[:len(here) - node.level + 1] if node.level else []) + [node.module or ""]).strip(".")
+                base = ".".join((here[: len(here) - node.level + 1] if node.level else []) + [node.module or ""]).strip(
+                    "."
+                )
                 subs = {f"{base}.{a.name}" for a in node.names} & mods.keys()
                 graph[m] |= subs or ({base} & mods.keys())
         graph[m].discard(m)
@@ -192,8 +210,14 @@ def test_the_cli_and_config_are_in_no_import_cycle():
     """Only the CLI (and `python -m bot`) imports the CLI; config never reaches replay, which builds on it."""
     graph = _import_graph()
     cli_modules = {m for m in graph if m == "bot.cli" or m.startswith("bot.cli.")}
-    assert {"bot.cli.replay", "bot.cli.check", "bot.cli.ledger", "bot.cli.run", "bot.cli.room",
-            "bot.cli.demo"} <= cli_modules
+    assert {
+        "bot.cli.replay",
+        "bot.cli.check",
+        "bot.cli.ledger",
+        "bot.cli.run",
+        "bot.cli.room",
+        "bot.cli.demo",
+    } <= cli_modules
     for m, targets in graph.items():
         if m not in cli_modules and m != "bot.__main__":
             assert not targets & cli_modules, (m, targets & cli_modules)
@@ -204,18 +228,35 @@ def test_the_cli_and_config_are_in_no_import_cycle():
 
 # ---------------------------------------------------------------- ledger stumps: newest first, paged, no text read
 
+
 async def _ledger_with_stumps(path: Path, n: int) -> list[str]:
     """n stumps of one generation, one second apart (ids oldest first), written through the Ledger API."""
-    from bot.records import Generation, Stump
     from bot.ledger import Ledger
+    from bot.records import Generation, Stump
+
     lg = await Ledger.open(path)
     try:
-        g = Generation(id="g-000000000001", residence="cairn", channel="general", model="claude-3-opus-20240229",
-                       created_at=1_000.0)
+        g = Generation(
+            id="g-000000000001",
+            residence="cairn",
+            channel="general",
+            model="claude-3-opus-20240229",
+            created_at=1_000.0,
+        )
         await lg.create_generation(g)
-        stumps = [Stump(id=f"s-{i:012d}", generation_id=g.id, attempt_id=None, cause="retry-abandoned",
-                        text="x" * (10 + i) + "\ud83d", output_tokens=None, created_at=1_000.0 + i, residence="cairn")
-                  for i in range(n)]
+        stumps = [
+            Stump(
+                id=f"s-{i:012d}",
+                generation_id=g.id,
+                attempt_id=None,
+                cause="retry-abandoned",
+                text="x" * (10 + i) + "\ud83d",
+                output_tokens=None,
+                created_at=1_000.0 + i,
+                residence="cairn",
+            )
+            for i in range(n)
+        ]
         await lg.add_stumps(stumps)
         return [s.id for s in stumps]
     finally:
@@ -224,6 +265,7 @@ async def _ledger_with_stumps(path: Path, n: int) -> list[str]:
 
 async def test_list_stump_meta_is_newest_first_paged_and_reads_no_text(tmp_path):
     from bot.ledger import Ledger
+
     ids = await _ledger_with_stumps(tmp_path / "l.db", 5)
     lg = await Ledger.open(tmp_path / "l.db")
     try:
@@ -233,6 +275,7 @@ async def test_list_stump_meta_is_newest_first_paged_and_reads_no_text(tmp_path)
             if action == sqlite3.SQLITE_READ:
                 read.append((table, column))
             return sqlite3.SQLITE_OK
+
         await lg.db.set_authorizer(watch)
         first = await lg.list_stump_meta(limit=2)
         rest = await lg.list_stump_meta(limit=10, before=first[-1].id)
@@ -265,6 +308,7 @@ def test_ledger_stumps_names_a_block_stumps_type_and_index(work, capsys):
 
     async def query() -> None:
         from bot.ledger import Ledger
+
         lg = await Ledger.open(Path(db))
         try:
             [s] = await lg.list_stump_meta("sill")
@@ -273,6 +317,7 @@ def test_ledger_stumps_names_a_block_stumps_type_and_index(work, capsys):
             assert s.text == "" and s.chars == full.chars > 0
         finally:
             await lg.close()
+
     asyncio.run(query())
 
 
@@ -293,8 +338,11 @@ def test_ledger_stumps_pages_newest_first_through_the_console_script(tmp_path):
 
 # ---------------------------------------------------------------- a residence's policy: a name under policies/
 
-@pytest.mark.parametrize("ref", ["../outside", "/etc/passwd", "sub/strict", "../outside.yaml", str(Path("..") / "x"),
-                                 ".hidden", "..", "C:evil"])
+
+@pytest.mark.parametrize(
+    "ref",
+    ["../outside", "/etc/passwd", "sub/strict", "../outside.yaml", str(Path("..") / "x"), ".hidden", "..", "C:evil"],
+)
 def test_a_policy_reference_never_leaves_policies(work, capsys, ref):
     (work / "outside.yaml").write_text("retries: {max_attempts: 2}\n")  # a valid policy, outside policies/
     (work / "policies" / "sub").mkdir()
@@ -318,8 +366,11 @@ def test_a_policy_path_in_a_scenario_is_one_line_through_the_console_script(work
     (work / "outside.yaml").write_text("retries: {max_attempts: 2}\n")
     src = (work / "scenarios" / "ceiling.yaml").read_text()
     (work / "scenarios" / "escape.yaml").write_text(
-        src.replace("policy: {continuation: {standing: none}, retries: {max_attempts: 3, backoff_seconds: 0}}",
-                    "policy: ../outside"))
+        src.replace(
+            "policy: {continuation: {standing: none}, retries: {max_attempts: 3, backoff_seconds: 0}}",
+            "policy: ../outside",
+        )
+    )
     p = run_residents("replay", "scenarios/escape.yaml", "--json", "--db", "x.db", cwd=work)
     err = p.stderr.decode()
     assert p.returncode == 2 and p.stdout == b"" and err.count("\n") == 1, err
@@ -328,12 +379,14 @@ def test_a_policy_path_in_a_scenario_is_one_line_through_the_console_script(work
 
 # ---------------------------------------------------------------- output stays valid UTF-8 around lone surrogates
 
+
 def test_json_and_text_output_escape_a_lone_surrogate_the_ledger_keeps(work):
     text = "Half a face: \ud83d, then the rest."
     (work / "scenarios" / "lone.sse").write_bytes(sse.stream(text, "end_turn", 9))
     (work / "scenarios" / "lone.yaml").write_text(
         "residence: {name: cairn, model: claude-3-opus-20240229, max_tokens: 4096, policy: {retries: {max_attempts: 1}}}\n"
-        "turns:\n  - say: {author: alice, content: hi}\n    calls: [{sse: lone.sse}]\n")
+        "turns:\n  - say: {author: alice, content: hi}\n    calls: [{sse: lone.sse}]\n"
+    )
     replayed = run_residents("replay", "scenarios/lone.yaml", "--json", "--db", "l.db", cwd=work)
     assert replayed.returncode == 0, replayed.stderr
     gen = json.loads(replayed.stdout.decode("utf-8"))["turns"][0]["generation"]

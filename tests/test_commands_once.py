@@ -1,21 +1,21 @@
 """Slash commands once per guild: one bot of the process registers the moderators' commands and answers them
 for every resident (issue 13.6). Real discord.py bots started by `run_bots`, over real sockets to the local room."""
+
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
 import pytest
+from conftest import specimen
+from discordkit import Deployed, deployed, opts, sub
+from test_discord_e2e import BOUNDS, res
 
 from bot import truth
 from bot.config import ConfigError
 from bot.discord.app import commands_bot_of
 from bot.localservers import sse
 from bot.localservers.provider import Call
-
-from conftest import specimen
-from discordkit import Deployed, deployed, opts, sub
-from test_discord_e2e import BOUNDS, res
 
 COMMANDS = ["continue", "generation", "policy", "stumps", "provenance", "Provenance"]  # all on the one commands bot
 
@@ -28,8 +28,9 @@ def registered(d: Deployed) -> Counter[tuple[str, str]]:
 
 async def invoke(d: Deployed, name: str, options: list[dict[str, Any]]) -> dict[str, Any]:
     """As a moderator would: by name only; the room finds the one bot that has the command."""
-    out = await d.room.invoke_command("general", "moddy", name, options=options, moderator=True, timeout=10.0,
-                                      settle=0.1)
+    out = await d.room.invoke_command(
+        "general", "moddy", name, options=options, moderator=True, timeout=10.0, settle=0.1
+    )
     assert not out["timed_out"], out
     return out
 

@@ -1,4 +1,5 @@
 """Configuration: every problem is one line naming file, key and line; nothing unknown slips through."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,18 +39,29 @@ def test_default_policy_never_continues():
     assert res.policy.continuation.standing == "none"
 
 
-@pytest.mark.parametrize("policy, key, line", [
-    ("retries:\n  max_attempts: three\n", "retries.max_attempts", 2),
-    ("retries:\n  max_attempts: 0\n", "retries.max_attempts", 2),
-    ("retries:\n  max_atempts: 3\n", "retries.max_atempts", 2),
-    ("continuation:\n  standing: forever\n", "continuation.standing", 2),
-    ("continuation:\n  standing: bounded\n  max_segments: 2\n", "continuation.max_output_tokens", 1),
-    ("continuation:\n  standing: bounded\n  max_segments: 9\n  max_output_tokens: 10\n  min_progress_chars: 1\n"
-     "  similarity_abort: 0.9\n", "continuation.max_segments", 3),
-    ("continuation:\n  standing: on-request\n  max_segments: 2\n  max_output_tokens: 10\n  min_progress_chars: 1\n"
-     "  similarity_abort: 1.5\n", "continuation.similarity_abort", 6),
-    ("stumps:\n  moderators_read_text: maybe\n", "stumps.moderators_read_text", 2),
-])
+@pytest.mark.parametrize(
+    "policy, key, line",
+    [
+        ("retries:\n  max_attempts: three\n", "retries.max_attempts", 2),
+        ("retries:\n  max_attempts: 0\n", "retries.max_attempts", 2),
+        ("retries:\n  max_atempts: 3\n", "retries.max_atempts", 2),
+        ("continuation:\n  standing: forever\n", "continuation.standing", 2),
+        ("continuation:\n  standing: bounded\n  max_segments: 2\n", "continuation.max_output_tokens", 1),
+        (
+            "continuation:\n  standing: bounded\n  max_segments: 9\n  max_output_tokens: 10\n  min_progress_chars: 1\n"
+            "  similarity_abort: 0.9\n",
+            "continuation.max_segments",
+            3,
+        ),
+        (
+            "continuation:\n  standing: on-request\n  max_segments: 2\n  max_output_tokens: 10\n  min_progress_chars: 1\n"
+            "  similarity_abort: 1.5\n",
+            "continuation.similarity_abort",
+            6,
+        ),
+        ("stumps:\n  moderators_read_text: maybe\n", "stumps.moderators_read_text", 2),
+    ],
+)
 def test_policy_errors_name_file_key_and_line(tmp_path, policy, key, line):
     write(tmp_path, "policies/p.yaml", policy)
     with pytest.raises(ConfigError) as e:
@@ -59,15 +71,18 @@ def test_policy_errors_name_file_key_and_line(tmp_path, policy, key, line):
     assert str(e.value).startswith(f"{tmp_path / 'policies/p.yaml'}:{line}: {key}:")
 
 
-@pytest.mark.parametrize("text, key", [
-    (RES.replace("max_tokens: 4096", "max_tokens: 5000"), "max_tokens"),  # above Opus's ceiling
-    (RES.replace("max_tokens: 4096", "max_tokens: '4096'"), "max_tokens"),
-    (RES + "colour: red\n", "colour"),
-    (RES.replace("name: cairn\n", ""), "name"),
-    (RES + "discord:\n  channels: [general]\n", "discord.token_env"),
-    (RES.replace("policy: default", "policy: nowhere"), "policy"),
-    (RES.replace("policy: default", "policy:\n  retries: {max_attempts: -1}"), "policy.retries.max_attempts"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        (RES.replace("max_tokens: 4096", "max_tokens: 5000"), "max_tokens"),  # above Opus's ceiling
+        (RES.replace("max_tokens: 4096", "max_tokens: '4096'"), "max_tokens"),
+        (RES + "colour: red\n", "colour"),
+        (RES.replace("name: cairn\n", ""), "name"),
+        (RES + "discord:\n  channels: [general]\n", "discord.token_env"),
+        (RES.replace("policy: default", "policy: nowhere"), "policy"),
+        (RES.replace("policy: default", "policy:\n  retries: {max_attempts: -1}"), "policy.retries.max_attempts"),
+    ],
+)
 def test_residence_errors_name_the_key(tmp_path, text, key):
     write(tmp_path, "policies/default.yaml", "{}\n")
     write(tmp_path, "residences/r.yaml", text)
@@ -109,9 +124,13 @@ def test_check_missing_path_is_exit_2_without_traceback(tmp_path, monkeypatch, c
 
 def test_check_reports_every_problem_of_a_file_one_line_each_in_line_order(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    write(tmp_path, "residences/r.yaml", "name: r\nmodel: claude-3-opus-20240229\nmax_token: 4096\n"
-                                         "temperature: hot\npolicy:\n  retries: {max_attempts: three}\n"
-                                         "discord: {channels: [general]}\n")
+    write(
+        tmp_path,
+        "residences/r.yaml",
+        "name: r\nmodel: claude-3-opus-20240229\nmax_token: 4096\n"
+        "temperature: hot\npolicy:\n  retries: {max_attempts: three}\n"
+        "discord: {channels: [general]}\n",
+    )
     assert cli.main(["check", "residences/r.yaml"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "residences/r.yaml:1: max_tokens: required key is missing",
@@ -129,19 +148,42 @@ def test_check_reports_every_problem_of_a_file_one_line_each_in_line_order(tmp_p
     assert line.endswith("(and 4 more problems in this configuration: `residents check` lists them all)"), line
 
 
-@pytest.mark.parametrize("rel, text, expected", [
-    ("residences/r.yaml", RES + "max_token: 4\n", "residences/r.yaml:6: max_token: unknown key (did you mean max_tokens?)"),
-    ("policies/p.yaml", "retries: {max_atempts: 2}\n",
-     "policies/p.yaml:1: retries.max_atempts: unknown key (did you mean max_attempts?)"),
-    ("policies/p.yaml", "continuaton: {}\n", "policies/p.yaml:1: continuaton: unknown key (did you mean continuation?)"),
-    ("residences/r.yaml", RES + "discord: {token_envv: X}\n",
-     "residences/r.yaml:6: discord.token_envv: unknown key (did you mean token_env?)"),
-    ("residents.yaml", "models:\n  my-model: {output_ceilin: 5}\n",
-     "residents.yaml:2: models.my-model.output_ceilin: unknown key (did you mean output_ceiling?)"),
-    ("scenario.yaml", "residence: cairn\nturns:\n  - say: {autor: a, content: b}\n",
-     "scenario.yaml:3: turns[0].say.autor: unknown key (did you mean author?)"),
-    ("residences/r.yaml", RES + "zzzz: 1\n", "residences/r.yaml:6: zzzz: unknown key"),
-])
+@pytest.mark.parametrize(
+    "rel, text, expected",
+    [
+        (
+            "residences/r.yaml",
+            RES + "max_token: 4\n",
+            "residences/r.yaml:6: max_token: unknown key (did you mean max_tokens?)",
+        ),
+        (
+            "policies/p.yaml",
+            "retries: {max_atempts: 2}\n",
+            "policies/p.yaml:1: retries.max_atempts: unknown key (did you mean max_attempts?)",
+        ),
+        (
+            "policies/p.yaml",
+            "continuaton: {}\n",
+            "policies/p.yaml:1: continuaton: unknown key (did you mean continuation?)",
+        ),
+        (
+            "residences/r.yaml",
+            RES + "discord: {token_envv: X}\n",
+            "residences/r.yaml:6: discord.token_envv: unknown key (did you mean token_env?)",
+        ),
+        (
+            "residents.yaml",
+            "models:\n  my-model: {output_ceilin: 5}\n",
+            "residents.yaml:2: models.my-model.output_ceilin: unknown key (did you mean output_ceiling?)",
+        ),
+        (
+            "scenario.yaml",
+            "residence: cairn\nturns:\n  - say: {autor: a, content: b}\n",
+            "scenario.yaml:3: turns[0].say.autor: unknown key (did you mean author?)",
+        ),
+        ("residences/r.yaml", RES + "zzzz: 1\n", "residences/r.yaml:6: zzzz: unknown key"),
+    ],
+)
 def test_an_unknown_key_names_the_key_it_probably_meant(tmp_path, monkeypatch, capsys, rel, text, expected):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "residences/cairn.yaml", RES.replace("policy: default\n", ""))
@@ -155,14 +197,18 @@ def test_check_a_folder_checks_the_files_in_it(tmp_path, monkeypatch, capsys):
     write(conf, "policies/p.yaml", "retries: {max_attempts: lots}\n")
     write(conf, "residences/r.yaml", RES.replace("policy: default", "policy: p"))
     write(conf, "residences/typo.yaml", RES + "modle: x\n")
-    write(conf, "scenarios/s.yaml", "residence: r\nturns:\n  - say: {author: a, content: b}\n    calls: [{status: 500}]\n")
+    write(
+        conf, "scenarios/s.yaml", "residence: r\nturns:\n  - say: {author: a, content: b}\n    calls: [{status: 500}]\n"
+    )
     write(conf, "scenarios/bad.yaml", "residence: r\nturns: []\n")
     monkeypatch.chdir(tmp_path)
     # a configuration folder: its policies and residences, names looked up in it
     assert cli.main(["check", "conf"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["conf/policies/p.yaml:1: retries.max_attempts: Input should be a valid integer (got 'lots')",
-                   "conf/residences/typo.yaml:6: modle: unknown key (did you mean model?)"], err
+    assert err == [
+        "conf/policies/p.yaml:1: retries.max_attempts: Input should be a valid integer (got 'lots')",
+        "conf/residences/typo.yaml:6: modle: unknown key (did you mean model?)",
+    ], err
     # a folder of residences: each file, policies from the folder beside it
     assert cli.main(["check", "conf/residences"]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -1,4 +1,5 @@
 """Continuation guards: exact overlap removal, progress and repetition, as pure functions."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -33,7 +34,7 @@ def test_assembly_is_prior_plus_new_minus_exactly_the_overlap(prior, shared, fre
     assembled = prior + new[k:]
     assert k >= len(shared)
     assert assembled.startswith(prior)
-    assert assembled[len(prior):] == new[k:]
+    assert assembled[len(prior) :] == new[k:]
     assert len(assembled) == len(prior) + len(new) - k
     assert prior.endswith(new[:k])
 
@@ -67,13 +68,22 @@ def test_real_progress_is_appended():
     new = " the mill and then runs under the bridge towards the sea, where gulls wait."
     d = judge_segment(prior, new, min_overlap=8, min_progress=16, similarity_abort=0.92)
     assert d.verdict == "append"
-    assert prior + d.added == "The river bends past the mill and then runs under the bridge towards the sea, where gulls wait."
+    assert (
+        prior + d.added
+        == "The river bends past the mill and then runs under the bridge towards the sea, where gulls wait."
+    )
 
 
 def test_whitespace_stripped_from_a_prefill_and_re_emitted_is_not_doubled():
     prior = "the tide came in \n"
-    d = judge_segment(prior, " \nand the boats lifted off the mud together.", min_overlap=8, min_progress=16,
-                      similarity_abort=0.92, stripped_tail=" \n")
+    d = judge_segment(
+        prior,
+        " \nand the boats lifted off the mud together.",
+        min_overlap=8,
+        min_progress=16,
+        similarity_abort=0.92,
+        stripped_tail=" \n",
+    )
     assert prior + d.added == "the tide came in \nand the boats lifted off the mud together."
 
 

@@ -10,6 +10,7 @@ undelivered post, post nothing twice, and leave `verify` clean.
 The first half drives recovery directly over ledger states written the way the pipeline writes
 them, one for each window a crash can fall in, so each rule is pinned down without a subprocess.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,15 +28,15 @@ import pytest
 
 from bot import truth
 from bot.config import build_residence
-from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.delivery.resume import RoomUnavailable, Seen, recover, resume_delivery
+from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
 from bot.replay.run import CollectingRoom
 from bot.resident import Resident
 
@@ -57,8 +58,8 @@ def words(n_chars: int, tag: str = "w") -> str:
 
 # ---------------------------------------------------------------- ledger states, one per crash window
 
-async def pending(ledger: Ledger, residence: str = "cairn", standing: str = "none",
-                  channel: str = "100") -> Generation:
+
+async def pending(ledger: Ledger, residence: str = "cairn", standing: str = "none", channel: str = "100") -> Generation:
     g = Generation(id=new_id("g-"), residence=residence, channel=channel, model=MODEL, standing=standing)
     await ledger.create_generation(g)
     return g
@@ -72,8 +73,16 @@ async def streaming(ledger: Ledger, g: Generation, chunks: list[str], segment: i
     return a
 
 
-async def ended(ledger: Ledger, g: Generation, text: str, stop: str | None, outcome: str, segment: int = 1,
-                index: int = 1, tokens: int | None = 100) -> Attempt:
+async def ended(
+    ledger: Ledger,
+    g: Generation,
+    text: str,
+    stop: str | None,
+    outcome: str,
+    segment: int = 1,
+    index: int = 1,
+    tokens: int | None = 100,
+) -> Attempt:
     a = await streaming(ledger, g, [], segment, index)
     a.text, a.stop_reason, a.outcome, a.output_tokens, a.ended_at = text, stop, outcome, tokens, time.time()
     await ledger.finish_attempt(a)
@@ -99,14 +108,23 @@ async def test_a_stream_cut_by_a_stop_is_settled_as_interrupted_with_its_flushed
     kept = "First flushed piece. Second piece, cut mid-wo"
     assert (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, kept)
     [att] = got.attempts
-    assert (att.id, att.outcome, att.error, att.discard_reason, att.text) == \
-        (a.id, "incomplete", truth.INTERRUPTED, truth.INTERRUPTED, kept)
+    assert (att.id, att.outcome, att.error, att.discard_reason, att.text) == (
+        a.id,
+        "incomplete",
+        truth.INTERRUPTED,
+        truth.INTERRUPTED,
+        kept,
+    )
     [stump] = got.stumps
     assert (stump.scope, stump.cause, stump.text, stump.published) == ("output", truth.INTERRUPTED, kept, False)
     assert [(p.kind, p.content) for p in got.posts] == [
-        ("partial", kept), ("receipt", "-# " + truth.INTERRUPTED_SENTENCE)]
-    assert truth.INTERRUPTED_SENTENCE == \
-        "Process stopped before this output was finished; the remainder was not generated."
+        ("partial", kept),
+        ("receipt", "-# " + truth.INTERRUPTED_SENTENCE),
+    ]
+    assert (
+        truth.INTERRUPTED_SENTENCE
+        == "Process stopped before this output was finished; the remainder was not generated."
+    )
     assert await ledger.streamed_text(a.id) == ""  # chunks folded into the attempt's text
     assert await verify(ledger) == []
 
@@ -117,7 +135,8 @@ async def test_a_stop_before_any_text_leaves_one_notice(ledger: Ledger) -> None:
     got = await ledger.get_generation(g.id)
     assert got is not None and got.status == "incomplete" and got.text == ""
     assert [(p.kind, p.content) for p in got.posts] == [
-        ("notice", "-# Process stopped before this output was finished; no text was generated.")]
+        ("notice", "-# Process stopped before this output was finished; no text was generated.")
+    ]
     assert await verify(ledger) == []
 
 
@@ -138,16 +157,30 @@ async def test_an_attempt_that_ended_before_the_stop_settles_the_generation_by_i
     assert await verify(ledger) == []
 
 
-async def test_a_stop_during_a_retry_backoff_keeps_the_abandoned_text_and_closes_the_generation(
-        ledger: Ledger) -> None:
+async def test_a_stop_during_a_retry_backoff_keeps_the_abandoned_text_and_closes_the_generation(ledger: Ledger) -> None:
     g = await pending(ledger)
     a = await streaming(ledger, g, ["Text before the provider failed"])
-    a.text, a.outcome, a.discard_reason, a.error = "Text before the provider failed", "abandoned", \
-        truth.RETRY_ABANDONED, "overloaded_error"
+    a.text, a.outcome, a.discard_reason, a.error = (
+        "Text before the provider failed",
+        "abandoned",
+        truth.RETRY_ABANDONED,
+        "overloaded_error",
+    )
     a.ended_at = time.time()
-    await ledger.finish_attempt(a, [Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a.id,
-                                          cause=truth.RETRY_ABANDONED, text=a.text, output_tokens=None,
-                                          residence="cairn")])
+    await ledger.finish_attempt(
+        a,
+        [
+            Stump(
+                id=new_id("s-"),
+                generation_id=g.id,
+                attempt_id=a.id,
+                cause=truth.RETRY_ABANDONED,
+                text=a.text,
+                output_tokens=None,
+                residence="cairn",
+            )
+        ],
+    )
     await recover(ledger)
     got = await ledger.get_generation(g.id)
     assert got is not None
@@ -168,22 +201,38 @@ async def test_a_stop_during_bounded_continuation_keeps_the_unjudged_segment_as_
     assert (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "Segment one, cut at the ceil")
     assert {(s.scope, s.cause, s.attempt_id, s.text) for s in got.stumps} == {
         ("attempt", truth.INTERRUPTED, s2.id, "ing and segment two so f"),
-        ("output", truth.INTERRUPTED, got.segments[0].attempt_id, "Segment one, cut at the ceil")}
+        ("output", truth.INTERRUPTED, got.segments[0].attempt_id, "Segment one, cut at the ceil"),
+    }
     assert await verify(ledger) == []
 
 
 async def test_a_continue_on_request_cut_by_a_stop_gets_its_one_receipt(ledger: Ledger) -> None:
     g = await pending(ledger, standing="on-request")
     a1 = await ended(ledger, g, "Cut at the ceil", "max_tokens", "truncated", tokens=1024)
-    g.text, g.status, g.stop_reason, g.output_tokens, g.finished_at = "Cut at the ceil", "truncated", "max_tokens", \
-        1024, time.time()
+    g.text, g.status, g.stop_reason, g.output_tokens, g.finished_at = (
+        "Cut at the ceil",
+        "truncated",
+        "max_tokens",
+        1024,
+        time.time(),
+    )
     g.continuation_ended = "disabled"
     g.segments = [Segment(1, a1.id, "max_tokens", len(g.text), 1024)]
-    out = Stump(id=new_id("s-"), generation_id=g.id, attempt_id=a1.id, cause="max_tokens", text=g.text,
-                output_tokens=1024, scope="output", residence="cairn")
+    out = Stump(
+        id=new_id("s-"),
+        generation_id=g.id,
+        attempt_id=a1.id,
+        cause="max_tokens",
+        text=g.text,
+        output_tokens=1024,
+        scope="output",
+        residence="cairn",
+    )
     await ledger.finish_generation(g, [out])
-    posts = [Post(new_id("p-"), g.id, 1, "partial", g.text, "100"),
-             Post(new_id("p-"), g.id, 2, "receipt", "-# " + truth.ceiling_sentence(1024), "100")]
+    posts = [
+        Post(new_id("p-"), g.id, 1, "partial", g.text, "100"),
+        Post(new_id("p-"), g.id, 2, "receipt", "-# " + truth.ceiling_sentence(1024), "100"),
+    ]
     await ledger.add_posts(posts)
     for i, p in enumerate(posts):
         await ledger.mark_delivered(p, f"m{i}")
@@ -192,8 +241,11 @@ async def test_a_continue_on_request_cut_by_a_stop_gets_its_one_receipt(ledger: 
     assert rec.stray == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and got.status == "truncated" and got.text == "Cut at the ceil"
-    assert [(p.kind, p.message_id is None) for p in got.posts] == [("partial", False), ("receipt", False),
-                                                                   ("receipt", True)]
+    assert [(p.kind, p.message_id is None) for p in got.posts] == [
+        ("partial", False),
+        ("receipt", False),
+        ("receipt", True),
+    ]
     assert got.posts[-1].content == "-# " + truth.INTERRUPTED_SENTENCE
     assert any(s.attempt_id == a2.id and s.cause == truth.INTERRUPTED for s in got.stumps)
     assert await verify(ledger) == []
@@ -231,21 +283,50 @@ REASONING = "The harbour charter came first; then the quay, the dredging, the ra
 
 def _reasoning_stream(reply: str) -> bytes:
     """A stream of a reasoning block (and, when `reply`, a text block after it) that then stalls."""
-    out = sse.event("message_start", {"type": "message_start", "message": {
-        "id": "msg_stall", "type": "message", "role": "assistant", "model": MODEL, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 9, "output_tokens": 1}}})
-    out += sse.event("content_block_start", {"type": "content_block_start", "index": 0,
-                                             "content_block": {"type": "thinking", "thinking": "", "signature": ""}})
-    out += b"".join(sse.event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                      "delta": {"type": "thinking_delta", "thinking": p}})
-                    for p in sse.pieces(REASONING, 40))
+    out = sse.event(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": "msg_stall",
+                "type": "message",
+                "role": "assistant",
+                "model": MODEL,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 9, "output_tokens": 1},
+            },
+        },
+    )
+    out += sse.event(
+        "content_block_start",
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+    )
+    out += b"".join(
+        sse.event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": p}},
+        )
+        for p in sse.pieces(REASONING, 40)
+    )
     if reply:
         out += sse.event("content_block_stop", {"type": "content_block_stop", "index": 0})
-        out += sse.event("content_block_start", {"type": "content_block_start", "index": 1,
-                                                 "content_block": {"type": "text", "text": ""}})
-        out += b"".join(sse.event("content_block_delta", {"type": "content_block_delta", "index": 1,
-                                                          "delta": {"type": "text_delta", "text": p}})
-                        for p in sse.pieces(reply, 12))
+        out += sse.event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}},
+        )
+        out += b"".join(
+            sse.event(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": p}},
+            )
+            for p in sse.pieces(reply, 12)
+        )
     return out
 
 
@@ -255,8 +336,17 @@ async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(t
     block's content is on disk with its type, so a SIGKILL at that instant loses nothing that arrived:
     recovery, run over a copy of the file as the kill would leave it, rebuilds the blocks and settles."""
     db, copy = tmp_path / "ledger.db", tmp_path / "at-the-kill.db"
-    res = build_residence({"name": "cairn", "model": MODEL, "max_tokens": 4096,
-                           "policy": {"retries": {"max_attempts": 1, "backoff_seconds": 0}}}, "<test>", None, ROOT)
+    res = build_residence(
+        {
+            "name": "cairn",
+            "model": MODEL,
+            "max_tokens": 4096,
+            "policy": {"retries": {"max_attempts": 1, "backoff_seconds": 0}},
+        },
+        "<test>",
+        None,
+        ROOT,
+    )
     server = ProviderServer()
     await server.start()
     server.reset([Call(sse=_reasoning_stream(reply), end="stall", stall_seconds=2.5)])
@@ -300,13 +390,17 @@ async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(t
         assert [(b.index, b.type, b.content) for b in a.blocks] == [(i, t, c) for i, (t, c) in enumerate(want)]
         if reply:
             assert [(s.scope, s.cause, s.text) for s in g.stumps] == [("output", truth.INTERRUPTED, reply)]
-            assert [(p.kind, p.content) for p in g.posts] == [("partial", reply),
-                                                              ("receipt", "-# " + truth.INTERRUPTED_SENTENCE)]
+            assert [(p.kind, p.content) for p in g.posts] == [
+                ("partial", reply),
+                ("receipt", "-# " + truth.INTERRUPTED_SENTENCE),
+            ]
         else:  # stopped inside the reasoning: it is the stump, and no reply text exists to post
             assert [(s.scope, s.cause, s.text, s.block_type) for s in g.stumps] == [
-                ("block", truth.INTERRUPTED, REASONING, "thinking")]
+                ("block", truth.INTERRUPTED, REASONING, "thinking")
+            ]
             assert [(p.kind, p.content) for p in g.posts] == [
-                ("notice", "-# Process stopped before this output was finished; no reply text was generated.")]
+                ("notice", "-# Process stopped before this output was finished; no reply text was generated.")
+            ]
         assert await verify(after) == []
     finally:
         await after.close()
@@ -334,8 +428,9 @@ class FakeRoom:
         return mid
 
 
-async def planned_generation(ledger: Ledger, contents: list[str], delivered: int, channel: str = "100",
-                             residence: str = "cairn") -> list[Post]:
+async def planned_generation(
+    ledger: Ledger, contents: list[str], delivered: int, channel: str = "100", residence: str = "cairn"
+) -> list[Post]:
     g = await pending(ledger, residence=residence, channel=channel)
     await streaming(ledger, g, ["".join(contents)])
     await recover(ledger, {residence})
@@ -399,13 +494,29 @@ class Process:
     async def start(self) -> None:
         self.runs += 1
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CAIRN_"))}
-        env.update(ANTHROPIC_BASE_URL=self.provider_url, ANTHROPIC_API_KEY="test-key",
-                   PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+        env.update(
+            ANTHROPIC_BASE_URL=self.provider_url,
+            ANTHROPIC_API_KEY="test-key",
+            PYTHONPATH=str(ROOT),
+            PYTHONUNBUFFERED="1",
+        )
         out = open(self.log, "wb")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "bot", "run", "--discord-api", self.room_url, "--db", str(self.db),
-                cwd=self.cwd, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out)
+                sys.executable,
+                "-m",
+                "bot",
+                "run",
+                "--discord-api",
+                self.room_url,
+                "--db",
+                str(self.db),
+                cwd=self.cwd,
+                env=env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+            )
         finally:
             out.close()
 
@@ -421,30 +532,36 @@ class Process:
         self.proc.send_signal(signal.SIGTERM)
         try:
             return await asyncio.wait_for(self.proc.wait(), 15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
-            raise AssertionError("residents run did not stop on SIGTERM within 15 s")
+            raise AssertionError("residents run did not stop on SIGTERM within 15 s") from None
 
     def output(self) -> str:
-        return "\n".join(f"--- run {i} ---\n" + (self.cwd / f"run-{i}.log").read_text(errors="replace")
-                         for i in range(1, self.runs + 1))
+        return "\n".join(
+            f"--- run {i} ---\n" + (self.cwd / f"run-{i}.log").read_text(errors="replace")
+            for i in range(1, self.runs + 1)
+        )
 
     def tracebacks(self) -> list[str]:
-        return [line for i in range(1, self.runs + 1)
-                for line in (self.cwd / f"run-{i}.log").read_text(errors="replace").splitlines()
-                if "Traceback" in line or " ERROR " in line or line.startswith("ERROR")]
+        return [
+            line
+            for i in range(1, self.runs + 1)
+            for line in (self.cwd / f"run-{i}.log").read_text(errors="replace").splitlines()
+            if "Traceback" in line or " ERROR " in line or line.startswith("ERROR")
+        ]
 
 
 def write_config(base: Path) -> None:
     (base / "residences").mkdir()
     (base / "policies").mkdir()
     (base / "policies" / "crash.yaml").write_text(
-        "retries:\n  max_attempts: 1\n  timeout_seconds: 60\n"
-        "floor:\n  cooldown_seconds: 0\n  reply_to: mentions\n")
+        "retries:\n  max_attempts: 1\n  timeout_seconds: 60\nfloor:\n  cooldown_seconds: 0\n  reply_to: mentions\n"
+    )
     (base / "residences" / "cairn.yaml").write_text(
         f"name: cairn\nmodel: {MODEL}\nmax_tokens: 1024\nsystem: You are Cairn.\npolicy: crash\n"
-        "discord:\n  token_env: CAIRN_DISCORD_TOKEN\n  channels: [general]\n")
+        "discord:\n  token_env: CAIRN_DISCORD_TOKEN\n  channels: [general]\n"
+    )
 
 
 def db_rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -486,11 +603,14 @@ async def crash_rig(tmp_path: Path) -> AsyncIterator[tuple[Any, ProviderServer, 
 
 async def connected(room: Any, proc: Process, identifies: int, timeout: float = 20.0) -> None:
     """The new process has identified (a killed one's session may still look connected for a moment)."""
+
     def ready() -> bool:
         if proc.proc is not None and proc.proc.returncode is not None:
             raise AssertionError(f"residents run exited with {proc.proc.returncode}:\n{proc.output()}")
-        return room.gateway.identifies > identifies and \
-            any(b["name"] == "cairn" and b["connected"] for b in room.snapshot()["bots"])
+        return room.gateway.identifies > identifies and any(
+            b["name"] == "cairn" and b["connected"] for b in room.snapshot()["bots"]
+        )
+
     await until(proc, ready, timeout=timeout)
 
 
@@ -548,8 +668,9 @@ async def test_sigkill_mid_stream_and_mid_delivery_then_restart(tmp_path: Path) 
         [(gid, status)] = db_rows(db, "SELECT id, status FROM generations")
         assert status == "pending"
         await restart(room, proc)
-        await room.wait_for_message(lambda m: m["author"] == "cairn" and truth.INTERRUPTED_SENTENCE in m["content"],
-                                    timeout=10)
+        await room.wait_for_message(
+            lambda m: m["author"] == "cairn" and truth.INTERRUPTED_SENTENCE in m["content"], timeout=10
+        )
         led = await check_ledger(db)
         try:
             g = await led.get_generation(gid)
@@ -558,8 +679,9 @@ async def test_sigkill_mid_stream_and_mid_delivery_then_restart(tmp_path: Path) 
             assert full.startswith(g.text) and len(full) - len(g.text) <= FLUSH_CHARS and len(g.text) >= 2 * FLUSH_CHARS
             [a] = g.attempts
             assert (a.outcome, a.error, a.text) == ("incomplete", truth.INTERRUPTED, g.text)
-            assert [(s.scope, s.cause, s.text == g.text, s.published) for s in g.stumps] == \
-                [("output", truth.INTERRUPTED, True, True)]
+            assert [(s.scope, s.cause, s.text == g.text, s.published) for s in g.stumps] == [
+                ("output", truth.INTERRUPTED, True, True)
+            ]
             assert [p.kind for p in g.posts][-1] == "receipt" and {p.kind for p in g.posts[:-1]} == {"partial"}
             assert_posts_match_room(g, room)
             assert len(bot_messages(room)) == len(g.posts)
@@ -576,8 +698,9 @@ async def test_sigkill_mid_stream_and_mid_delivery_then_restart(tmp_path: Path) 
         await proc.kill()
         assert len(bot_messages(room)) == before + 1  # only the first post got through
         [(gid2,)] = db_rows(db, "SELECT id FROM generations WHERE id != ?", gid)
-        undelivered = db_rows(db, "SELECT seq FROM posts WHERE generation_id=? AND message_id IS NULL ORDER BY seq",
-                              gid2)
+        undelivered = db_rows(
+            db, "SELECT seq FROM posts WHERE generation_id=? AND message_id IS NULL ORDER BY seq", gid2
+        )
         assert [s for (s,) in undelivered] == [2, 3, 4]
         await restart(room, proc)
         led = await check_ledger(db)
@@ -604,8 +727,12 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
         await proc.kill()
         assert len(bot_messages(room)) == 2
         [(gid,)] = db_rows(db, "SELECT id FROM generations")
-        assert [s for (s,) in db_rows(db, "SELECT seq FROM posts WHERE generation_id=? AND message_id IS NULL"
-                                           " ORDER BY seq", gid)] == [2, 3, 4]
+        assert [
+            s
+            for (s,) in db_rows(
+                db, "SELECT seq FROM posts WHERE generation_id=? AND message_id IS NULL ORDER BY seq", gid
+            )
+        ] == [2, 3, 4]
         # Beyond Discord's few-minute nonce window a resend would be a new message: forget the nonces,
         # so only recovery's own check of the room's history can prevent the duplicate.
         room.state._nonces.clear()
@@ -620,22 +747,42 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
         finally:
             await led.close()
         # And the operator's own check agrees, as a command.
-        cli = await asyncio.create_subprocess_exec(sys.executable, "-m", "bot", "ledger", "verify", "--db", str(db),
-                                                   "--strict", cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
-                                                   stderr=asyncio.subprocess.STDOUT)
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bot",
+            "ledger",
+            "verify",
+            "--db",
+            str(db),
+            "--strict",
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         out, _ = await asyncio.wait_for(cli.communicate(), 30)
         assert cli.returncode == 0 and out.decode().startswith("ledger ok: 1 generation(s) checked"), out.decode()
 
 
 # ---------------------------------------------------------------- a stop inside the tool loop (issue 12 A)
 
+
 async def tool_round(ledger: Ledger, g: Generation, text: str, segment: int = 1) -> Attempt:
     """A round's attempt that ended asking for the `stumps` tool (its text, then a tool_use block)."""
     from bot.records import Block, join_text
+
     a = await streaming(ledger, g, [], segment)
-    a.blocks = [Block(0, "text", text), Block(1, "tool_use", '{"action": "list"}',
-                                             start={"id": f"toolu_{segment}", "name": "stumps", "input": {}})]
-    a.text, a.stop_reason, a.outcome, a.output_tokens, a.ended_at = join_text(a.blocks), "tool_use", "completed", 30, time.time()
+    a.blocks = [
+        Block(0, "text", text),
+        Block(1, "tool_use", '{"action": "list"}', start={"id": f"toolu_{segment}", "name": "stumps", "input": {}}),
+    ]
+    a.text, a.stop_reason, a.outcome, a.output_tokens, a.ended_at = (
+        join_text(a.blocks),
+        "tool_use",
+        "completed",
+        30,
+        time.time(),
+    )
     await ledger.finish_attempt(a)
     return a
 
@@ -646,25 +793,40 @@ async def test_a_stop_while_a_tool_call_runs_is_interrupted_never_a_completed_re
     rec = await recover(ledger)
     assert rec.interrupted == [g.id]
     got = await ledger.get_generation(g.id)
-    assert got is not None and (got.status, got.stop_reason, got.text) == ("incomplete", truth.INTERRUPTED, "Let me look.")
-    assert [(p.kind, p.content) for p in got.posts] == [("partial", "Let me look."),
-                                                        ("receipt", "-# " + truth.INTERRUPTED_SENTENCE)]
-    assert sorted((s.scope, s.text) for s in got.stumps) == [("block", '{"action": "list"}'), ("output", "Let me look.")]
+    assert got is not None and (got.status, got.stop_reason, got.text) == (
+        "incomplete",
+        truth.INTERRUPTED,
+        "Let me look.",
+    )
+    assert [(p.kind, p.content) for p in got.posts] == [
+        ("partial", "Let me look."),
+        ("receipt", "-# " + truth.INTERRUPTED_SENTENCE),
+    ]
+    assert sorted((s.scope, s.text) for s in got.stumps) == [
+        ("block", '{"action": "list"}'),
+        ("output", "Let me look."),
+    ]
     assert await verify(ledger) == []
 
 
 async def test_a_stop_in_a_later_round_keeps_that_rounds_text_as_a_stump(ledger: Ledger) -> None:
-    from bot.records import ToolCall
     from bot.ledger.access import add_tool_calls
+    from bot.records import ToolCall
+
     g = await pending(ledger)
     first = await tool_round(ledger, g, "Let me look.")
-    await add_tool_calls(ledger, g.id, [ToolCall(1, 0, first.id, "toolu_1", "stumps", {"action": "list"},
-                                                 {"action": "list", "stumps": []}, False)])
+    await add_tool_calls(
+        ledger,
+        g.id,
+        [ToolCall(1, 0, first.id, "toolu_1", "stumps", {"action": "list"}, {"action": "list", "stumps": []}, False)],
+    )
     await streaming(ledger, g, ["Nothing set aside here, as it turns ", "out, so the harbour"], segment=2)
     rec = await recover(ledger)
     assert rec.interrupted == [g.id]
     got = await ledger.get_generation(g.id)
     assert got is not None and (got.status, got.text) == ("incomplete", "Let me look.")
     cut = [s for s in got.stumps if s.scope == "attempt"]
-    assert [(s.cause, s.text) for s in cut] == [(truth.INTERRUPTED, "Nothing set aside here, as it turns out, so the harbour")]
+    assert [(s.cause, s.text) for s in cut] == [
+        (truth.INTERRUPTED, "Nothing set aside here, as it turns out, so the harbour")
+    ]
     assert await verify(ledger) == []

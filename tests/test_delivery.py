@@ -1,4 +1,5 @@
 """Delivery planning: posts by kind, within 2,000 characters, covering the text exactly once."""
+
 from __future__ import annotations
 
 import re
@@ -27,8 +28,10 @@ def covers(text: str, chunks: list[str]) -> bool:
     return not text[pos:].strip()
 
 
-words = st.lists(st.sampled_from(["river", "bend", "é", "😀", "\n", "\n\n", ". ", " ", "```", "```py\n", "x" * 300,
-                                  "word" * 700]), max_size=400).map("".join)
+words = st.lists(
+    st.sampled_from(["river", "bend", "é", "😀", "\n", "\n\n", ". ", " ", "```", "```py\n", "x" * 300, "word" * 700]),
+    max_size=400,
+).map("".join)
 
 
 @settings(max_examples=200, deadline=None)

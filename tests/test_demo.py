@@ -1,4 +1,5 @@
 """`residents demo --headless`: the newcomer's first run, end to end in a real subprocess."""
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,20 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_path):
     db = tmp_path / "demo.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    p = subprocess.run([sys.executable, "-m", "bot", "demo", "--headless", "--port", "0", "--db", str(db)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+    p = subprocess.run(
+        [sys.executable, "-m", "bot", "demo", "--headless", "--port", "0", "--db", str(db)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout
     assert "Traceback" not in p.stderr and "ERROR" not in p.stderr, p.stderr[-2000:]
     lines = out.splitlines()
     kinds = [re.match(r"\[(\w+) · (\w+)\]", ln).groups() for ln in lines if re.match(r"\[\w+ · \w+\]", ln)]
-    cairn_first = [k for a, k in kinds[:kinds.index(("cairn", "receipt")) + 1] if a == "cairn"]
+    cairn_first = [k for a, k in kinds[: kinds.index(("cairn", "receipt")) + 1] if a == "cairn"]
     assert set(cairn_first[:-1]) == {"partial"} and cairn_first[-1] == "receipt"
     assert "[cairn · receipt] -# Output ceiling reached at 4,096 tokens; the remainder was not generated." in out
     assert ("sill", "speech") in kinds and ("cairn", "speech") in kinds
@@ -40,8 +47,13 @@ def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_pa
 
 
 def test_demo_refuses_a_non_loopback_host(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bot", "demo", "--host", "0.0.0.0", "--headless"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [sys.executable, "-m", "bot", "demo", "--host", "0.0.0.0", "--headless"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 2 and "loopback" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -51,21 +63,37 @@ def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
     env["PYTHONPATH"] = str(ROOT)
     said = []
     for _ in range(2):
-        p = subprocess.run([sys.executable, "-m", "bot", "demo", "--headless", "--port", "0"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90)
+        p = subprocess.run(
+            [sys.executable, "-m", "bot", "demo", "--headless", "--port", "0"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
         assert p.returncode == 0, p.stderr[-2000:]
         said.append(p.stdout.splitlines()[0])
-        assert "[sill · notice] -# Provider attempt interrupted and retried; 311 characters set aside as stumps." \
+        assert (
+            "[sill · notice] -# Provider attempt interrupted and retried; 311 characters set aside as stumps."
             in p.stdout.splitlines()
-    assert said == ["residents demo: ledger data/demo.db; afterwards: residents ledger list --db data/demo.db",
-                    "residents demo: ledger data/demo.db (the previous demo's ledger was replaced; --db PATH keeps a "
-                    "run's); afterwards: residents ledger list --db data/demo.db"]
+        )
+    assert said == [
+        "residents demo: ledger data/demo.db; afterwards: residents ledger list --db data/demo.db",
+        "residents demo: ledger data/demo.db (the previous demo's ledger was replaced; --db PATH keeps a "
+        "run's); afterwards: residents ledger list --db data/demo.db",
+    ]
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["demo.db"]
     con = sqlite3.connect(tmp_path / "data" / "demo.db")
     try:
         assert con.execute("SELECT count(*) FROM generations").fetchone()[0] == 3  # this run's only
     finally:
         con.close()
-    listed = subprocess.run([sys.executable, "-m", "bot", "ledger", "list", "--db", "data/demo.db"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=30)
+    listed = subprocess.run(
+        [sys.executable, "-m", "bot", "ledger", "list", "--db", "data/demo.db"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert listed.returncode == 0 and listed.stdout.count(" truncated ") == 1, listed.stdout + listed.stderr

@@ -1,6 +1,7 @@
 """Residents in a room, end to end: real discord.py bots started by `run_bots` (as `residents run` does),
 the local room server over real sockets, the local Anthropic-compatible server behind the real SDK, and
 a real SQLite ledger. Swallowed errors in discord.py's background tasks fail the test (discordkit)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,8 @@ import json
 import re
 
 import pytest
+from conftest import residence, specimen
+from discordkit import deployed, opts, sub
 
 from bot.cli import main as cli_main
 from bot.context.compile import QUIET_NOTE
@@ -16,9 +19,6 @@ from bot.discord.run import Deployment, StartupError, run_bots
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
-
-from conftest import residence, specimen
-from discordkit import deployed, opts, sub
 
 try:
     from roomkit import eventually, running_room
@@ -59,8 +59,12 @@ def short_replies(body: dict) -> Call:
 
 
 def quiet_pings(m: dict) -> bool:
-    return m["allowed_mentions"] == {"parse": []} and \
-        m["pings"] == {"users": [], "user_ids": [], "roles": [], "everyone": False}
+    return m["allowed_mentions"] == {"parse": []} and m["pings"] == {
+        "users": [],
+        "user_ids": [],
+        "roles": [],
+        "everyone": False,
+    }
 
 
 def contents(out: dict) -> list[str]:
@@ -87,8 +91,9 @@ async def posts_match_room(d, g) -> None:
     assert all(mapped) and all(mid in room_ids for mid in mapped)
     assert mapped == sorted(mapped, key=room_ids.index)
     by_id = {m["id"]: m for m in d.bot_messages()}
-    assert [by_id[p.message_id]["content"] for p in sorted(g.posts, key=lambda p: p.seq)] == \
-        [p.content for p in sorted(g.posts, key=lambda p: p.seq)]
+    assert [by_id[p.message_id]["content"] for p in sorted(g.posts, key=lambda p: p.seq)] == [
+        p.content for p in sorted(g.posts, key=lambda p: p.seq)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- 1-3
@@ -141,8 +146,10 @@ async def test_mentions_in_output_ping_nobody(tmp_path):
     def loud(body: dict) -> Call:
         alice = d.room.state.person("alice")
         mod_role, everyone_role = d.room.state.moderator_role_id, d.room.state.guild_id
-        text = (f"@everyone and @here, look! <@{alice.id}> <@!{alice.id}> and <@&{mod_role}> "
-                f"<@&{everyone_role}> should all hear this.")
+        text = (
+            f"@everyone and @here, look! <@{alice.id}> <@!{alice.id}> and <@&{mod_role}> "
+            f"<@&{everyone_role}> should all hear this."
+        )
         return Call(sse=sse.stream(text, "end_turn", 30))
 
     async with deployed(tmp_path, [res()], responder=lambda body: loud(body)) as d:
@@ -158,8 +165,11 @@ async def test_mentions_in_output_ping_nobody(tmp_path):
 
 
 async def test_moderator_commands_show_metadata_pages_and_provenance(tmp_path):
-    calls = [Call(sse=specimen("ceiling-1024.sse")),
-             Call(sse=specimen("overloaded-after-257.sse")), Call(sse=specimen("end-turn.sse"))]
+    calls = [
+        Call(sse=specimen("ceiling-1024.sse")),
+        Call(sse=specimen("overloaded-after-257.sse")),
+        Call(sse=specimen("end-turn.sse")),
+    ]
     async with deployed(tmp_path, [res(max_tokens=1024)], calls=calls) as d:
         d.room.post("general", "alice", "long one, @cairn", mentions=["cairn"])
         await d.wait_receipt()
@@ -223,13 +233,17 @@ async def test_moderator_commands_show_metadata_pages_and_provenance(tmp_path):
 
         # /continue where the standing is not on-request: refused, with the reason, and nothing else
         out = await d.command("moddy", "continue", opts(generation=cut.id))
-        assert contents(out) == [f"Not continued: the continuation standing of cairn is none, not on-request."]
+        assert contents(out) == ["Not continued: the continuation standing of cairn is none, not on-request."]
         assert out["responses"][0]["ephemeral"]
 
         # a plain member: a clear refusal and no content, for every command
-        for name, options in [("stumps", sub("list")), ("stumps", sub("show", id=cut_stump.id)),
-                              ("generation", sub("show", ref=cut.id)), ("policy", sub("show")),
-                              ("continue", opts(generation=cut.id))]:
+        for name, options in [
+            ("stumps", sub("list")),
+            ("stumps", sub("show", id=cut_stump.id)),
+            ("generation", sub("show", ref=cut.id)),
+            ("policy", sub("show")),
+            ("continue", opts(generation=cut.id)),
+        ]:
             out = await d.command("bob", name, options, moderator=False)
             assert contents(out) == [REFUSAL] and out["responses"][0]["ephemeral"], (name, out)
 
@@ -240,8 +254,9 @@ async def test_moderator_commands_show_metadata_pages_and_provenance(tmp_path):
 
 async def test_stump_text_is_withheld_where_policy_says_so(tmp_path):
     policy = {"stumps": {"moderators_read_text": False}}
-    async with deployed(tmp_path, [res(max_tokens=1024, policy=policy)],
-                        calls=[Call(sse=specimen("ceiling-1024.sse"))]) as d:
+    async with deployed(
+        tmp_path, [res(max_tokens=1024, policy=policy)], calls=[Call(sse=specimen("ceiling-1024.sse"))]
+    ) as d:
         d.room.post("general", "alice", "long one, @cairn", mentions=["cairn"])
         await d.wait_receipt()
         [g] = await d.generations()
@@ -270,7 +285,7 @@ async def test_continue_on_request_posts_one_more_segment_and_no_text_twice(tmp_
         assert out["responses"][0]["type"] == 5 and out["responses"][0]["ephemeral"]  # deferred, thinking
         assert contents(out)[-1] == f"Continued {g.id}: now completed, 2 segment(s), continuation completed."
         await d.quiet(0.1)
-        added = d.bot_messages()[len(first):]
+        added = d.bot_messages()[len(first) :]
         assert len(d.provider.requests) == 2
         assert [m["content"] for m in added][-1].startswith("-# Output assembled from 2 segments")
         assert squash("".join(m["content"] for m in added[:-1])) == squash(REST[48:])
@@ -281,13 +296,16 @@ async def test_continue_on_request_posts_one_more_segment_and_no_text_twice(tmp_
         [g] = await d.generations()
         assert (g.status, len(g.segments), g.text) == ("completed", 2, FIRST + REST[48:])
         posts = sorted(g.posts, key=lambda p: p.seq)
-        assert [p.kind for p in posts] == ["partial"] * (len(first) - 1) + ["receipt"] + \
-            ["speech"] * (len(added) - 1) + ["receipt"]
+        assert [p.kind for p in posts] == ["partial"] * (len(first) - 1) + ["receipt"] + ["speech"] * (
+            len(added) - 1
+        ) + ["receipt"]
         assert [p.message_id for p in posts] == [m["id"] for m in d.bot_messages()]
 
 
-SECOND = ("Beyond the breakwater the channel bends twice, and pilots count the buoys aloud: "
-          "red to port, green to starboard, the bell buoy last of all before the open sea.")
+SECOND = (
+    "Beyond the breakwater the channel bends twice, and pilots count the buoys aloud: "
+    "red to port, green to starboard, the bell buoy last of all before the open sea."
+)
 THIRD = " And at dusk the harbour master lights the lamp on the mole, and the day's work ends."
 
 
@@ -302,18 +320,24 @@ async def assert_one_reply_in_order(d, g) -> None:
 async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(tmp_path):
     """Two moderators (or a double click) at once: the second waits for the first, then continues from there."""
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}
-    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(SECOND, "max_tokens", 600)),
-             Call(sse=sse.stream(THIRD, "end_turn", 20))]
+    calls = [
+        Call(sse=specimen("cont-first.sse")),
+        Call(sse=sse.stream(SECOND, "max_tokens", 600)),
+        Call(sse=sse.stream(THIRD, "end_turn", 20)),
+    ]
     async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=calls) as d:
         d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
         await d.wait_receipt()
         await d.quiet(0.1)
         [g] = await d.generations()
-        one, two = await asyncio.gather(d.command("moddy", "continue", opts(generation=g.id)),
-                                        d.command("mona", "continue", opts(generation=g.id)))
+        one, two = await asyncio.gather(
+            d.command("moddy", "continue", opts(generation=g.id)), d.command("mona", "continue", opts(generation=g.id))
+        )
         answers = sorted([contents(one)[-1], contents(two)[-1]])
-        assert answers == [f"Continued {g.id}: now completed, 3 segment(s), continuation completed.",
-                           f"Continued {g.id}: now truncated, 2 segment(s), continuation disabled."], answers
+        assert answers == [
+            f"Continued {g.id}: now completed, 3 segment(s), continuation completed.",
+            f"Continued {g.id}: now truncated, 2 segment(s), continuation disabled.",
+        ], answers
         await d.quiet(0.1)
         [g] = await d.generations()
         assert (g.status, len(g.segments), len(d.provider.requests)) == ("completed", 3, 3)
@@ -325,8 +349,11 @@ async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(t
 async def test_a_continue_during_a_turn_waits_for_it(tmp_path):
     """/continue while the resident is writing in that channel: it runs after the turn, posts after its reply."""
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}
-    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("end-turn.sse")),
-             Call(sse=sse.stream(SECOND, "end_turn", 40))]
+    calls = [
+        Call(sse=specimen("cont-first.sse")),
+        Call(sse=specimen("end-turn.sse")),
+        Call(sse=sse.stream(SECOND, "end_turn", 40)),
+    ]
     async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=calls) as d:
         d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
         await d.wait_receipt()
@@ -349,8 +376,9 @@ async def test_a_continue_during_a_turn_waits_for_it(tmp_path):
         g, turn = await d.generations()
         added = d.bot_messages()[n:]
         assert [m["content"] for m in added][0] == END_TEXT  # the turn's reply first, then the continuation
-        assert [m["id"] for m in added] == [turn.posts[0].message_id] + \
-            [p.message_id for p in sorted(g.posts, key=lambda p: p.seq)[n:]]
+        assert [m["id"] for m in added] == [turn.posts[0].message_id] + [
+            p.message_id for p in sorted(g.posts, key=lambda p: p.seq)[n:]
+        ]
         await assert_one_reply_in_order(d, g)
         await assert_one_reply_in_order(d, turn)
 
@@ -382,7 +410,7 @@ async def test_two_residents_do_not_loop(tmp_path):
         d.room.post("general", "alice", "and now?")
         await d.wait_bot_messages(len(after) + 1)
         await d.quiet(0.3)
-        again = [m for m in d.messages()[n + 1:]]
+        again = [m for m in d.messages()[n + 1 :]]
         assert all(m["bot"] for m in again) and 1 <= resident_turns(again) <= 3
 
 
@@ -417,8 +445,10 @@ async def test_floor_counts_replies_so_a_queued_turn_cannot_stretch_the_run(tmp_
         return slow(text, 1.0) if (who, answered[who]) == ("Cairn", 1) else Call(sse=sse.stream(text, "end_turn", 7))
 
     floor = {"reply_to": "all", "max_resident_run": 3}
-    residents = [res("cairn", policy={"floor": {**floor, "cooldown_seconds": 0}}),
-                 res("sill", policy={"floor": {**floor, "cooldown_seconds": 3.0}})]
+    residents = [
+        res("cairn", policy={"floor": {**floor, "cooldown_seconds": 0}}),
+        res("sill", policy={"floor": {**floor, "cooldown_seconds": 3.0}}),
+    ]
     async with deployed(tmp_path, residents, responder=responder) as d:
         ch = int(d.room.channel_id())
         cairn, sill = d.bot("cairn").get_cog("ResidentCog"), d.bot("sill").get_cog("ResidentCog")
@@ -470,15 +500,20 @@ async def test_a_retried_attempt_posts_only_the_replacement(tmp_path, notice):
         assert new[0]["content"] == END_TEXT
         if notice:
             assert [m["content"] for m in new[1:]] == [
-                "-# Provider attempt interrupted and retried; 257 characters set aside as stumps."]
+                "-# Provider attempt interrupted and retried; 257 characters set aside as stumps."
+            ]
         else:
             assert len(new) == 1
         assert not any(FRAGMENT[:40] in m["content"] or FRAGMENT[-40:] in m["content"] for m in d.messages())
         [g] = await d.generations()
         assert [a.outcome for a in g.attempts] == ["abandoned", "completed"]
         [stump] = g.stumps
-        assert (stump.cause, stump.text, stump.published, stump.replaced_by) == \
-            ("retry-abandoned", FRAGMENT, False, g.attempts[1].id)
+        assert (stump.cause, stump.text, stump.published, stump.replaced_by) == (
+            "retry-abandoned",
+            FRAGMENT,
+            False,
+            g.attempts[1].id,
+        )
         assert [p.kind for p in sorted(g.posts, key=lambda p: p.seq)] == ["speech"] + (["notice"] if notice else [])
         await posts_match_room(d, g)
 
@@ -543,8 +578,16 @@ async def test_an_unknown_channel_stops_run_bots(tmp_path):
         async with running_room(["general"]) as room:
             r = res(discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general", "nowhere"]})
             with pytest.raises(StartupError) as info:
-                await asyncio.wait_for(run_bots(Deployment([r], {"cairn": "local-cairn"}), str(tmp_path / "l.db"),
-                                                provider.url, "k", guild_ready_timeout=0.05), timeout=10)
+                await asyncio.wait_for(
+                    run_bots(
+                        Deployment([r], {"cairn": "local-cairn"}),
+                        str(tmp_path / "l.db"),
+                        provider.url,
+                        "k",
+                        guild_ready_timeout=0.05,
+                    ),
+                    timeout=10,
+                )
             line = str(info.value)
             assert "\n" not in line and "'nowhere'" in line and "residences/cairn.yaml" in line
             assert "discord.channels" in line and "'general'" not in line
@@ -579,15 +622,19 @@ async def test_mentions_during_a_slow_stream_queue_one_more_turn(tmp_path):
         # messages after the earlier reply (which never saw them), not declare that nothing new was said.
         msgs = d.provider.requests[1]["messages"]
         last_own = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
-        after = "\n\n".join(m["content"] for m in msgs[last_own + 1:])
+        after = "\n\n".join(m["content"] for m in msgs[last_own + 1 :])
         assert all(f"{who}: {who} too, @cairn" in after for who in ("bob", "carol", "dave")), msgs
         assert QUIET_NOTE not in after
 
 
 async def test_a_message_during_a_cut_stream_supersedes_bounded_continuation(tmp_path):
     policy = {"continuation": {"standing": "bounded", **BOUNDS}}
-    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=[Call(sse=specimen("cont-first.sse"))],
-                        responder=short_replies) as d:
+    async with deployed(
+        tmp_path,
+        [res(max_tokens=600, policy=policy)],
+        calls=[Call(sse=specimen("cont-first.sse"))],
+        responder=short_replies,
+    ) as d:
         d.provider.hold()
         d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
         await eventually(lambda: d.provider.arrived == 1)
@@ -600,8 +647,10 @@ async def test_a_message_during_a_cut_stream_supersedes_bounded_continuation(tmp
         g1, g2 = await d.generations()
         assert (g1.status, g1.continuation_ended, len(g1.segments)) == ("truncated", "superseded", 1)
         receipts = [m["content"] for m in d.bot_messages() if m["content"].startswith("-# ")]
-        assert receipts == ["-# Output ceiling reached at 600 tokens; the remainder was not generated. "
-                            "Continuation stopped because the room moved on."]
+        assert receipts == [
+            "-# Output ceiling reached at 600 tokens; the remainder was not generated. "
+            "Continuation stopped because the room moved on."
+        ]
         assert len(d.provider.requests) == 2  # no continuation call was made
         assert CONTINUE_NOTE not in str(d.provider.requests[1]) and g2.trigger == moved["id"]
         assert d.provider.requests[1]["messages"][-1]["role"] == "user"
@@ -618,22 +667,37 @@ async def test_the_resident_lists_reads_guards_and_publishes_its_stumps_and_mode
 
     def script(body: dict) -> Call:
         last = body["messages"][-1]
-        results = [b for b in last["content"] if b["type"] == "tool_result"] if isinstance(last["content"], list) else []
+        results = (
+            [b for b in last["content"] if b["type"] == "tool_result"] if isinstance(last["content"], list) else []
+        )
         if not results:  # a new turn
             if "publish" in last["content"]:
-                return Call(sse=sse.tool_use_stream("", "toolu_pub", "stumps",
-                                                    json.dumps({"action": "publish", "id": state["a"]}), 20))
+                return Call(
+                    sse=sse.tool_use_stream(
+                        "", "toolu_pub", "stumps", json.dumps({"action": "publish", "id": state["a"]}), 20
+                    )
+                )
             return Call(sse=sse.tool_use_stream("Looking.", "toolu_list", "stumps", '{"action": "list"}', 20))
         result = json.loads(results[0]["content"])
         state.setdefault("results", []).append(result)
         step = result.get("action")
         if step == "list":
             state["a"] = next(s["id"] for s in result["stumps"] if not s["reads"])  # the one no moderator read
-            return Call(sse=sse.tool_use_stream("", "toolu_read", "stumps",
-                                                json.dumps({"action": "read", "id": state["a"]}), 20))
+            return Call(
+                sse=sse.tool_use_stream(
+                    "", "toolu_read", "stumps", json.dumps({"action": "read", "id": state["a"]}), 20
+                )
+            )
         if step == "read":
-            return Call(sse=sse.tool_use_stream("", "toolu_acc", "stumps", json.dumps(
-                {"action": "set_access", "id": state["a"], "access": "private"}), 20))
+            return Call(
+                sse=sse.tool_use_stream(
+                    "",
+                    "toolu_acc",
+                    "stumps",
+                    json.dumps({"action": "set_access", "id": state["a"], "access": "private"}),
+                    20,
+                )
+            )
         return Call(sse=sse.stream(f"Done: {step}.", "end_turn", 5))
 
     calls = [Call(sse=specimen("overloaded-after-257.sse"))] * 2 + [Call(sse=specimen("end-turn.sse"))]
@@ -673,8 +737,10 @@ async def test_the_resident_lists_reads_guards_and_publishes_its_stumps_and_mode
         n = len(d.bot_messages())
         new = await ask(d, "alice", "please publish it, @cairn", n, expect=3)
         assert [m["content"] for m in new] == [
-            FRAGMENT, "-# Recovered fragment of 257 characters from an abandoned attempt, published at the "
-                      "resident's request.", "Done: publish."]
+            FRAGMENT,
+            "-# Recovered fragment of 257 characters from an abandoned attempt, published at the resident's request.",
+            "Done: publish.",
+        ]
         assert all(quiet_pings(m) for m in new)
         g3 = (await d.generations())[-1]
         assert [p.kind for p in sorted(g3.posts, key=lambda p: p.seq)] == ["recovered", "receipt", "speech"]
@@ -695,11 +761,23 @@ TOOL_INPUT = '{"survey": "harbour wall", "sections": ["main", "spu'
 def reasoning_text_and_a_cut_tool_call() -> bytes:
     """One answer with a reasoning block (and its signature), a text block, then a tool call whose input
     the output ceiling cuts: three blocks of three types, only the middle one ever posted."""
+
     def ev(name: str, **data) -> bytes:
         return sse.event(name, {"type": name, **data})
-    body = ev("message_start", message={"id": "msg_blocks", "type": "message", "role": "assistant",
-                                        "model": "claude-3-opus-20240229", "content": [], "stop_reason": None,
-                                        "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}})
+
+    body = ev(
+        "message_start",
+        message={
+            "id": "msg_blocks",
+            "type": "message",
+            "role": "assistant",
+            "model": "claude-3-opus-20240229",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    )
     body += ev("content_block_start", index=0, content_block={"type": "thinking", "thinking": "", "signature": ""})
     for p in sse.pieces(REASONING):
         body += ev("content_block_delta", index=0, delta={"type": "thinking_delta", "thinking": p})
@@ -709,13 +787,17 @@ def reasoning_text_and_a_cut_tool_call() -> bytes:
     for p in sse.pieces(SAID):
         body += ev("content_block_delta", index=1, delta={"type": "text_delta", "text": p})
     body += ev("content_block_stop", index=1)
-    body += ev("content_block_start", index=2, content_block={"type": "tool_use", "id": "toolu_01", "name": "survey",
-                                                              "input": {}})
+    body += ev(
+        "content_block_start",
+        index=2,
+        content_block={"type": "tool_use", "id": "toolu_01", "name": "survey", "input": {}},
+    )
     for p in [""] + sse.pieces(TOOL_INPUT):
         body += ev("content_block_delta", index=2, delta={"type": "input_json_delta", "partial_json": p})
     body += ev("content_block_stop", index=2)
-    body += ev("message_delta", delta={"stop_reason": "max_tokens", "stop_sequence": None},
-               usage={"output_tokens": 1024})
+    body += ev(
+        "message_delta", delta={"stop_reason": "max_tokens", "stop_sequence": None}, usage={"output_tokens": 1024}
+    )
     return body + ev("message_stop")
 
 
@@ -727,17 +809,21 @@ async def test_generation_show_lists_the_blocks_by_type_and_size_never_their_con
         await d.wait_receipt()
         await d.quiet(0.1)
         assert [m["content"] for m in d.bot_messages()] == [
-            SAID, "-# Output ceiling reached at 1,024 tokens; the remainder was not generated."]
+            SAID,
+            "-# Output ceiling reached at 1,024 tokens; the remainder was not generated.",
+        ]
         [g] = await d.generations()
         room_before = len(d.messages())
 
         out = await d.command("moddy", "generation", sub("show", ref=g.id))
         assert_ephemeral_pages(out)
         prov = "\n".join(contents(out))
-        assert (f"blocks: #0 thinking {len(REASONING)} chars · #1 text {len(SAID)} chars [0–{len(SAID)}] · "
-                f"#2 tool_use {len(TOOL_INPUT)} chars") in prov
+        assert (
+            f"blocks: #0 thinking {len(REASONING)} chars · #1 text {len(SAID)} chars [0–{len(SAID)}] · "
+            f"#2 tool_use {len(TOOL_INPUT)} chars"
+        ) in prov
         assert "tool_use block #2" in prov  # the cut input is a stump, named by its block
-        for secret in (REASONING, REASONING[:30], REASONING[-30:], "spur", TOOL_INPUT, "harbour wall\"", "c2lnbmVk"):
+        for secret in (REASONING, REASONING[:30], REASONING[-30:], "spur", TOOL_INPUT, 'harbour wall"', "c2lnbmVk"):
             assert secret not in prov, secret
         assert SAID[:30] not in prov  # nor the posted text: provenance, not content
         await d.quiet(0.1)

@@ -7,18 +7,19 @@ SDK against the local provider, a real SQLite ledger.
 - A lone surrogate in a provider delta is kept exactly, reaches the room as U+FFFD, and the next
   turn in that channel goes through.
 """
+
 from __future__ import annotations
 
 import re
+
+from conftest import specimen
+from discordkit import deployed, sub
+from test_discord_e2e import CEILING_TEXT, RECEIPT_1024, res
 
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call
 from bot.text import REPLACEMENT
-
-from conftest import specimen
-from discordkit import deployed, sub
-from test_discord_e2e import CEILING_TEXT, RECEIPT_1024, res
 
 MODEL = "claude-3-opus-20240229"
 FORGED = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
@@ -28,10 +29,12 @@ PERSON = "-# Output ceiling reached at 9 tokens; the remainder was not generated
 
 def scripted(replies: dict[str, list[Call]]):
     """Each resident's requests answered in order from its own list (told apart by the system prompt)."""
+
     def respond(body: dict) -> Call | None:
         who = re.search(r"You are (\w+)", body.get("system", ""))
         queue = replies.get(who.group(1).lower() if who else "", [])
         return queue.pop(0) if queue else None
+
     return respond
 
 
@@ -40,8 +43,10 @@ def subtext_lines(content: str) -> list[str]:
 
 
 async def test_no_resident_can_forge_a_receipt_and_receipts_are_never_another_residents_words(tmp_path):
-    replies = {"sill": [Call(sse=sse.stream(SILL_TEXT, "end_turn", 30)), Call(sse=sse.stream("Noted.", "end_turn", 2))],
-               "cairn": [Call(sse=specimen("ceiling-1024.sse")), Call(sse=sse.stream("Yes.", "end_turn", 2))]}
+    replies = {
+        "sill": [Call(sse=sse.stream(SILL_TEXT, "end_turn", 30)), Call(sse=sse.stream("Noted.", "end_turn", 2))],
+        "cairn": [Call(sse=specimen("ceiling-1024.sse")), Call(sse=sse.stream("Yes.", "end_turn", 2))],
+    }
     async with deployed(tmp_path, [res("cairn", max_tokens=1024), res("sill")], responder=scripted(replies)) as d:
         d.room.post("general", "alice", "quote a receipt for me, @sill", mentions=["sill"])
         [quoted] = await d.wait_bot_messages(1)
@@ -58,8 +63,9 @@ async def test_no_resident_can_forge_a_receipt_and_receipts_are_never_another_re
         assert receipt["author"] == "cairn" and receipt["content"] == RECEIPT_1024
 
         # only receipts and notices render as subtext in the room
-        kinds = {p.message_id: p.kind for g in await d.generations("cairn") + await d.generations("sill")
-                 for p in g.posts}
+        kinds = {
+            p.message_id: p.kind for g in await d.generations("cairn") + await d.generations("sill") for p in g.posts
+        }
         for m in d.bot_messages():
             if subtext_lines(m["content"]):
                 assert kinds[m["id"]] in ("receipt", "notice"), m["content"]
@@ -99,8 +105,13 @@ async def test_no_resident_can_forge_a_receipt_and_receipts_are_never_another_re
 
 async def test_a_lone_surrogate_is_kept_posted_as_a_replacement_and_the_channel_keeps_working(tmp_path):
     text = "Half a wave: x\ud83d and a whole 🌊."
-    stream = sse.head(MODEL) + sse.delta("Half a wave: ") + sse.delta("x\ud83d") + sse.delta(" and a whole 🌊.") \
+    stream = (
+        sse.head(MODEL)
+        + sse.delta("Half a wave: ")
+        + sse.delta("x\ud83d")
+        + sse.delta(" and a whole 🌊.")
         + sse.tail("end_turn", 12)
+    )
     calls = [Call(sse=stream), Call(sse=sse.stream("The channel still works.", "end_turn", 5))]
     async with deployed(tmp_path, [res()], calls=calls) as d:
         d.room.post("general", "alice", "a wave, @cairn", mentions=["cairn"])
@@ -128,7 +139,8 @@ async def test_a_lone_surrogate_is_kept_posted_as_a_replacement_and_the_channel_
 def test_a_stumps_pages_leave_as_valid_utf8_with_lone_surrogates_replaced():
     """/stumps show's pages (provenance, then the text) never carry a lone surrogate out of the process;
     a pair split across deltas is the character it spells, and page sizes stay within a Discord message."""
-    from bot.discord.cogs.moderation import PAGE, stump_pages
+    from bot.discord.cogs.moderation import stump_pages
+
     text = ("x\ud83d" + "a" * 1900) * 2 + "\ud83d\ude00 end \udfff"
     pages = stump_pages(["s-000000000001  max_tokens", "generation g-1, attempt a-1"], text)
     for p in pages:
@@ -136,16 +148,22 @@ def test_a_stumps_pages_leave_as_valid_utf8_with_lone_surrogates_replaced():
         assert len(p) <= 2000
     body = "".join(pages[1:])
     assert body.count(REPLACEMENT) == 3 and "😀" in body
-    assert body.replace(REPLACEMENT, "").replace("😀", "") == text.replace("\ud83d", "").replace("\ude00", "") \
-        .replace("\udfff", "")
+    assert body.replace(REPLACEMENT, "").replace("😀", "") == text.replace("\ud83d", "").replace("\ude00", "").replace(
+        "\udfff", ""
+    )
     assert stump_pages(["head"], None) == ["```\nhead\n```"]
 
 
 async def test_stumps_show_sends_a_lone_surrogate_as_a_replacement(tmp_path):
     """Over real discord.py: the stump keeps the text exactly; the moderator's answer carries U+FFFD."""
     text = "The tide x\ud83d turns."
-    stream = sse.head(MODEL) + sse.delta("The tide ") + sse.delta("x\ud83d") + sse.delta(" turns.") \
+    stream = (
+        sse.head(MODEL)
+        + sse.delta("The tide ")
+        + sse.delta("x\ud83d")
+        + sse.delta(" turns.")
         + sse.tail("max_tokens", 1024)
+    )
     async with deployed(tmp_path, [res(max_tokens=1024)], calls=[Call(sse=stream)]) as d:
         d.room.post("general", "alice", "the tide, @cairn?", mentions=["cairn"])
         await d.wait_receipt()

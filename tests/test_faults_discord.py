@@ -6,6 +6,7 @@ stops accepting connections altogether for a few seconds. And the gateway drops 
 and resumes, with a person's message arriving while it is down. The residents run as in production
 (`run_bots`: ResidentBot, its cogs, the real SDK and ledger), with a short redelivery backoff.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,12 +24,12 @@ from aiohttp import web
 
 from bot.delivery.outbox import Backoff
 from bot.discord.run import Deployment, run_bots
-from bot.records import Generation
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.localservers.room import RoomServer
+from bot.records import Generation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import residence  # noqa: E402
@@ -82,25 +83,44 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: Path, names: tuple[str, ...] = ("cairn",),
-              provider: ProviderServer | None = None) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: Path, names: tuple[str, ...] = ("cairn",), provider: ProviderServer | None = None
+) -> AsyncIterator[Rig]:
     """Residents (cairn, and any other `names`) in #general, run by `run_bots`, ready for mentions."""
-    residents = [residence(name=n, max_tokens=1024, system=f"You are {n.capitalize()}, a resident of this room.",
-                           discord={"token_env": f"{n.upper()}_TOKEN", "channels": ["general"]},
-                           policy={"floor": {"cooldown_seconds": 0, "reply_to": "mentions"},
-                                   "retries": {"max_attempts": 2, "backoff_seconds": 0}}) for n in names]
+    residents = [
+        residence(
+            name=n,
+            max_tokens=1024,
+            system=f"You are {n.capitalize()}, a resident of this room.",
+            discord={"token_env": f"{n.upper()}_TOKEN", "channels": ["general"]},
+            policy={
+                "floor": {"cooldown_seconds": 0, "reply_to": "mentions"},
+                "retries": {"max_attempts": 2, "backoff_seconds": 0},
+            },
+        )
+        for n in names
+    ]
     provider = provider or ProviderServer()
     await provider.start()
     stop = asyncio.Event()
     async with error_guard(), running_room(["general"]) as room:
         db = tmp_path / "ledger.db"
-        task = asyncio.create_task(run_bots(Deployment(residents, {n: f"local-{n}" for n in names}), str(db),
-                                            provider.url, "test-key", guild_ready_timeout=0.05, stop=stop,
-                                            backoff=FAST))
+        task = asyncio.create_task(
+            run_bots(
+                Deployment(residents, {n: f"local-{n}" for n in names}),
+                str(db),
+                provider.url,
+                "test-key",
+                guild_ready_timeout=0.05,
+                stop=stop,
+                backoff=FAST,
+            )
+        )
         try:
             # on_ready syncs the slash commands: once they are in the room, the bots take turns.
-            await eventually(lambda: task.done() or sum(bool(b["synced"]) for b in room.snapshot()["bots"])
-                             == len(names), timeout=15)
+            await eventually(
+                lambda: task.done() or sum(bool(b["synced"]) for b in room.snapshot()["bots"]) == len(names), timeout=15
+            )
             if task.done():
                 task.result()
             yield Rig(room, provider, db)
@@ -126,8 +146,7 @@ async def cut_reply(r: Rig, text: str, ask: str = "Describe the harbour, @cairn"
     """A reply cut at the output ceiling: three partial posts and a receipt."""
     r.provider.enqueue([Call(sse=sse.stream(text, "max_tokens", 1024, model=MODEL))])
     r.room.post("general", "alice", ask, mentions=["cairn"])
-    await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"],
-                                  timeout=20)
+    await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"], timeout=20)
     gens = await r.delivered()
     assert [p.kind for p in gens[-1].posts] == ["partial", "partial", "partial", "receipt"]
     return gens
@@ -139,8 +158,7 @@ async def test_a_500_on_a_post_mid_delivery_is_retried_and_posted_once(tmp_path:
         gens = await cut_reply(r, words(5200, "a"))
         assert r.room.faults.hits == 1
         assert_delivered_once_in_order(r, gens)
-        assert " ".join(p.content for p in gens[0].posts[:-1]).split() == \
-            gens[0].text.split()
+        assert " ".join(p.content for p in gens[0].posts[:-1]).split() == gens[0].text.split()
         await r.verified()
 
 
@@ -171,9 +189,14 @@ async def test_a_gateway_drop_during_a_generation_resumes_and_every_post_lands_o
     async with rig(tmp_path) as r:
         first = words(3000, "g")
         # About 1.5 s of streaming, so the drop lands mid-generation.
-        r.provider.enqueue([Call(sse=sse.stream(first, "max_tokens", 1024, model=MODEL, size=40), chunk_bytes=400,
-                                 chunk_delay=0.05),
-                            Call(sse=sse.stream("The second answer, whole.", "end_turn", model=MODEL))])
+        r.provider.enqueue(
+            [
+                Call(
+                    sse=sse.stream(first, "max_tokens", 1024, model=MODEL, size=40), chunk_bytes=400, chunk_delay=0.05
+                ),
+                Call(sse=sse.stream("The second answer, whole.", "end_turn", model=MODEL)),
+            ]
+        )
         r.room.post("general", "alice", "A long one, @cairn", mentions=["cairn"])
         await eventually(lambda: len(r.provider.requests) == 1, timeout=10)
         await r.room.drop_gateway(hold=True)
@@ -181,8 +204,9 @@ async def test_a_gateway_drop_during_a_generation_resumes_and_every_post_lands_o
         r.room.post("general", "bob", "And then, @cairn?", mentions=["cairn"])
         await asyncio.sleep(0.3)
         r.room.release_gateway()
-        await r.room.wait_for_message(lambda m: m["author"] == "cairn" and m["content"] == "The second answer, whole.",
-                                      timeout=20)
+        await r.room.wait_for_message(
+            lambda m: m["author"] == "cairn" and m["content"] == "The second answer, whole.", timeout=20
+        )
         assert r.room.resumes >= 1
         gens = await r.delivered()
         assert [g.status for g in gens] == ["truncated", "completed"]
@@ -198,8 +222,7 @@ async def test_a_post_discord_refuses_mid_delivery_is_delivered_later_in_order(t
         r.room.fail_message_posts(403, nth=2)
         r.provider.enqueue([Call(sse=sse.stream(words(5200, "c"), "max_tokens", 1024, model=MODEL))])
         r.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
-        await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"],
-                                      timeout=20)
+        await r.room.wait_for_message(lambda m: m["author"] == "cairn" and "Output ceiling" in m["content"], timeout=20)
         gens = await r.delivered()
         assert r.room.faults.hits == 1
         assert_delivered_once_in_order(r, gens)
@@ -238,9 +261,15 @@ async def test_an_outage_mid_delivery_completes_the_reply_first_in_order_exactly
     the room listens again, everything is delivered, in order, exactly once, with no error logged.
     """
     cut = words(5200, "o")
-    provider = HeldProvider({"cairn": [Call(sse=sse.stream(cut, "max_tokens", 1024, model=MODEL)),
-                                       Call(sse=sse.stream("Cairn's second answer.", "end_turn", 6, model=MODEL))],
-                             "sill": [Call(sse=sse.stream("Sill answers, late.", "end_turn", 6, model=MODEL))]})
+    provider = HeldProvider(
+        {
+            "cairn": [
+                Call(sse=sse.stream(cut, "max_tokens", 1024, model=MODEL)),
+                Call(sse=sse.stream("Cairn's second answer.", "end_turn", 6, model=MODEL)),
+            ],
+            "sill": [Call(sse=sse.stream("Sill answers, late.", "end_turn", 6, model=MODEL))],
+        }
+    )
     async with rig(tmp_path, ("cairn", "sill"), provider) as r:
         # Sill is asked first and is still generating when the outage starts; cairn's third post meets it:
         # that POST's connection is reset and the room refuses every connection for 2.5 s.
@@ -305,8 +334,12 @@ async def test_the_room_refuses_connections_for_n_seconds_then_listens_again(tmp
         writer.close()
         await writer.wait_closed()
         async with http.get(f"{r.room.url}/_room/faults") as resp:
-            assert (await resp.json())["connections"] == {"refusing": False, "seconds_left": None, "outages": 1,
-                                                          "refused_requests": 0}
+            assert (await resp.json())["connections"] == {
+                "refusing": False,
+                "seconds_left": None,
+                "outages": 1,
+                "refused_requests": 0,
+            }
         assert r.room.snapshot()["gateway"] == gateway  # the bot's gateway never dropped: no identify, no resume
         r.provider.enqueue([Call(sse=sse.stream("Still here.", "end_turn", 4, model=MODEL))])
         r.room.post("general", "alice", "There, @cairn?", mentions=["cairn"])

@@ -7,6 +7,7 @@ every emitted text in the ledger byte-exact (read back live and after reopening 
 boundary line exactly once where one is due, no speech for anything not completed, provider calls
 within the policy's bound, and `bot.ledger.verify` finding nothing wrong.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import specimen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot import cli, truth
 from bot.config import Residence, build_residence
 from bot.delivery.plan import split_text
-from bot.truth import RECEIPT_PREFIX
 from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.records import Generation
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.store import enc
@@ -34,10 +34,10 @@ from bot.ledger.verify import _cover, check, verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
+from bot.records import Generation
 from bot.replay.run import CollectingRoom
 from bot.resident import Resident
-
-from conftest import specimen
+from bot.truth import RECEIPT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "claude-3-opus-20240229"
@@ -88,15 +88,31 @@ class Turn:
     db: Path
 
 
-def make_residence(max_attempts: int = 3, backoff: float = 0.0, timeout: float = 10.0, max_backoff: float = 30.0,
-                   standing: str = "none") -> Residence:
+def make_residence(
+    max_attempts: int = 3,
+    backoff: float = 0.0,
+    timeout: float = 10.0,
+    max_backoff: float = 30.0,
+    standing: str = "none",
+) -> Residence:
     cont: dict[str, Any] = {"standing": standing}
     if standing != "none":
         cont.update(max_segments=3, max_output_tokens=16384, min_progress_chars=16, similarity_abort=0.92)
-    data = {"name": "cairn", "model": MODEL, "max_tokens": 4096, "system": "You are Cairn.",
-            "policy": {"continuation": cont,
-                       "retries": {"max_attempts": max_attempts, "backoff_seconds": backoff,
-                                   "max_backoff_seconds": max_backoff, "timeout_seconds": timeout}}}
+    data = {
+        "name": "cairn",
+        "model": MODEL,
+        "max_tokens": 4096,
+        "system": "You are Cairn.",
+        "policy": {
+            "continuation": cont,
+            "retries": {
+                "max_attempts": max_attempts,
+                "backoff_seconds": backoff,
+                "max_backoff_seconds": max_backoff,
+                "timeout_seconds": timeout,
+            },
+        },
+    }
     return build_residence(data, "<test>", None, ROOT)
 
 
@@ -109,7 +125,7 @@ class Session:
         self.sleeps: list[float] = []
         self.room = CollectingRoom(res.name)
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         await self.server.start()
         self.ledger = await Ledger.open(self.db)
         self.client = make_client(self.server.url, "test-key", timeout=self.res.policy.retries.timeout_seconds)
@@ -118,8 +134,9 @@ class Session:
             self.sleeps.append(seconds)
             await asyncio.sleep(0)
 
-        self.resident = Resident(self.res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)),
-                                 self.ledger)
+        self.resident = Resident(
+            self.res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)), self.ledger
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -132,8 +149,9 @@ class Session:
         self.server.reset(calls)
         first = len(self.room.sent)
         m = self.room.say("alice", content)
-        reply = await asyncio.wait_for(self.resident.respond(self.room, "faults", list(self.room.history),
-                                                             trigger=m.id), TURN_TIMEOUT)
+        reply = await asyncio.wait_for(
+            self.resident.respond(self.room, "faults", list(self.room.history), trigger=m.id), TURN_TIMEOUT
+        )
         return reply, self.room.sent[first:], len(self.server.requests)
 
     async def continue_(self, calls: list[Call]) -> tuple[Any, list[Any], int]:
@@ -163,13 +181,22 @@ async def run_turn(tmp_path: Path, calls: list[Call], **policy: Any) -> Turn:
         live = await s.ledger.get_generation(reply.generation.id)
         violations = await verify(s.ledger)
     assert live is not None
-    return Turn(live, await reopen(s.db, live.id), list(posts), ncalls, s.sleeps, violations,
-                s.res.policy.retries.max_attempts, s.db)
+    return Turn(
+        live,
+        await reopen(s.db, live.id),
+        list(posts),
+        ncalls,
+        s.sleeps,
+        violations,
+        s.res.policy.retries.max_attempts,
+        s.db,
+    )
 
 
 @dataclass
 class Expect:
     """Everything a case promises, spelled out, so a wrong status or a lost byte names itself."""
+
     status: str
     text: str
     attempts: list[tuple[str, str]]  # (outcome, exact text) of every provider call, in order
@@ -222,21 +249,35 @@ def check_turn(t: Turn, e: Expect) -> None:
 # ---------------------------------------------------------------- HTTP errors before the stream
 
 
-@pytest.mark.parametrize("status,headers,wait,kind", [
-    (529, {"retry-after": "7"}, 7.0, "overloaded_error"),
-    (500, {"retry-after": "2"}, 2.0, "api_error"),
-    (503, {"retry-after": "45"}, 45.0, "api_error"),  # above max_backoff_seconds: the provider's ask wins
-    (429, {"retry-after": "3"}, 3.0, "rate_limit_error"),
-    (429, {"retry-after-ms": "1500"}, 1.5, "rate_limit_error"),
-])
+@pytest.mark.parametrize(
+    "status,headers,wait,kind",
+    [
+        (529, {"retry-after": "7"}, 7.0, "overloaded_error"),
+        (500, {"retry-after": "2"}, 2.0, "api_error"),
+        (503, {"retry-after": "45"}, 45.0, "api_error"),  # above max_backoff_seconds: the provider's ask wins
+        (429, {"retry-after": "3"}, 3.0, "rate_limit_error"),
+        (429, {"retry-after-ms": "1500"}, 1.5, "rate_limit_error"),
+    ],
+)
 @pytest.mark.parametrize("k", [1, 3000])
-async def test_http_error_before_stream_is_retried_after_retry_after(tmp_path: Path, status: int,
-                                                                     headers: dict[str, str], wait: float,
-                                                                     kind: str, k: int) -> None:
+async def test_http_error_before_stream_is_retried_after_retry_after(
+    tmp_path: Path, status: int, headers: dict[str, str], wait: float, kind: str, k: int
+) -> None:
     text = text_of(k, "ok ")
     t = await run_turn(tmp_path, [Call(status=status, headers=headers), ok(text)])
-    check_turn(t, Expect("completed", text, [("abandoned", ""), ("completed", text)], [], None,
-                         stop_reason="end_turn", output_tokens=77, sleeps=[wait]))
+    check_turn(
+        t,
+        Expect(
+            "completed",
+            text,
+            [("abandoned", ""), ("completed", text)],
+            [],
+            None,
+            stop_reason="end_turn",
+            output_tokens=77,
+            sleeps=[wait],
+        ),
+    )
     assert t.generation.attempts[0].error == kind
     assert t.generation.attempts[0].discard_reason == truth.RETRY_ABANDONED
     assert t.generation.attempts[0].replaced_by == t.generation.attempts[1].id
@@ -244,34 +285,67 @@ async def test_http_error_before_stream_is_retried_after_retry_after(tmp_path: P
 
 async def test_bad_request_is_not_retried(tmp_path: Path) -> None:
     t = await run_turn(tmp_path, [Call(status=400), ok()])
-    check_turn(t, Expect("failed", "", [("failed", "")], [],
-                         "Provider error (invalid_request_error) after 1 attempt; no text was generated."))
+    check_turn(
+        t,
+        Expect(
+            "failed",
+            "",
+            [("failed", "")],
+            [],
+            "Provider error (invalid_request_error) after 1 attempt; no text was generated.",
+        ),
+    )
 
 
-@pytest.mark.parametrize("error", [{"type": 5, "message": "x"}, {"type": None}, {"type": ["api_error"]},
-                                   {"type": "internal-TypeError"}],
-                         ids=["number", "null", "array", "of-this-process"])
+@pytest.mark.parametrize(
+    "error",
+    [{"type": 5, "message": "x"}, {"type": None}, {"type": ["api_error"]}, {"type": "internal-TypeError"}],
+    ids=["number", "null", "array", "of-this-process"],
+)
 @pytest.mark.parametrize("status", [500, 400])
 async def test_an_http_error_body_whose_type_is_not_a_usable_string_is_named_by_status(
-        tmp_path: Path, error: dict[str, Any], status: int) -> None:
+    tmp_path: Path, error: dict[str, Any], status: int
+) -> None:
     """The body's `error.type` is the provider's word only when it is a string: else the kind is
     `http-CODE`, retried or not by the status, and never an internal error of this process."""
     body = {"type": "error", "error": error}
     t = await run_turn(tmp_path, [Call(status=status, body=body), ok()])
     if status == 500:
-        check_turn(t, Expect("completed", RETRY_TEXT, [("abandoned", ""), ("completed", RETRY_TEXT)], [], None,
-                             stop_reason="end_turn", output_tokens=77))
+        check_turn(
+            t,
+            Expect(
+                "completed",
+                RETRY_TEXT,
+                [("abandoned", ""), ("completed", RETRY_TEXT)],
+                [],
+                None,
+                stop_reason="end_turn",
+                output_tokens=77,
+            ),
+        )
     else:
-        check_turn(t, Expect("failed", "", [("failed", "")], [],
-                             "Provider error (http-400) after 1 attempt; no text was generated."))
+        check_turn(
+            t,
+            Expect(
+                "failed", "", [("failed", "")], [], "Provider error (http-400) after 1 attempt; no text was generated."
+            ),
+        )
     assert t.generation.attempts[0].error == f"http-{status}"
 
 
 async def test_overload_on_every_attempt_fails_within_max_attempts(tmp_path: Path) -> None:
     calls = [Call(status=529, headers={"retry-after": "0"}) for _ in range(5)] + [ok()]
     t = await run_turn(tmp_path, calls)
-    check_turn(t, Expect("failed", "", [("abandoned", ""), ("abandoned", ""), ("failed", "")], [],
-                         "Provider error (overloaded_error) after 3 attempts; no text was generated."))
+    check_turn(
+        t,
+        Expect(
+            "failed",
+            "",
+            [("abandoned", ""), ("abandoned", ""), ("failed", "")],
+            [],
+            "Provider error (overloaded_error) after 3 attempts; no text was generated.",
+        ),
+    )
 
 
 # ---------------------------------------------------------------- faults after k characters
@@ -280,9 +354,18 @@ async def test_overload_on_every_attempt_fails_within_max_attempts(tmp_path: Pat
 def _abandoned_then_retry(frag: str, calls_first: list[Call]) -> tuple[list[Call], Expect]:
     """The first attempt fails after `frag`; the retry completes with RETRY_TEXT, never spliced onto it."""
     stumps = [(truth.RETRY_ABANDONED, frag)] if frag else []
-    return (calls_first + [ok()],
-            Expect("completed", RETRY_TEXT, [("abandoned", frag), ("completed", RETRY_TEXT)], stumps, None,
-                   stop_reason="end_turn", output_tokens=77))
+    return (
+        calls_first + [ok()],
+        Expect(
+            "completed",
+            RETRY_TEXT,
+            [("abandoned", frag), ("completed", RETRY_TEXT)],
+            stumps,
+            None,
+            stop_reason="end_turn",
+            output_tokens=77,
+        ),
+    )
 
 
 @pytest.mark.parametrize("k", CUTS)
@@ -318,15 +401,26 @@ async def test_connection_cut_inside_a_multibyte_character(tmp_path: Path, k: in
 async def test_lone_surrogate_halves_are_kept_byte_exact(tmp_path: Path) -> None:
     """A pair split across deltas (JSON escapes) arrives as two lone surrogates; the ledger keeps them."""
     frag = "ab\ud83d"
-    calls, e = _abandoned_then_retry(frag, [Call(sse=sse.head(MODEL) + raw_delta("ab") + raw_delta("\ud83d"),
-                                                 end="drop")])
+    calls, e = _abandoned_then_retry(
+        frag, [Call(sse=sse.head(MODEL) + raw_delta("ab") + raw_delta("\ud83d"), end="drop")]
+    )
     check_turn(await run_turn(tmp_path, calls), e)
     # and a stream whose completed text holds the two halves from separate deltas
     text = "x\ud83d\ude00y"
     stream = sse.head(MODEL) + raw_delta("x\ud83d") + raw_delta("\ude00y") + sse.tail("max_tokens", 4096)
     t = await run_turn(tmp_path / "b", [Call(sse=stream)])
-    check_turn(t, Expect("truncated", text, [("truncated", text)], [("max_tokens", text)],
-                         truth.ceiling_sentence(4096), stop_reason="max_tokens", output_tokens=4096))
+    check_turn(
+        t,
+        Expect(
+            "truncated",
+            text,
+            [("truncated", text)],
+            [("max_tokens", text)],
+            truth.ceiling_sentence(4096),
+            stop_reason="max_tokens",
+            output_tokens=4096,
+        ),
+    )
 
 
 @pytest.mark.parametrize("k", CUTS)
@@ -341,7 +435,7 @@ async def test_read_timeout_mid_stream(tmp_path: Path, k: int) -> None:
 @pytest.mark.parametrize("k", CUTS)
 async def test_malformed_data_line(tmp_path: Path, k: int) -> None:
     frag = text_of(k)
-    bad = b"event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\n\n"
+    bad = b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0, "delta\n\n'
     calls, e = _abandoned_then_retry(frag, [Call(sse=body(frag) + bad + sse.delta("never seen"))])
     t = await run_turn(tmp_path, calls)
     check_turn(t, e)
@@ -352,28 +446,55 @@ def _event(name: str, data: Any) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-@pytest.mark.parametrize("bad", [
-    _event("content_block_delta", "a bare string"),
-    _event("content_block_delta", [1, 2]),
-    _event("content_block_delta", None),
-    _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}),
-    _event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                   "delta": {"type": "text_delta", "text": 7}}),
-    _event("content_block_delta", {"type": "content_block_delta", "index": 5,
-                                   "delta": {"type": "text_delta", "text": "a block that never started"}}),
-    _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
-    _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
-    _event("error", 42),
-    _event("error", None),
-    b"event: error\ndata: not json at all\n\n",
-    _event("error", {}),
-    _event("error", {"type": "error", "error": "overloaded_error"}),
-    _event("error", {"type": "error", "error": {"type": 5, "message": "x"}}),
-    _event("error", {"type": "error", "error": {"type": "", "message": "x"}}),
-    _event("error", {"type": "error", "error": {"type": "internal-TypeError", "message": "x"}}),
-], ids=["string", "array", "null", "no-text", "text-not-a-string", "unstarted-block", "restarted-block",
-        "delta-not-an-object", "error-number", "error-null", "error-not-json", "error-empty-object",
-        "error-not-an-object", "error-type-a-number", "error-type-empty", "error-type-of-this-process"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        _event("content_block_delta", "a bare string"),
+        _event("content_block_delta", [1, 2]),
+        _event("content_block_delta", None),
+        _event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}}),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": 7}},
+        ),
+        _event(
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 5,
+                "delta": {"type": "text_delta", "text": "a block that never started"},
+            },
+        ),
+        _event("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}}),
+        _event("message_delta", {"type": "message_delta", "delta": "end_turn", "usage": {"output_tokens": 3}}),
+        _event("error", 42),
+        _event("error", None),
+        b"event: error\ndata: not json at all\n\n",
+        _event("error", {}),
+        _event("error", {"type": "error", "error": "overloaded_error"}),
+        _event("error", {"type": "error", "error": {"type": 5, "message": "x"}}),
+        _event("error", {"type": "error", "error": {"type": "", "message": "x"}}),
+        _event("error", {"type": "error", "error": {"type": "internal-TypeError", "message": "x"}}),
+    ],
+    ids=[
+        "string",
+        "array",
+        "null",
+        "no-text",
+        "text-not-a-string",
+        "unstarted-block",
+        "restarted-block",
+        "delta-not-an-object",
+        "error-number",
+        "error-null",
+        "error-not-json",
+        "error-empty-object",
+        "error-not-an-object",
+        "error-type-a-number",
+        "error-type-empty",
+        "error-type-of-this-process",
+    ],
+)
 async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
     """Data that is not an object, or not the protocol's shape, fails the attempt as `malformed-stream`
     (retryable), never as an internal error, and never lets text of an unstarted block through."""
@@ -388,10 +509,14 @@ async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path,
 async def test_stream_ends_without_stop_reason(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     t = await run_turn(tmp_path, [Call(sse=body(text)), ok()])
-    line = ("Provider stream ended without a stop reason; the output may be incomplete." if text
-            else "Provider stream ended without a stop reason; no text was generated.")
-    check_turn(t, Expect("incomplete", text, [("incomplete", text)],
-                         [(truth.NO_STOP_REASON, text)] if text else [], line))
+    line = (
+        "Provider stream ended without a stop reason; the output may be incomplete."
+        if text
+        else "Provider stream ended without a stop reason; no text was generated."
+    )
+    check_turn(
+        t, Expect("incomplete", text, [("incomplete", text)], [(truth.NO_STOP_REASON, text)] if text else [], line)
+    )
 
 
 @pytest.mark.parametrize("stop", ["weird_reason", "tool_use", "pause_turn"])
@@ -399,10 +524,23 @@ async def test_stream_ends_without_stop_reason(tmp_path: Path, k: int) -> None:
 async def test_unknown_or_tool_stop_reason_is_incomplete(tmp_path: Path, stop: str, k: int) -> None:
     text = text_of(k)
     t = await run_turn(tmp_path, [Call(sse=sse.stream(text, stop, 321))])
-    line = (f"Provider stopped with an unhandled reason ({stop}); the output may be incomplete." if text
-            else f"Provider stopped with an unhandled reason ({stop}); no text was generated.")
-    check_turn(t, Expect("incomplete", text, [("incomplete", text)], [(stop, text)] if text else [], line,
-                         stop_reason=stop, output_tokens=321))
+    line = (
+        f"Provider stopped with an unhandled reason ({stop}); the output may be incomplete."
+        if text
+        else f"Provider stopped with an unhandled reason ({stop}); no text was generated."
+    )
+    check_turn(
+        t,
+        Expect(
+            "incomplete",
+            text,
+            [("incomplete", text)],
+            [(stop, text)] if text else [],
+            line,
+            stop_reason=stop,
+            output_tokens=321,
+        ),
+    )
 
 
 @pytest.mark.parametrize("k", CUTS)
@@ -411,9 +549,18 @@ async def test_refusal_with_stop_details(tmp_path: Path, k: int) -> None:
     stream = body(text) + sse.tail("refusal", 12, {"type": "refusal", "category": "cyber", "explanation": None})
     t = await run_turn(tmp_path, [Call(sse=stream)])
     held = "its text is held as a stump" if text else "no text was generated"  # only what is true
-    check_turn(t, Expect("refused", text, [("refused", text)], [("refusal", text)] if text else [],
-                         f"Provider declined this reply (stop reason: refusal); {held}.",
-                         stop_reason="refusal", output_tokens=12))
+    check_turn(
+        t,
+        Expect(
+            "refused",
+            text,
+            [("refused", text)],
+            [("refusal", text)] if text else [],
+            f"Provider declined this reply (stop reason: refusal); {held}.",
+            stop_reason="refusal",
+            output_tokens=12,
+        ),
+    )
     assert not [p for p in t.posts if p.kind in ("speech", "partial")]
 
 
@@ -421,21 +568,41 @@ async def test_refusal_with_stop_details(tmp_path: Path, k: int) -> None:
 async def test_max_tokens_partial_and_one_receipt(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     t = await run_turn(tmp_path, [Call(sse=sse.stream(text, "max_tokens", 4096)), ok()])
-    line = ("Output ceiling reached at 4,096 tokens; the remainder was not generated." if text
-            else "Output ceiling reached at 4,096 tokens; no text was generated.")
-    check_turn(t, Expect("truncated", text, [("truncated", text)], [("max_tokens", text)] if text else [], line,
-                         stop_reason="max_tokens", output_tokens=4096))
+    line = (
+        "Output ceiling reached at 4,096 tokens; the remainder was not generated."
+        if text
+        else "Output ceiling reached at 4,096 tokens; no text was generated."
+    )
+    check_turn(
+        t,
+        Expect(
+            "truncated",
+            text,
+            [("truncated", text)],
+            [("max_tokens", text)] if text else [],
+            line,
+            stop_reason="max_tokens",
+            output_tokens=4096,
+        ),
+    )
 
 
 @pytest.mark.parametrize("k", CUTS)
 async def test_retries_exhausted_keeps_every_text(tmp_path: Path, k: int) -> None:
     first, last = text_of(k, "first "), text_of(k, "last ")
-    calls = [Call(sse=body(first), end="drop"), Call(status=529, headers={"retry-after": "0"}),
-             Call(sse=body(last) + sse.error("overloaded_error")), ok()]
+    calls = [
+        Call(sse=body(first), end="drop"),
+        Call(status=529, headers={"retry-after": "0"}),
+        Call(sse=body(last) + sse.error("overloaded_error")),
+        ok(),
+    ]
     t = await run_turn(tmp_path, calls)
     stumps = ([(truth.RETRY_ABANDONED, first)] if first else []) + ([(truth.PROVIDER_ERROR, last)] if last else [])
-    line = ("Provider error (overloaded_error) after 3 attempts; the remainder was not generated." if last
-            else "Provider error (overloaded_error) after 3 attempts; no text was generated.")
+    line = (
+        "Provider error (overloaded_error) after 3 attempts; the remainder was not generated."
+        if last
+        else "Provider error (overloaded_error) after 3 attempts; no text was generated."
+    )
     check_turn(t, Expect("failed", last, [("abandoned", first), ("abandoned", ""), ("failed", last)], stumps, line))
 
 
@@ -443,20 +610,33 @@ async def test_retries_exhausted_keeps_every_text(tmp_path: Path, k: int) -> Non
 async def test_error_event_that_no_retry_can_fix_fails_at_once(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     t = await run_turn(tmp_path, [Call(sse=body(text) + sse.error("invalid_request_error", "bad")), ok()])
-    line = ("Provider error (invalid_request_error) after 1 attempt; the remainder was not generated." if text
-            else "Provider error (invalid_request_error) after 1 attempt; no text was generated.")
+    line = (
+        "Provider error (invalid_request_error) after 1 attempt; the remainder was not generated."
+        if text
+        else "Provider error (invalid_request_error) after 1 attempt; no text was generated."
+    )
     check_turn(t, Expect("failed", text, [("failed", text)], [(truth.PROVIDER_ERROR, text)] if text else [], line))
 
 
 async def test_single_attempt_policy_makes_one_call(tmp_path: Path) -> None:
     frag = text_of(257)
     t = await run_turn(tmp_path, [Call(sse=body(frag), end="drop"), ok()], max_attempts=1)
-    check_turn(t, Expect("failed", frag, [("failed", frag)], [(truth.PROVIDER_ERROR, frag)],
-                         "Provider error (connection-cut) after 1 attempt; the remainder was not generated."))
+    check_turn(
+        t,
+        Expect(
+            "failed",
+            frag,
+            [("failed", frag)],
+            [(truth.PROVIDER_ERROR, frag)],
+            "Provider error (connection-cut) after 1 attempt; the remainder was not generated.",
+        ),
+    )
 
 
-@pytest.mark.parametrize("stop,phrase", [("max_tokens", "Output ceiling reached at 2 tokens"),
-                                          (None, "Provider stream ended without a stop reason")])
+@pytest.mark.parametrize(
+    "stop,phrase",
+    [("max_tokens", "Output ceiling reached at 2 tokens"), (None, "Provider stream ended without a stop reason")],
+)
 async def test_whitespace_only_cut_is_still_surfaced_once(tmp_path: Path, stop: str | None, phrase: str) -> None:
     """A cut output of only whitespace cannot be posted as text, but the cut must still reach the room once."""
     text = "  \n\n "
@@ -474,9 +654,18 @@ async def test_whitespace_only_cut_is_still_surfaced_once(tmp_path: Path, stop: 
 async def test_context_window_stop_is_truncated_with_its_own_receipt(tmp_path: Path, k: int) -> None:
     text = text_of(k)
     t = await run_turn(tmp_path, [Call(sse=sse.stream(text, "model_context_window_exceeded", 900))])
-    check_turn(t, Expect("truncated", text, [("truncated", text)], [("model_context_window_exceeded", text)],
-                         "Model context window filled; the remainder was not generated.",
-                         stop_reason="model_context_window_exceeded", output_tokens=900))
+    check_turn(
+        t,
+        Expect(
+            "truncated",
+            text,
+            [("truncated", text)],
+            [("model_context_window_exceeded", text)],
+            "Model context window filled; the remainder was not generated.",
+            stop_reason="model_context_window_exceeded",
+            output_tokens=900,
+        ),
+    )
 
 
 @pytest.mark.parametrize("stop", ["end_turn", "stop_sequence"])
@@ -489,8 +678,13 @@ async def test_completed_stops_post_speech_only(tmp_path: Path, stop: str) -> No
 
 async def test_residence_temperature_reaches_the_provider(tmp_path: Path) -> None:
     """`temperature` is a residence key the config accepts; a call carrying it must still reach the provider."""
-    data = {"name": "cairn", "model": MODEL, "max_tokens": 4096, "temperature": 0.5,
-            "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}}}
+    data = {
+        "name": "cairn",
+        "model": MODEL,
+        "max_tokens": 4096,
+        "temperature": 0.5,
+        "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}},
+    }
     res = build_residence(data, "<test>", None, ROOT)
     async with Session(tmp_path, res) as s:
         reply, posts, calls = await s.say([ok()])
@@ -514,15 +708,19 @@ async def test_fault_during_on_request_continuation(tmp_path: Path) -> None:
         gid = reply.generation.id
         assert calls == 1 and [p.kind for p in posts][-1] == "receipt"
 
-        reply, posts, calls = await s.continue_([Call(sse=body(frag1), end="drop"),
-                                                 Call(sse=body(frag2) + sse.error()), ok(rest)])
+        reply, posts, calls = await s.continue_(
+            [Call(sse=body(frag1), end="drop"), Call(sse=body(frag2) + sse.error()), ok(rest)]
+        )
         assert calls == 2  # the policy's max_attempts for the one segment
         assert [p.kind for p in posts] == ["receipt"]
         assert "Continuation stopped on a provider error." in posts[0].content
         g = await s.ledger.get_generation(gid)
         assert g is not None and g.status == "truncated" and g.text == first
-        assert [(st.cause, st.text) for st in g.stumps] == [("max_tokens", first), (truth.RETRY_ABANDONED, frag1),
-                                                            (truth.PROVIDER_ERROR, frag2)]
+        assert [(st.cause, st.text) for st in g.stumps] == [
+            ("max_tokens", first),
+            (truth.RETRY_ABANDONED, frag1),
+            (truth.PROVIDER_ERROR, frag2),
+        ]
 
         reply, posts, calls = await s.continue_([ok(rest, "end_turn", 30)])
         assert calls == 1 and [p.kind for p in posts] == ["speech", "receipt"]
@@ -530,8 +728,9 @@ async def test_fault_during_on_request_continuation(tmp_path: Path) -> None:
     g = await reopen(s.db, gid)
     assert g.status == "completed" and g.text == first + rest
     calls_in_order = sorted(g.attempts, key=lambda a: a.started_at)
-    assert [a.id for a in g.attempts] == [a.id for a in calls_in_order], \
-        [(a.segment, a.index, a.outcome) for a in g.attempts]
+    assert [a.id for a in g.attempts] == [a.id for a in calls_in_order], [
+        (a.segment, a.index, a.outcome) for a in g.attempts
+    ]
     assert [a.text for a in calls_in_order] == [first, frag1, frag2, rest]
 
 
@@ -540,33 +739,58 @@ async def test_fault_during_bounded_continuation(tmp_path: Path) -> None:
     first = "The river begins high in the hills, where snow melts into thin streams. " * 12
     frags = [text_of(40, "a "), text_of(300, "b "), text_of(257, "c ")]
     async with Session(tmp_path, make_residence(max_attempts=3, standing="bounded")) as s:
-        reply, posts, calls = await s.say([Call(sse=sse.stream(first, "max_tokens", 4096)),
-                                           Call(sse=body(frags[0]), end="drop"),
-                                           Call(sse=body(frags[1]) + sse.error("api_error", "Internal")),
-                                           Call(sse=body(frags[2]), end="drop"), ok()])
+        reply, posts, calls = await s.say(
+            [
+                Call(sse=sse.stream(first, "max_tokens", 4096)),
+                Call(sse=body(frags[0]), end="drop"),
+                Call(sse=body(frags[1]) + sse.error("api_error", "Internal")),
+                Call(sse=body(frags[2]), end="drop"),
+                ok(),
+            ]
+        )
         assert calls == 4 <= 1 + 3 * 3
         assert [p.kind for p in posts][-1] == "receipt" and "speech" not in [p.kind for p in posts]
         assert sum(p.kind == "receipt" for p in posts) == 1
         assert await verify(s.ledger) == []
     g = await reopen(s.db, reply.generation.id)
     assert g.status == "truncated" and g.text == first and g.continuation_ended == "error"
-    assert [(a.outcome, a.text) for a in g.attempts] == [("truncated", first), ("abandoned", frags[0]),
-                                                         ("abandoned", frags[1]), ("failed", frags[2])]
+    assert [(a.outcome, a.text) for a in g.attempts] == [
+        ("truncated", first),
+        ("abandoned", frags[0]),
+        ("abandoned", frags[1]),
+        ("failed", frags[2]),
+    ]
     assert sorted((st.cause, st.text) for st in g.stumps) == sorted(
-        [("max_tokens", first), (truth.RETRY_ABANDONED, frags[0]), (truth.RETRY_ABANDONED, frags[1]),
-         (truth.PROVIDER_ERROR, frags[2])])
+        [
+            ("max_tokens", first),
+            (truth.RETRY_ABANDONED, frags[0]),
+            (truth.RETRY_ABANDONED, frags[1]),
+            (truth.PROVIDER_ERROR, frags[2]),
+        ]
+    )
 
 
 @pytest.mark.parametrize("standing", ["bounded", "on-request"])
-@pytest.mark.parametrize("segment, cause, why", [
-    (specimen("refusal-no-content.sse"), None, "Continuation stopped when the provider declined a segment."),
-    (body("and then, no.") + sse.tail("refusal", 5), "refusal",
-     "Continuation stopped when the provider declined a segment."),
-    (body("and then the water r") + sse.tail(None, 6), truth.NO_STOP_REASON,
-     "Continuation stopped when a segment ended without a usable stop reason."),
-], ids=["refusal-no-content", "refusal-with-text", "no-stop-reason"])
+@pytest.mark.parametrize(
+    "segment, cause, why",
+    [
+        (specimen("refusal-no-content.sse"), None, "Continuation stopped when the provider declined a segment."),
+        (
+            body("and then, no.") + sse.tail("refusal", 5),
+            "refusal",
+            "Continuation stopped when the provider declined a segment.",
+        ),
+        (
+            body("and then the water r") + sse.tail(None, 6),
+            truth.NO_STOP_REASON,
+            "Continuation stopped when a segment ended without a usable stop reason.",
+        ),
+    ],
+    ids=["refusal-no-content", "refusal-with-text", "no-stop-reason"],
+)
 async def test_a_continuation_segment_that_was_not_a_provider_error_is_not_called_one(
-        tmp_path: Path, standing: str, segment: bytes, cause: str | None, why: str) -> None:
+    tmp_path: Path, standing: str, segment: bytes, cause: str | None, why: str
+) -> None:
     """The ledger's ending stays the contract's `error`, but the receipt says what stopped the segment."""
     first = "The river begins high in the hills, where snow melts into thin streams. " * 12
     async with Session(tmp_path, make_residence(max_attempts=2, standing=standing)) as s:
@@ -583,15 +807,20 @@ async def test_a_continuation_segment_that_was_not_a_provider_error_is_not_calle
         assert await verify(s.ledger, unsettled_as_violations=True) == []
     g = await reopen(s.db, reply.generation.id)
     assert (g.status, g.text, g.continuation_ended) == ("truncated", first, "error")
-    assert sorted((st.cause, st.scope) for st in g.stumps) == sorted([("max_tokens", "output")]
-                                                                    + ([(cause, "attempt")] if cause else []))
+    assert sorted((st.cause, st.scope) for st in g.stumps) == sorted(
+        [("max_tokens", "output")] + ([(cause, "attempt")] if cause else [])
+    )
 
 
 async def test_retry_notice_policy_is_a_side_line_verify_accepts(tmp_path: Path) -> None:
     """With `notices.retry_abandoned`, the room also learns of the set-aside attempt, once, after the speech."""
     frag = text_of(257)
-    data = {"name": "cairn", "model": MODEL, "max_tokens": 4096,
-            "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}, "notices": {"retry_abandoned": True}}}
+    data = {
+        "name": "cairn",
+        "model": MODEL,
+        "max_tokens": 4096,
+        "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}, "notices": {"retry_abandoned": True}},
+    }
     async with Session(tmp_path, build_residence(data, "<test>", None, ROOT)) as s:
         reply, posts, calls = await s.say([Call(sse=body(frag), end="drop"), ok()])
         assert calls == 2 and [p.kind for p in posts][-1] == "notice" and "speech" in [p.kind for p in posts]
@@ -656,6 +885,7 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
     def answer(_body: dict[str, Any]) -> Call:  # runs as the request lands; the body is written at once after
         sent.append(loop.time())
         return Call(sse=body(text), end="stall", stall_seconds=3.0)
+
     server = ProviderServer(answer)
     await server.start()
     ledger, reader = await Ledger.open(db), await Ledger.open(db)
@@ -675,8 +905,9 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
                 samples.append((loop.time() - sent[0], len(seen)))
         assert not task.done(), "the stall should still be holding the stream open"
         on_disk = next((t for t, n in samples if n == len(text)), None)
-        assert on_disk is not None and on_disk <= 0.6, \
+        assert on_disk is not None and on_disk <= 0.6, (
             f"{len(text) - len(seen)} of {len(text)} characters still off disk; samples {samples[-3:]}"
+        )
         assert on_disk > 0.05, f"on disk {on_disk:.3f} s after it was sent: sooner than the timer could write it"
         assert seen == text
         reply = await asyncio.wait_for(task, TURN_TIMEOUT)
@@ -692,15 +923,19 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
 # ---------------------------------------------------------------- text that cannot leave as it is
 
 
-@pytest.mark.parametrize("raw, sent, count", [
-    ("plain é 漢字 🌊", "plain é 漢字 🌊", 0),
-    ("half \ud83d of a pair", "half \ufffd of a pair", 1),
-    ("x\ud83d\ude00y", "x😀y", 0),  # the two halves of a pair split across deltas: the character they spell
-    ("\ude00\ud83d", "\ufffd\ufffd", 2),  # in the wrong order: no pair
-    ("kept \ufffd as it was \udfff", "kept \ufffd as it was \ufffd", 1),
-])
+@pytest.mark.parametrize(
+    "raw, sent, count",
+    [
+        ("plain é 漢字 🌊", "plain é 漢字 🌊", 0),
+        ("half \ud83d of a pair", "half \ufffd of a pair", 1),
+        ("x\ud83d\ude00y", "x😀y", 0),  # the two halves of a pair split across deltas: the character they spell
+        ("\ude00\ud83d", "\ufffd\ufffd", 2),  # in the wrong order: no pair
+        ("kept \ufffd as it was \udfff", "kept \ufffd as it was \ufffd", 1),
+    ],
+)
 def test_outbound_text_is_valid_utf8_and_counts_its_replacements(raw: str, sent: str, count: int) -> None:
     from bot.text import outbound
+
     out, n = outbound(raw)
     assert (out, n) == (sent, count)
     out.encode("utf-8")
@@ -728,15 +963,20 @@ async def test_a_lone_surrogate_never_poisons_the_channel(tmp_path: Path) -> Non
         assert await verify(s.ledger) == []
 
 
-async def test_a_failure_before_the_provider_call_is_not_a_provider_error(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_failure_before_the_provider_call_is_not_a_provider_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A request this process cannot send (here: a parameter the SDK does not take) fails as the project's
     own error: named as internal, not retried, no provider call made, and never worded as a provider error."""
     monkeypatch.setattr(logging.getLogger("bot.provider.stream"), "disabled", True)  # its ERROR is expected
     async with Session(tmp_path, make_residence()) as s:
         s.server.reset([ok()])
-        request = {"model": MODEL, "max_tokens": 64, "messages": [{"role": "user", "content": "Hi."}],
-                   "not_a_parameter": True}
+        request = {
+            "model": MODEL,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "Hi."}],
+            "not_a_parameter": True,
+        }
         g = await s.resident.generator.generate(s.res, "faults", request)
         assert len(s.server.requests) == 0
         assert (g.status, [(a.outcome, a.error) for a in g.attempts]) == ("failed", [("failed", "internal-TypeError")])
@@ -756,8 +996,10 @@ async def live_generation(ledger: Ledger) -> Generation:
 
 
 async def _cut_ledger(tmp_path: Path) -> Turn:
-    return await run_turn(tmp_path, [Call(sse=body(text_of(500, "x")), end="drop"),
-                                     Call(sse=sse.stream(text_of(2500), "max_tokens", 4096))])
+    return await run_turn(
+        tmp_path,
+        [Call(sse=body(text_of(500, "x")), end="drop"), Call(sse=sse.stream(text_of(2500), "max_tokens", 4096))],
+    )
 
 
 def _tamper(db: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
@@ -777,24 +1019,32 @@ async def _violations(db: Path, **kw: bool) -> list[str]:
         await ledger.close()
 
 
-@pytest.mark.parametrize("sql,expect", [
-    ("UPDATE posts SET kind='speech' WHERE kind='partial'", "speech post for a truncated"),
-    ("DELETE FROM posts WHERE kind='receipt'", "0 receipt(s) and 0 boundary notice(s)"),
-    ("INSERT INTO posts (id, generation_id, seq, kind, content, channel) SELECT 'p-x', generation_id, 99, 'receipt',"
-     " content, channel FROM posts WHERE kind='receipt'", "2 receipt(s)"),
-    ("UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'", "text differs"),
-    ("DELETE FROM stumps WHERE cause='retry-abandoned'", "0 retry-abandoned stumps"),
-    ("UPDATE stumps SET published=1 WHERE cause='retry-abandoned'", "marked published"),
-    ("UPDATE stumps SET chars=chars+1 WHERE scope='output'", "chars"),
-    ("UPDATE generations SET chars=chars-1", "chars"),
-    ("UPDATE generations SET status='completed'", "status completed"),
-    ("INSERT INTO attempt_chunks (attempt_id, seq, text) SELECT id, 0, text FROM attempts WHERE outcome='abandoned'",
-     "attempt_chunks"),
-    ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE seq=1", "do not cover"),
-    ("DELETE FROM posts WHERE seq=2", "never posted"),
-    ("UPDATE posts SET kind='notice' WHERE kind='receipt'", "where a receipt is due"),
-    ("UPDATE generations SET text=CAST('other' AS BLOB), chars=5", "segment 1"),
-])
+@pytest.mark.parametrize(
+    "sql,expect",
+    [
+        ("UPDATE posts SET kind='speech' WHERE kind='partial'", "speech post for a truncated"),
+        ("DELETE FROM posts WHERE kind='receipt'", "0 receipt(s) and 0 boundary notice(s)"),
+        (
+            "INSERT INTO posts (id, generation_id, seq, kind, content, channel) SELECT 'p-x', generation_id, 99, 'receipt',"
+            " content, channel FROM posts WHERE kind='receipt'",
+            "2 receipt(s)",
+        ),
+        ("UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'", "text differs"),
+        ("DELETE FROM stumps WHERE cause='retry-abandoned'", "0 retry-abandoned stumps"),
+        ("UPDATE stumps SET published=1 WHERE cause='retry-abandoned'", "marked published"),
+        ("UPDATE stumps SET chars=chars+1 WHERE scope='output'", "chars"),
+        ("UPDATE generations SET chars=chars-1", "chars"),
+        ("UPDATE generations SET status='completed'", "status completed"),
+        (
+            "INSERT INTO attempt_chunks (attempt_id, seq, text) SELECT id, 0, text FROM attempts WHERE outcome='abandoned'",
+            "attempt_chunks",
+        ),
+        ("UPDATE posts SET content=CAST('something else' AS BLOB) WHERE seq=1", "do not cover"),
+        ("DELETE FROM posts WHERE seq=2", "never posted"),
+        ("UPDATE posts SET kind='notice' WHERE kind='receipt'", "where a receipt is due"),
+        ("UPDATE generations SET text=CAST('other' AS BLOB), chars=5", "segment 1"),
+    ],
+)
 async def test_verify_reports_each_broken_invariant(tmp_path: Path, sql: str, expect: str) -> None:
     t = await _cut_ledger(tmp_path)
     assert t.violations == [] and len([p for p in t.posts if p.kind == "partial"]) >= 2
@@ -831,9 +1081,30 @@ def test_cli_verb_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert not (tmp_path / "none.db").exists()
 
 
-_CODE_TEXT = st.lists(st.sampled_from(["word ", "longer sentence here. ", "\n", "\n\n", "```py\n", "```\n", "~~~\n",
-                                       "````\n", "   ```\n", "```js", "x = 1\n", "    indented\n", "🌊", "é", "\t",
-                                       "a" * 50, "~~~~ x\n"]), max_size=600).map("".join)
+_CODE_TEXT = st.lists(
+    st.sampled_from(
+        [
+            "word ",
+            "longer sentence here. ",
+            "\n",
+            "\n\n",
+            "```py\n",
+            "```\n",
+            "~~~\n",
+            "````\n",
+            "   ```\n",
+            "```js",
+            "x = 1\n",
+            "    indented\n",
+            "🌊",
+            "é",
+            "\t",
+            "a" * 50,
+            "~~~~ x\n",
+        ]
+    ),
+    max_size=600,
+).map("".join)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -2,23 +2,21 @@
 transcript shows what the resident will see next time and counts attempts as the provider counted calls,
 an on-request output nobody continued says so, and the test suite leaves the source tree as it found it.
 """
+
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
-
-from bot import cli
-from bot.ledger import Ledger
-from bot.ledger.views import message_id_of
-from bot.localservers.provider import Call
-
 from conftest import ROOT, specimen
 from discordkit import deployed
 from test_discord_e2e import res
+
+from bot import cli
+from bot.ledger.views import message_id_of
+from bot.localservers.provider import Call
 
 
 @pytest.fixture
@@ -34,8 +32,9 @@ def test_message_references_are_ids_or_links() -> None:
     assert message_id_of("g-0123456789ab") is None and message_id_of("s-0123") is None
 
 
-async def test_ledger_show_takes_a_message_id_or_link_as_generation_show_does(tmp_path: Path,
-                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+async def test_ledger_show_takes_a_message_id_or_link_as_generation_show_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     async with deployed(tmp_path, [res(max_tokens=1024)], calls=[Call(sse=specimen("ceiling-1024.sse"))]) as d:
         d.room.post("general", "alice", "describe it, @cairn", mentions=["cairn"])
         receipt = await d.wait_receipt()
@@ -61,9 +60,11 @@ async def test_ledger_show_takes_a_message_id_or_link_as_generation_show_does(tm
 def test_replay_transcript_shows_the_note_the_resident_will_see(work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["replay", "scenarios/ceiling.yaml", "--db", str(work / "c.db")]) == 0
     out = capsys.readouterr().out
-    assert ("  ↳ cairn sees after it next time: [Boundary: the message above was cut off mid-output because the "
-            "output ceiling of 1,024 tokens was reached; the remainder was not generated. It is an unfinished "
-            "message, not an authored ending.]") in out.splitlines()
+    assert (
+        "  ↳ cairn sees after it next time: [Boundary: the message above was cut off mid-output because the "
+        "output ceiling of 1,024 tokens was reached; the remainder was not generated. It is an unfinished "
+        "message, not an authored ending.]"
+    ) in out.splitlines()
     assert cli.main(["replay", "scenarios/ceiling.yaml", "--db", str(work / "j.db"), "--json"]) == 0
     turn = json.loads(capsys.readouterr().out)["turns"][0]
     assert turn["resident_sees"] == [out.split("sees after it next time: ")[1].splitlines()[0]]
@@ -72,7 +73,8 @@ def test_replay_transcript_shows_the_note_the_resident_will_see(work: Path, caps
 
 
 def test_on_request_transcript_counts_attempts_as_provider_calls_and_says_not_requested(
-        work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    work: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     db = work / "o.db"
     assert cli.main(["replay", "scenarios/on-request.yaml", "--db", str(db)]) == 0
     first, second = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  ↳ generation")]
@@ -87,9 +89,18 @@ def test_an_on_request_output_nobody_continued_reads_as_not_requested_and_keeps_
     """The recorded value stays the replay contract's `disabled`; people read "not requested" under on-request."""
     from bot.ledger import views
     from bot.records import Generation
-    g = Generation(id="g-onrequest00", residence="sill", channel="c", model="claude-3-opus-20240229",
-                   status="truncated", stop_reason="max_tokens", text="x", standing="on-request",
-                   continuation_ended="disabled")
+
+    g = Generation(
+        id="g-onrequest00",
+        residence="sill",
+        channel="c",
+        model="claude-3-opus-20240229",
+        status="truncated",
+        stop_reason="max_tokens",
+        text="x",
+        standing="on-request",
+        continuation_ended="disabled",
+    )
     assert "continuation: standing on-request, ended not requested" in "\n".join(views.provenance(g))
     assert g.as_json()["continuation"] == {"standing": "on-request", "ended": "disabled"}
     g.standing = "none"

@@ -4,6 +4,7 @@ Layers, lowest first (README "Layout"): records → the pure rules → configura
 continuation and ledger → generation → context and delivery → the resident's turn → the rooms
 (Discord, replay, demo) → the CLI. The local servers stand beside everything and import none of it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,14 +17,23 @@ BOT = Path(__file__).resolve().parent.parent / "bot"
 # top-level unit under bot/ → its layer; a module may import its own unit and lower layers only
 LAYERS: dict[str, int] = {
     "records": 0,
-    "truth": 1, "models": 1, "text": 1, "bundled": 1,
+    "truth": 1,
+    "models": 1,
+    "text": 1,
+    "bundled": 1,
     "config": 2,
-    "provider": 3, "continuation": 3, "ledger": 3,
+    "provider": 3,
+    "continuation": 3,
+    "ledger": 3,
     "generation": 4,
-    "context": 5, "delivery": 5,
+    "context": 5,
+    "delivery": 5,
     "resident": 6,
-    "discord": 7, "replay": 7, "demo": 8,
-    "cli": 9, "__main__": 10,
+    "discord": 7,
+    "replay": 7,
+    "demo": 8,
+    "cli": 9,
+    "__main__": 10,
 }
 BESIDE = "localservers"  # imports nothing of bot outside itself; anything at layer ≥ 7 may use it
 
@@ -100,7 +110,7 @@ def test_no_import_cycles() -> None:
         stack.append(m)
         for t in sorted(graph.get(m, ())):
             if seen.get(t) == 1:
-                raise AssertionError("import cycle: " + " → ".join(stack[stack.index(t):] + [t]))
+                raise AssertionError("import cycle: " + " → ".join(stack[stack.index(t) :] + [t]))
             if t not in seen:
                 visit(t)
         stack.pop()

@@ -1,4 +1,5 @@
 """The ledger: migrations, byte-exact text, and the flush bound while a stream runs."""
+
 from __future__ import annotations
 
 import os
@@ -6,15 +7,14 @@ import stat
 
 import aiosqlite
 import pytest
+from conftest import Room, residence
 
 from bot.generation.attempts import FLUSH_CHARS, LedgerSink
-from bot.records import Attempt, Generation, Stump
 from bot.ledger import Ledger, LedgerError
 from bot.ledger.migrations import MIGRATIONS
 from bot.localservers import sse
 from bot.localservers.provider import Call
-
-from conftest import Room, residence
+from bot.records import Attempt, Generation, Stump
 
 TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a mid-wo"
 
@@ -77,7 +77,8 @@ async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
             if i % 97 == 0:
                 async with aiosqlite.connect(tmp_path / "l.db") as other:  # what a crash would leave
                     rows = await other.execute_fetchall(
-                        "SELECT text FROM attempt_chunks WHERE attempt_id='a-x' ORDER BY seq")
+                        "SELECT text FROM attempt_chunks WHERE attempt_id='a-x' ORDER BY seq"
+                    )
                 on_disk = "".join(bytes(r[0]).decode("utf-8", "surrogatepass") for r in rows)
                 assert sent.startswith(on_disk)
                 assert len(sent) - len(on_disk) < FLUSH_CHARS + len(piece)

@@ -4,6 +4,7 @@ room over real sockets, the local provider streaming at a known pace behind the 
 The room's event stream is read as it happens, so what a person watching would have seen — when the first
 text appeared, every edit and when — is what these tests judge.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,6 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from discordkit import Deployed, deployed
+from test_discord_e2e import res
+
 from bot import truth
 from bot.delivery.plan import plan, split_text
 from bot.ledger import live as live_ledger
@@ -20,12 +24,10 @@ from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call
 
-from discordkit import Deployed, deployed
-from test_discord_e2e import res
-
 MARK = truth.LIVE_MARKER
-WORDS = ("harbour granary trellis meadow cloister terrace bellwether lantern quay mooring tide gull "
-         "rope anchor").split()
+WORDS = (
+    "harbour granary trellis meadow cloister terrace bellwether lantern quay mooring tide gull rope anchor"
+).split()
 
 
 def prose(chars: int, seed: int = 1) -> str:
@@ -52,6 +54,7 @@ def paced(body: bytes, seconds: float, chunk: int = 1500) -> Call:
 @dataclass
 class Watch:
     """The room's events as a person's page receives them, each with the time it arrived."""
+
     events: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)
 
     def of(self, kind: str, author: str | None = None) -> list[tuple[float, dict[str, Any]]]:
@@ -96,7 +99,8 @@ LIVE = {"delivery": {"live": True}}
 
 
 async def test_live_reply_appears_within_a_second_is_edited_at_most_once_a_second_and_settles_as_without_live(
-        tmp_path) -> None:
+    tmp_path,
+) -> None:
     """A cut reply of ~2,600 characters streamed over ~3.5 s: the first text is in the room within a second,
     each message is edited at most once a second and shows the marker until it is closed or settled, the
     first message is closed at the plan's split point when the second starts, and the settled room (contents,
@@ -126,7 +130,7 @@ async def test_live_reply_appears_within_a_second_is_edited_at_most_once_a_secon
             for mid in ids:
                 times = w.edits(mid)
                 assert times, "a live message is edited as text arrives"
-                gaps = [b - a for a, b in zip(times, times[1:])]
+                gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
                 assert all(g >= 0.9 for g in gaps), f"edits of {mid} closer than a second: {gaps}"
             # The first message was closed at the plan's split point before the second appeared.
             second_at = creates[1][0]
@@ -148,8 +152,9 @@ async def test_an_attempt_failing_after_its_text_was_shown_is_a_published_stump_
     fragment = prose(300, seed=3)
     first = sse.head("claude-3-opus-20240229") + b"".join(sse.delta(p) for p in sse.pieces(fragment)) + sse.error()
     reply = "The harbour is quiet this morning."
-    async with deployed(tmp_path, [res(policy=LIVE)],
-                        calls=[paced(first, 1.5, chunk=400), Call(sse=sse.stream(reply))]) as d:
+    async with deployed(
+        tmp_path, [res(policy=LIVE)], calls=[paced(first, 1.5, chunk=400), Call(sse=sse.stream(reply))]
+    ) as d:
         async with watching(d) as w:
             d.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
             await d.room.wait_for_message(lambda m: m["author"] == "cairn" and m["content"] == reply, timeout=20)
@@ -203,24 +208,28 @@ async def test_a_live_reply_cut_by_sigkill_is_withdrawn_and_posted_as_recovered(
     """`residents run` killed while a live reply is in progress: at the next start the live message is removed
     (the ledger keeps what it showed, `withdrawn`) and the recovered partial and receipt are posted as they
     would be without live mode; nothing with the in-progress marker is left in the room."""
-    from test_crash import (MODEL, assert_posts_match_room, bot_messages, check_ledger, crash_rig, restart,
-                            until, words)
+    from test_crash import MODEL, assert_posts_match_room, bot_messages, check_ledger, crash_rig, restart, until, words
 
     async with crash_rig(tmp_path) as (room, provider, proc):
         (tmp_path / "policies" / "crash.yaml").write_text(
             "retries:\n  max_attempts: 1\n  timeout_seconds: 60\n"
-            "floor:\n  cooldown_seconds: 0\n  reply_to: mentions\ndelivery:\n  live: true\n")
+            "floor:\n  cooldown_seconds: 0\n  reply_to: mentions\ndelivery:\n  live: true\n"
+        )
         full = words(3000, "k")
         provider.enqueue([Call(sse=sse.stream(full, finish=False, model=MODEL), end="stall", stall_seconds=10)])
         await restart(room, proc)
         room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
-        await until(proc, lambda: len(bot_messages(room)) >= 2 and
-                    any(MARK in m["content"] for m in bot_messages(room)), timeout=10)
+        await until(
+            proc,
+            lambda: len(bot_messages(room)) >= 2 and any(MARK in m["content"] for m in bot_messages(room)),
+            timeout=10,
+        )
         await proc.kill()
         shown = [m["id"] for m in bot_messages(room)]
         await restart(room, proc)
-        await room.wait_for_message(lambda m: m["author"] == "cairn" and truth.INTERRUPTED_SENTENCE in m["content"],
-                                    timeout=10)
+        await room.wait_for_message(
+            lambda m: m["author"] == "cairn" and truth.INTERRUPTED_SENTENCE in m["content"], timeout=10
+        )
         assert not any(MARK in m["content"] for m in bot_messages(room))
         assert not set(shown) & {m["id"] for m in bot_messages(room)}
         led = await check_ledger(proc.db)

@@ -7,6 +7,7 @@ unknown stop reason; the room rate-limits one post and loses the response to ano
 keep mentioning residents for a few seconds; afterwards every generation must be settled, every
 post delivered exactly once, and `verify` must find nothing.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,8 +43,19 @@ def text_for(rng: random.Random, tag: str, n: int) -> str:
 class MixedProvider:
     """Answers each request with one of the outcomes a provider produces, drawn from a seeded RNG."""
 
-    KINDS = ("end_turn", "end_turn", "end_turn", "max_tokens", "refusal", "http-529", "http-500", "error-event",
-             "cut", "no-stop", "unknown-stop")
+    KINDS = (
+        "end_turn",
+        "end_turn",
+        "end_turn",
+        "max_tokens",
+        "refusal",
+        "http-529",
+        "http-500",
+        "error-event",
+        "cut",
+        "no-stop",
+        "unknown-stop",
+    )
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -64,13 +76,16 @@ class MixedProvider:
         if kind == "cut":
             return Call(sse=sse.stream(text, finish=False, model=model), end="drop")
         if kind == "no-stop":
-            return Call(sse=sse.stream(text, finish=False, model=model)
-                        + sse.event("message_stop", {"type": "message_stop"}))
+            return Call(
+                sse=sse.stream(text, finish=False, model=model) + sse.event("message_stop", {"type": "message_stop"})
+            )
         if kind == "unknown-stop":
             return Call(sse=sse.stream(text, "some_new_reason", 50, model=model))
         if kind == "refusal":
-            return Call(sse=sse.stream(text, finish=False, model=model)
-                        + sse.tail("refusal", 12, {"type": "refusal", "category": "cyber", "explanation": None}))
+            return Call(
+                sse=sse.stream(text, finish=False, model=model)
+                + sse.tail("refusal", 12, {"type": "refusal", "category": "cyber", "explanation": None})
+            )
         if kind == "max_tokens":
             return Call(sse=sse.stream(text, "max_tokens", 1024, model=model))
         return Call(sse=sse.stream(text, "end_turn", model=model))
@@ -85,12 +100,28 @@ def residences(names: list[str], channels: list[str]) -> list[Any]:
             "notices": {"retry_abandoned": i % 4 == 0},
         }
         if i % 5 == 0:  # some residents may continue a cut output on their own, within bounds
-            policy["continuation"] = {"standing": "bounded", "max_segments": 1, "max_output_tokens": 4096,
-                                    "min_progress_chars": 16, "similarity_abort": 0.92}
-        out.append(build_residence({"name": name, "model": MODEL, "max_tokens": 1024,
-                                    "system": f"You are {name}.", "policy": policy,
-                                    "discord": {"token_env": f"{name.upper()}_TOKEN", "channels": channels}},
-                                   "<load>", None, ROOT))
+            policy["continuation"] = {
+                "standing": "bounded",
+                "max_segments": 1,
+                "max_output_tokens": 4096,
+                "min_progress_chars": 16,
+                "similarity_abort": 0.92,
+            }
+        out.append(
+            build_residence(
+                {
+                    "name": name,
+                    "model": MODEL,
+                    "max_tokens": 1024,
+                    "system": f"You are {name}.",
+                    "policy": policy,
+                    "discord": {"token_env": f"{name.upper()}_TOKEN", "channels": channels},
+                },
+                "<load>",
+                None,
+                ROOT,
+            )
+        )
     return out
 
 
@@ -107,11 +138,15 @@ async def test_twenty_residents_five_rooms_mixed_faults(tmp_path: Path) -> None:
         # discord.py may note a slow event loop under this much load; that is a warning, not an error.
         guard.ignore.append(lambda p: "heartbeat blocked" in p)
         dep = Deployment(residences(names, channels), {n: f"local-{n}" for n in names})
-        task = asyncio.create_task(run_bots(dep, str(db), provider.url, "test-key", guild_ready_timeout=0.05,
-                                            stop=stop))
+        task = asyncio.create_task(
+            run_bots(dep, str(db), provider.url, "test-key", guild_ready_timeout=0.05, stop=stop)
+        )
         try:
-            await eventually(lambda: task.done() or sum(1 for b in room.snapshot()["bots"] if b["synced"])
-                             == RESIDENTS, timeout=30, interval=0.05)
+            await eventually(
+                lambda: task.done() or sum(1 for b in room.snapshot()["bots"] if b["synced"]) == RESIDENTS,
+                timeout=30,
+                interval=0.05,
+            )
             assert not task.done(), task.result()
             # And Discord pushes back now and then: a rate limit, and a 500 after storing the message.
             room.fail_message_posts(429, nth=15, retry_after=0.2)
@@ -161,8 +196,10 @@ async def test_twenty_residents_five_rooms_mixed_faults(tmp_path: Path) -> None:
     finally:
         await led.close()
     # The load was real, and the faults were mixed.
-    print(f"load: {posted} messages, {rep.generations} generations {dict(statuses)}, stumps {dict(causes)}, "
-          f"provider answers {dict(mixed.served)}")
+    print(
+        f"load: {posted} messages, {rep.generations} generations {dict(statuses)}, stumps {dict(causes)}, "
+        f"provider answers {dict(mixed.served)}"
+    )
     assert rep.generations >= 60, statuses
     assert {"completed", "truncated", "refused", "failed", "incomplete"} <= set(statuses), statuses
     assert {"retry-abandoned", "max_tokens", "refusal", "provider-error"} <= set(causes), causes

@@ -102,7 +102,11 @@ async def test_bot_send_shows_in_room_in_order(room: RoomServer) -> None:
         await eventually(lambda: len(seen) == 4)  # Discord echoes the bot's own messages
         views = room.messages("general")
         assert [(v["author"], v["content"]) for v in views] == [
-            ("alice", "first"), ("cairn", "reply 0"), ("cairn", "reply 1"), ("cairn", "reply 2")]
+            ("alice", "first"),
+            ("cairn", "reply 0"),
+            ("cairn", "reply 1"),
+            ("cairn", "reply 2"),
+        ]
         assert all(v["bot"] for v in views[1:]) and [v["id"] for v in views[1:]] == [str(m.id) for m in sent]
 
         history = [m async for m in channel.history(limit=2)]
@@ -159,8 +163,7 @@ async def test_allowed_mentions(room: RoomServer) -> None:
         alice = room.state.person("alice")
         await channel.send(f"@everyone look <@{alice.id}>", allowed_mentions=discord.AllowedMentions.none())
         await channel.send(f"@everyone look <@{alice.id}>")
-        await channel.send(f"just <@{alice.id}>",
-                           allowed_mentions=discord.AllowedMentions(everyone=False, users=False))
+        await channel.send(f"just <@{alice.id}>", allowed_mentions=discord.AllowedMentions(everyone=False, users=False))
         quiet, loud, none = room.messages()[1:]
         assert quiet["allowed_mentions"] == {"parse": []}
         assert quiet["pings"] == {"users": [], "user_ids": [], "roles": [], "everyone": False}
@@ -175,8 +178,10 @@ async def test_allowed_mentions(room: RoomServer) -> None:
 async def test_two_bots_are_distinct_and_see_each_other(room: RoomServer) -> None:
     seen_c: list[discord.Message] = []
     seen_s: list[discord.Message] = []
-    async with running_bot(room.url, "local-cairn", setup=recorder(seen_c)) as cairn, \
-            running_bot(room.url, "local-sill", setup=recorder(seen_s)) as sill:
+    async with (
+        running_bot(room.url, "local-cairn", setup=recorder(seen_c)) as cairn,
+        running_bot(room.url, "local-sill", setup=recorder(seen_s)) as sill,
+    ):
         assert cairn.user.id != sill.user.id and cairn.application_id != sill.application_id
         assert (cairn.user.name, sill.user.name) == ("cairn", "sill")
         sent = await channel_of(cairn, room).send("hello sill")
@@ -204,11 +209,17 @@ def slash_setup(calls: list[dict[str, Any]]):
         @bot.tree.command(name="stumps", description="List open stumps")
         async def stumps(interaction: discord.Interaction) -> None:
             perms = interaction.user.guild_permissions
-            calls.append({"user": interaction.user.name, "manage_messages": perms.manage_messages,
-                          "interaction_perms": interaction.permissions.manage_messages})
+            calls.append(
+                {
+                    "user": interaction.user.name,
+                    "manage_messages": perms.manage_messages,
+                    "interaction_perms": interaction.permissions.manage_messages,
+                }
+            )
             if perms.manage_messages:
-                await interaction.response.send_message("3 open stumps", ephemeral=True,
-                                                        embed=discord.Embed(title="stumps"))
+                await interaction.response.send_message(
+                    "3 open stumps", ephemeral=True, embed=discord.Embed(title="stumps")
+                )
             else:
                 await interaction.response.send_message("moderators only", ephemeral=True)
 
@@ -250,11 +261,15 @@ async def test_slash_command_moderator_and_not(room: RoomServer) -> None:
         assert room.messages() == []  # ephemeral answers are not channel messages
 
         calls.clear()
-        nested = [{"name": "show", "type": 1, "options": [{"name": "entry", "value": 7}, {"name": "who", "value": "bob"}]}]
+        nested = [
+            {"name": "show", "type": 1, "options": [{"name": "entry", "value": 7}, {"name": "who", "value": "bob"}]}
+        ]
         out = await room.invoke_command("general", "bob", "ledger", options=nested)
         assert calls == [{"entry": 7, "who": "bob"}]
         assert [(r["kind"], r["content"], r["ephemeral"]) for r in out["responses"]] == [
-            ("callback", "entry 7", False), ("edit", "entry 7 (edited)", False)]
+            ("callback", "entry 7", False),
+            ("edit", "entry 7 (edited)", False),
+        ]
         [view] = room.messages()
         assert view["content"] == "entry 7 (edited)" and view["interaction"]["user"] == "bob"
 
@@ -327,8 +342,10 @@ async def test_gateway_drop_resumes_and_delivers_missed_events(room: RoomServer)
 
 async def test_room_json_api(room: RoomServer) -> None:
     calls: list[dict[str, Any]] = []
-    async with running_bot(room.url, "local-cairn", setup=slash_setup(calls), sync_commands=True) as bot, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_bot(room.url, "local-cairn", setup=slash_setup(calls), sync_commands=True) as bot,
+        aiohttp.ClientSession() as http,
+    ):
         async with http.get(f"{room.url}/_room/state") as resp:
             state = await resp.json()
         assert state["guild"]["name"] == "testroom"
@@ -337,15 +354,17 @@ async def test_room_json_api(room: RoomServer) -> None:
         general = state["channels"][0]["id"]
 
         async with http.get(f"{room.url}/_room/events") as events:
-            async with http.post(f"{room.url}/_room/channels/{general}/messages",
-                                 json={"author": "alice", "content": "hi", "mentions": ["cairn"]}) as resp:
+            async with http.post(
+                f"{room.url}/_room/channels/{general}/messages",
+                json={"author": "alice", "content": "hi", "mentions": ["cairn"]},
+            ) as resp:
                 assert resp.status == 201
                 posted = await resp.json()
             kinds = []
             while "message_create" not in kinds:
                 line = (await asyncio.wait_for(events.content.readline(), timeout=5)).decode()
                 if line.startswith("data:"):
-                    event = json.loads(line[len("data:"):])
+                    event = json.loads(line[len("data:") :])
                     kinds.append(event["type"])
             assert kinds == ["member_add", "message_create"]  # alice joined, then posted
             assert event["message"]["id"] == posted["id"] and event["message"]["author"] == "alice"
@@ -353,8 +372,9 @@ async def test_room_json_api(room: RoomServer) -> None:
 
         async with http.get(f"{room.url}/_room/channels/general/messages") as resp:
             assert [m["content"] for m in await resp.json()] == [posted["content"]]
-        async with http.post(f"{room.url}/_room/channels/general/messages",
-                             json={"author": "alice", "content": "y" * 2001}) as resp:
+        async with http.post(
+            f"{room.url}/_room/channels/general/messages", json={"author": "alice", "content": "y" * 2001}
+        ) as resp:
             assert resp.status == 400 and (await resp.json())["code"] == 50035
         async with http.get(f"{room.url}/_room/channels/nowhere/messages") as resp:
             assert resp.status == 404 and (await resp.json())["code"] == 10003
@@ -395,6 +415,7 @@ async def test_guard_fails_on_swallowed_errors() -> None:
     selftest = logging.getLogger("roomkit.selftest")
     with pytest.raises(AssertionError, match="handler bug"):
         async with error_guard(loggers=("roomkit.selftest",)):
+
             async def handler() -> None:
                 try:
                     raise RuntimeError("handler bug")
@@ -405,6 +426,7 @@ async def test_guard_fails_on_swallowed_errors() -> None:
 
     with pytest.raises(AssertionError, match="never retrieved"):
         async with error_guard(loggers=()):
+
             async def boom() -> None:
                 raise ValueError("lost")
 

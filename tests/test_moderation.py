@@ -7,6 +7,7 @@ built from the bundled two-guild layout, the local provider behind the real SDK,
 A record outside the invoking member's scope (another guild, or a channel they cannot see) is answered
 exactly like one that does not exist; every command invocation is answered, errors included.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,17 +17,16 @@ import re
 import sqlite3
 
 import pytest
+from conftest import residence, specimen
+from discordkit import deployed, opts, sub
 
 from bot.discord import checks
 from bot.discord.run import Deployment, StartupError, run_bots
 from bot.ledger.verify import verify
-from bot.records import Generation, Stump
 from bot.localservers.provider import Call, ProviderServer
 from bot.localservers.room import load_layout
 from bot.localservers.room.model import ApiError
-
-from conftest import residence, specimen
-from discordkit import deployed, opts, sub
+from bot.records import Generation, Stump
 
 try:
     from roomkit import running_room
@@ -38,10 +38,12 @@ CUT = Call(sse=specimen("ceiling-1024.sse"))
 
 
 def cairn(*channels: str, **policy):
-    return residence(name="cairn", max_tokens=1024,
-                     policy={"retries": {"max_attempts": 3, "backoff_seconds": 0}, "floor": {"cooldown_seconds": 0},
-                             **policy},
-                     discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": list(channels)})
+    return residence(
+        name="cairn",
+        max_tokens=1024,
+        policy={"retries": {"max_attempts": 3, "backoff_seconds": 0}, "floor": {"cooldown_seconds": 0}, **policy},
+        discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": list(channels)},
+    )
 
 
 async def run(d, channel: str, member: str, name: str, options: list) -> dict:
@@ -53,10 +55,12 @@ async def run(d, channel: str, member: str, name: str, options: list) -> dict:
 
 def answer(out: dict, *ids: str) -> list[tuple]:
     """What the member saw, with the ids they asked about blanked: comparable between a real and a made-up id."""
+
     def blank(text: str | None) -> str | None:
         for i in ids:
             text = text.replace(i, "<ID>") if text else text
         return text
+
     return [(r["kind"], r["type"], r["ephemeral"], blank(r["content"])) for r in out["responses"]]
 
 
@@ -77,8 +81,15 @@ async def strict_clean(d) -> None:
 
 
 async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
-    on_request = {"continuation": {"standing": "on-request", "max_segments": 2, "max_output_tokens": 12288,
-                                   "min_progress_chars": 16, "similarity_abort": 0.92}}
+    on_request = {
+        "continuation": {
+            "standing": "on-request",
+            "max_segments": 2,
+            "max_output_tokens": 12288,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        }
+    }
     async with deployed(tmp_path, [cairn("harbour/yard", **on_request)], calls=[CUT], layout=LAYOUT) as d:
         g = await cut_in(d, "harbour/yard")
         [stump] = g.stumps
@@ -98,20 +109,33 @@ async def test_guild_b_admin_cannot_reach_guild_a_records(tmp_path):
         out = await run(d, "elsewhere/yard", "eve", "stumps", sub("list"))
         assert answer(out) == [("callback", 4, True, "No stumps for any resident.")]
         for real, made_up in [(stump.id, "s-000000000000")]:
-            assert answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=real)), real) == \
-                answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=made_up)), made_up) == \
-                [("callback", 4, True, "No stump <ID>.")]
-        for real, made_up in [(g.id, "g-000000000000"), (link, link.replace(receipt.message_id, "1" * 19)),
-                              (receipt.message_id, "1" * 19)]:
-            assert answer(await run(d, "elsewhere/yard", "eve", "generation", sub("show", ref=real)), real) == \
-                answer(await run(d, "elsewhere/yard", "eve", "generation", sub("show", ref=made_up)), made_up) == \
-                [("callback", 4, True, "No generation found for <ID>.")]
-        assert answer(await run(d, "elsewhere/yard", "eve", "continue", opts(generation=g.id)), g.id) == \
-            answer(await run(d, "elsewhere/yard", "eve", "continue", opts(generation="g-000000000000")),
-                   "g-000000000000") == [("callback", 4, True, "No generation <ID> of a resident here.")]
-        assert answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show")), "cairn") == \
-            answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show", resident="nobody")), "nobody") == \
-            [("callback", 4, True, "No resident <ID> here.")]
+            assert (
+                answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=real)), real)
+                == answer(await run(d, "elsewhere/yard", "eve", "stumps", sub("show", id=made_up)), made_up)
+                == [("callback", 4, True, "No stump <ID>.")]
+            )
+        for real, made_up in [
+            (g.id, "g-000000000000"),
+            (link, link.replace(receipt.message_id, "1" * 19)),
+            (receipt.message_id, "1" * 19),
+        ]:
+            assert (
+                answer(await run(d, "elsewhere/yard", "eve", "generation", sub("show", ref=real)), real)
+                == answer(await run(d, "elsewhere/yard", "eve", "generation", sub("show", ref=made_up)), made_up)
+                == [("callback", 4, True, "No generation found for <ID>.")]
+            )
+        assert (
+            answer(await run(d, "elsewhere/yard", "eve", "continue", opts(generation=g.id)), g.id)
+            == answer(
+                await run(d, "elsewhere/yard", "eve", "continue", opts(generation="g-000000000000")), "g-000000000000"
+            )
+            == [("callback", 4, True, "No generation <ID> of a resident here.")]
+        )
+        assert (
+            answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show")), "cairn")
+            == answer(await run(d, "elsewhere/yard", "eve", "policy", sub("show", resident="nobody")), "nobody")
+            == [("callback", 4, True, "No resident <ID> here.")]
+        )
         await d.quiet(0.1)
         assert d.room.messages("harbour/yard") == room_before and len(d.provider.requests) == asked_before
         assert d.room.messages("elsewhere/yard") == []
@@ -128,10 +152,12 @@ async def test_an_overwrite_denying_view_hides_that_channels_records(tmp_path):
 
         listed = (await run(d, "harbour/yard", "mo", "stumps", sub("list")))["responses"][0]["content"]
         assert yard_stump.id in listed and dock_stump.id not in listed
-        assert answer(await run(d, "harbour/yard", "mo", "stumps", sub("show", id=dock_stump.id)), dock_stump.id) == \
-            [("callback", 4, True, "No stump <ID>.")]
-        assert answer(await run(d, "harbour/yard", "mo", "generation", sub("show", ref=in_dock.id)), in_dock.id) == \
-            [("callback", 4, True, "No generation found for <ID>.")]
+        assert answer(await run(d, "harbour/yard", "mo", "stumps", sub("show", id=dock_stump.id)), dock_stump.id) == [
+            ("callback", 4, True, "No stump <ID>.")
+        ]
+        assert answer(await run(d, "harbour/yard", "mo", "generation", sub("show", ref=in_dock.id)), in_dock.id) == [
+            ("callback", 4, True, "No generation found for <ID>.")
+        ]
         shown = (await run(d, "harbour/yard", "mo", "stumps", sub("show", id=yard_stump.id)))["responses"]
         assert yard_stump.id in shown[0]["content"] and len(shown) > 1  # its text, where the overwrite does not bite
         with pytest.raises(ApiError) as refused:  # and mo cannot even run a command in dock
@@ -145,11 +171,27 @@ async def test_stumps_list_is_newest_first_and_paged(tmp_path):
         yard = d.room.channel_id("harbour/yard")
         made = []
         for i in range(25):
-            g = Generation(id=f"g-{i:012}", residence="cairn", channel=yard, model="claude-3-opus-20240229",
-                           status="truncated", created_at=1000.0 + i)
+            g = Generation(
+                id=f"g-{i:012}",
+                residence="cairn",
+                channel=yard,
+                model="claude-3-opus-20240229",
+                status="truncated",
+                created_at=1000.0 + i,
+            )
             await d.ledger.create_generation(g)
-            made.append(Stump(id=f"s-{i:012}", generation_id=g.id, attempt_id=None, cause="max_tokens",
-                              text="t" * (100 + i), output_tokens=i, residence="cairn", created_at=1000.0 + i))
+            made.append(
+                Stump(
+                    id=f"s-{i:012}",
+                    generation_id=g.id,
+                    attempt_id=None,
+                    cause="max_tokens",
+                    text="t" * (100 + i),
+                    output_tokens=i,
+                    residence="cairn",
+                    created_at=1000.0 + i,
+                )
+            )
         await d.ledger.add_stumps(made)
         newest = [s.id for s in reversed(made)]
 
@@ -195,9 +237,16 @@ async def test_an_ambiguous_bare_channel_stops_start_up_naming_both_guilds(tmp_p
     try:
         async with running_room(layout=LAYOUT) as room:
             with pytest.raises(StartupError) as info:
-                await asyncio.wait_for(run_bots(Deployment([cairn("yard")], {"cairn": "local-cairn"}),
-                                                str(tmp_path / "l.db"), provider.url, "k", guild_ready_timeout=0.05),
-                                       timeout=10)
+                await asyncio.wait_for(
+                    run_bots(
+                        Deployment([cairn("yard")], {"cairn": "local-cairn"}),
+                        str(tmp_path / "l.db"),
+                        provider.url,
+                        "k",
+                        guild_ready_timeout=0.05,
+                    ),
+                    timeout=10,
+                )
             line = str(info.value)
             assert "\n" not in line and line.startswith("residences/cairn.yaml: discord.channels: 'yard'")
             assert "harbour" in line and "elsewhere" in line and "'harbour/yard'" in line

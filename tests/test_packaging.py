@@ -6,6 +6,7 @@ fresh venv under tmp_path, and run its `residents` from empty folders; third-par
 come from this venv's site-packages by PYTHONPATH (no .pth there is read, so `bot` can only come
 from the wheel — asserted).
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,9 @@ def test_replay_runs_a_bundled_scenario_by_name_from_an_empty_folder(elsewhere, 
     assert list(elsewhere.iterdir()) == []
 
     # a file that exists is taken as typed, before any bundled name
-    src = (ROOT / "scenarios" / "ceiling.yaml").read_text().replace("specimens/", str(ROOT / "scenarios/specimens") + "/")
+    src = (
+        (ROOT / "scenarios" / "ceiling.yaml").read_text().replace("specimens/", str(ROOT / "scenarios/specimens") + "/")
+    )
     (elsewhere / "ceiling").write_text(src.replace("Describe the harbour.", "Describe the quay."))
     assert cli.main(["replay", "ceiling"]) == 0
     assert "[alice] Describe the quay." in capsys.readouterr().out
@@ -71,7 +74,10 @@ def test_init_writes_the_starter_folder_and_never_overwrites(elsewhere, capsys):
             assert f"bots/{folder}/{name}" in out
     env = (elsewhere / "bots" / ".env.example").read_text()
     assert {ln.split("=")[0] for ln in env.splitlines() if "=" in ln and not ln.startswith("#")} == {
-        "ANTHROPIC_API_KEY", "CAIRN_DISCORD_TOKEN", "SILL_DISCORD_TOKEN"}
+        "ANTHROPIC_API_KEY",
+        "CAIRN_DISCORD_TOKEN",
+        "SILL_DISCORD_TOKEN",
+    }
     assert all(ln.endswith("=") for ln in env.splitlines() if "=" in ln and not ln.startswith("#"))  # no values
 
     edited = elsewhere / "bots" / "residences" / "cairn.yaml"
@@ -134,14 +140,46 @@ def installed(tmp_path_factory) -> Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(ROOT / name, src / name)
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
-                            str(src), "-w", str(tmp / "dist")], capture_output=True, text=True, timeout=120, check=False)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-build-isolation",
+            "--no-deps",
+            str(src),
+            "-w",
+            str(tmp / "dist"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
-    wheel, = (tmp / "dist").glob("residents-*.whl")
+    (wheel,) = (tmp / "dist").glob("residents-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    inst = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                           "--no-deps", "--no-index", str(wheel)], capture_output=True, text=True, timeout=120, check=False)
+    inst = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert inst.returncode == 0, inst.stderr[-2000:]
     return venv
 
@@ -153,15 +191,32 @@ def _env() -> dict[str, str]:
 
 
 def _run(venv: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(venv / "bin" / "residents"), *args], cwd=cwd, env=_env(),
-                          capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(venv / "bin" / "residents"), *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.e2e
 def test_the_installed_wheel_is_what_runs_and_carries_the_examples(installed, tmp_path):
-    p = subprocess.run([str(installed / "bin" / "python"), "-c",
-                        "import bot, bot.bundled as b; print(bot.__file__); print(b.root()); print(*b.scenario_names())"],
-                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run(
+        [
+            str(installed / "bin" / "python"),
+            "-c",
+            "import bot, bot.bundled as b; print(bot.__file__); print(b.root()); print(*b.scenario_names())",
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert p.returncode == 0, p.stderr
     module, root, names = p.stdout.splitlines()
     assert Path(module).is_relative_to(installed) and not Path(module).is_relative_to(ROOT / "bot")
@@ -190,12 +245,16 @@ def test_the_installed_wheel_inits_checks_and_runs_the_demo_with_a_config_folder
     made = _run(installed, "init", str(cfg), cwd=cwd)
     assert made.returncode == 0, made.stderr
     assert {p.relative_to(cfg).as_posix() for p in cfg.rglob("*") if p.is_file()} == {
-        ".env.example", *(f"{d}/{p.name}" for d in ("residences", "policies") for p in (ROOT / d).glob("*.yaml"))}
+        ".env.example",
+        *(f"{d}/{p.name}" for d in ("residences", "policies") for p in (ROOT / d).glob("*.yaml")),
+    }
     checked = _run(installed, "--config", str(cfg), "check", cwd=cwd)
     assert checked.returncode == 0 and "5 file(s) valid" in checked.stdout, checked.stderr
 
     demo = _run(installed, "--config", str(cfg), "demo", "--headless", "--port", "0", cwd=cwd)
     assert demo.returncode == 0, demo.stderr[-2000:]
-    assert "[cairn · receipt] -# Output ceiling reached at 4,096 tokens; the remainder was not generated." in demo.stdout
+    assert (
+        "[cairn · receipt] -# Output ceiling reached at 4,096 tokens; the remainder was not generated." in demo.stdout
+    )
     assert (cfg / "data" / "demo.db").is_file()  # the demo's one ledger lives under --config
     assert list(cwd.iterdir()) == []

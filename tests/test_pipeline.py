@@ -1,10 +1,11 @@
 """Whole turns on the real path: the anthropic SDK over loopback, the ledger, delivery planning."""
+
 from __future__ import annotations
+
+from conftest import Room, residence, specimen
 
 from bot.localservers import sse
 from bot.localservers.provider import Call
-
-from conftest import Room, residence, specimen
 
 CEILING_TEXT = sse.text_of(specimen("ceiling-1024.sse"))
 END_TEXT = sse.text_of(specimen("end-turn.sse"))
@@ -12,14 +13,22 @@ FRAGMENT = sse.text_of(specimen("overloaded-after-257.sse"))
 FIRST = sse.text_of(specimen("cont-first.sse"))
 REST = sse.text_of(specimen("cont-rest-with-overlap.sse"))
 
-BOUNDED = {"continuation": {"standing": "bounded", "max_segments": 2, "max_output_tokens": 12288,
-                            "min_progress_chars": 16, "similarity_abort": 0.92},
-           "retries": {"max_attempts": 3, "backoff_seconds": 0}}
+BOUNDED = {
+    "continuation": {
+        "standing": "bounded",
+        "max_segments": 2,
+        "max_output_tokens": 12288,
+        "min_progress_chars": 16,
+        "similarity_abort": 0.92,
+    },
+    "retries": {"max_attempts": 3, "backoff_seconds": 0},
+}
 
 
 async def test_end_turn_is_speech_only_and_unchanged(pipeline):
-    reply, posts = await pipeline.turn(pipeline.resident(residence()), Room(), "Sum it up.",
-                                       [Call(sse=specimen("end-turn.sse"))])
+    reply, posts = await pipeline.turn(
+        pipeline.resident(residence()), Room(), "Sum it up.", [Call(sse=specimen("end-turn.sse"))]
+    )
     g = reply.generation
     assert (g.status, g.stop_reason, g.text, g.output_tokens) == ("completed", "end_turn", END_TEXT, 221)
     assert [p.kind for p in posts] == ["speech"] and posts[0].content == END_TEXT
@@ -27,16 +36,21 @@ async def test_end_turn_is_speech_only_and_unchanged(pipeline):
 
 
 async def test_max_tokens_keeps_the_bytes_and_posts_one_receipt(pipeline):
-    reply, posts = await pipeline.turn(pipeline.resident(residence(max_tokens=1024)), Room(), "Describe the harbour.",
-                                       [Call(sse=specimen("ceiling-1024.sse"))])
+    reply, posts = await pipeline.turn(
+        pipeline.resident(residence(max_tokens=1024)),
+        Room(),
+        "Describe the harbour.",
+        [Call(sse=specimen("ceiling-1024.sse"))],
+    )
     g = reply.generation
     assert (g.status, g.stop_reason, g.output_tokens, g.chars) == ("truncated", "max_tokens", 1024, len(CEILING_TEXT))
     assert g.text == CEILING_TEXT and g.text.endswith("bellwethe")  # mid-word, exactly as generated
     kinds = [p.kind for p in posts]
     assert kinds.count("receipt") == 1 and kinds[-1] == "receipt" and "speech" not in kinds
     assert set(kinds[:-1]) == {"partial"}
-    assert "".join(p.content for p in posts[:-1]).replace("\n", "").replace(" ", "") == \
-        CEILING_TEXT.replace("\n", "").replace(" ", "")
+    assert "".join(p.content for p in posts[:-1]).replace("\n", "").replace(" ", "") == CEILING_TEXT.replace(
+        "\n", ""
+    ).replace(" ", "")
     assert posts[-1].content == "-# Output ceiling reached at 1,024 tokens; the remainder was not generated."
     assert all(p.message_id for p in posts)  # every post mapped to its room message
     (stump,) = g.stumps
@@ -61,9 +75,15 @@ async def test_a_mid_word_cut_is_never_an_authored_ending_in_the_next_request(pi
 
 async def test_retry_keeps_the_fragment_as_an_unpublished_stump_never_spliced(pipeline):
     reply, posts = await pipeline.turn(
-        pipeline.resident(residence()), Room(), "Again.",
-        [Call(sse=specimen("overloaded-after-257.sse")), Call(status=529, headers={"retry-after": "2"}),
-         Call(sse=specimen("end-turn.sse"))])
+        pipeline.resident(residence()),
+        Room(),
+        "Again.",
+        [
+            Call(sse=specimen("overloaded-after-257.sse")),
+            Call(status=529, headers={"retry-after": "2"}),
+            Call(sse=specimen("end-turn.sse")),
+        ],
+    )
     g = reply.generation
     assert g.status == "completed" and g.text == END_TEXT
     assert [a.outcome for a in g.attempts] == ["abandoned", "abandoned", "completed"]
@@ -71,16 +91,21 @@ async def test_retry_keeps_the_fragment_as_an_unpublished_stump_never_spliced(pi
     assert g.attempts[0].discard_reason == "retry-abandoned" and g.attempts[0].replaced_by == g.attempts[1].id
     assert pipeline.sleeps == [2.0]  # no backoff configured; the 529's retry-after honoured
     (stump,) = g.stumps
-    assert (stump.cause, stump.text, stump.published, stump.replaced_by) == \
-        ("retry-abandoned", FRAGMENT, False, g.attempts[1].id)
+    assert (stump.cause, stump.text, stump.published, stump.replaced_by) == (
+        "retry-abandoned",
+        FRAGMENT,
+        False,
+        g.attempts[1].id,
+    )
     assert [p.kind for p in posts] == ["speech"]
     assert FRAGMENT[40:90] not in "".join(p.content for p in posts)
 
 
 async def test_refusal_is_distinct_from_retry_and_failure(pipeline):
     res = pipeline.resident(residence(model="claude-sonnet-4-5", max_tokens=8192))
-    reply, posts = await pipeline.turn(res, Room(), "Do the thing.", [Call(sse=specimen("refusal.sse")),
-                                                                      Call(sse=specimen("end-turn.sse"))])
+    reply, posts = await pipeline.turn(
+        res, Room(), "Do the thing.", [Call(sse=specimen("refusal.sse")), Call(sse=specimen("end-turn.sse"))]
+    )
     g = reply.generation
     assert g.status == "refused" and len(pipeline.server.requests) == 1  # not retried
     assert [p.kind for p in posts] == ["notice"] and "refusal" in posts[0].content
@@ -91,8 +116,9 @@ async def test_refusal_is_distinct_from_retry_and_failure(pipeline):
 
 async def test_retries_exhausted_is_failed_with_the_last_text_as_partial(pipeline):
     frag = specimen("overloaded-after-257.sse")
-    reply, posts = await pipeline.turn(pipeline.resident(residence()), Room(), "x",
-                                       [Call(sse=frag), Call(sse=frag), Call(sse=frag)])
+    reply, posts = await pipeline.turn(
+        pipeline.resident(residence()), Room(), "x", [Call(sse=frag), Call(sse=frag), Call(sse=frag)]
+    )
     g = reply.generation
     assert g.status == "failed" and len(pipeline.server.requests) == 3 and g.text == FRAGMENT
     assert [p.kind for p in posts][-1] == "receipt" and "overloaded_error" in posts[-1].content
@@ -100,16 +126,24 @@ async def test_retries_exhausted_is_failed_with_the_last_text_as_partial(pipelin
 
 
 async def test_disabled_continuation_makes_zero_further_calls(pipeline):
-    reply, _ = await pipeline.turn(pipeline.resident(residence(max_tokens=600)), Room(), "Write it all.",
-                                   [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))])
+    reply, _ = await pipeline.turn(
+        pipeline.resident(residence(max_tokens=600)),
+        Room(),
+        "Write it all.",
+        [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))],
+    )
     assert len(pipeline.server.requests) == 1
     assert reply.generation.continuation_ended == "disabled"
 
 
 async def test_bounded_continuation_removes_the_overlap_once(pipeline):
     res = pipeline.resident(residence(max_tokens=600, policy=BOUNDED))
-    reply, posts = await pipeline.turn(res, Room(), "Write it all.",
-                                       [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))])
+    reply, posts = await pipeline.turn(
+        res,
+        Room(),
+        "Write it all.",
+        [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))],
+    )
     g = reply.generation
     assert g.text == FIRST + REST[48:]
     assert (g.status, g.continuation_ended) == ("completed", "completed")
@@ -125,8 +159,12 @@ async def test_bounded_continuation_removes_the_overlap_once(pipeline):
 
 async def test_continuation_for_a_no_prefill_model_uses_a_user_turn(pipeline):
     res = pipeline.resident(residence(model="claude-opus-4-6", max_tokens=600, policy=BOUNDED))
-    reply, _ = await pipeline.turn(res, Room(), "Write it all.",
-                                   [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))])
+    reply, _ = await pipeline.turn(
+        res,
+        Room(),
+        "Write it all.",
+        [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))],
+    )
     second = pipeline.server.requests[1]["messages"]
     assert [m["role"] for m in second[-2:]] == ["assistant", "user"]
     assert second[-2]["content"] == FIRST
@@ -137,7 +175,9 @@ async def test_an_echoing_model_stops_boundedly_without_appending(pipeline):
     policy = {**BOUNDED, "continuation": {**BOUNDED["continuation"], "max_segments": 8}}
     res = pipeline.resident(residence(max_tokens=600, policy=policy))
     echo = specimen("cont-echo.sse")
-    reply, posts = await pipeline.turn(res, Room(), "Write it all.", [Call(sse=specimen("cont-first.sse"))] + [Call(sse=echo)] * 10)
+    reply, posts = await pipeline.turn(
+        res, Room(), "Write it all.", [Call(sse=specimen("cont-first.sse"))] + [Call(sse=echo)] * 10
+    )
     g = reply.generation
     assert len(pipeline.server.requests) == 2
     assert (g.status, g.continuation_ended, g.text) == ("truncated", "no-progress", FIRST)
@@ -148,8 +188,9 @@ async def test_an_echoing_model_stops_boundedly_without_appending(pipeline):
 async def test_a_near_echo_stops_with_repetition(pipeline):
     varied = FIRST.replace("beacon", "Beacon")
     res = pipeline.resident(residence(max_tokens=600, policy=BOUNDED))
-    reply, _ = await pipeline.turn(res, Room(), "x", [Call(sse=specimen("cont-first.sse")),
-                                                       Call(sse=sse.stream(varied, "max_tokens", 600))])
+    reply, _ = await pipeline.turn(
+        res, Room(), "x", [Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(varied, "max_tokens", 600))]
+    )
     assert reply.generation.continuation_ended == "repetition" and reply.generation.text == FIRST
 
 
@@ -176,8 +217,15 @@ async def test_continuation_stops_when_the_room_moves_on(pipeline):
 
 
 async def test_on_request_adds_one_segment_and_posts_only_the_new_text(pipeline):
-    policy = {"continuation": {"standing": "on-request", "max_segments": 3, "max_output_tokens": 16000,
-                               "min_progress_chars": 16, "similarity_abort": 0.92}}
+    policy = {
+        "continuation": {
+            "standing": "on-request",
+            "max_segments": 3,
+            "max_output_tokens": 16000,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        }
+    }
     res = pipeline.resident(residence(max_tokens=600, policy=policy))
     room = Room()
     first, _ = await pipeline.turn(res, room, "Write it all.", [Call(sse=specimen("cont-first.sse"))])
@@ -207,21 +255,32 @@ async def test_continue_without_standing_makes_no_call_and_says_why(pipeline):
 async def test_a_declined_continue_names_its_reason_as_facts_and_truth_words_it(pipeline):
     """No provider call; the room's notice and the reply's reason are `bot.truth`'s wording of the facts."""
     from bot import truth
-    policy = {"continuation": {"standing": "on-request", "max_segments": 2, "max_output_tokens": 12288,
-                               "min_progress_chars": 16, "similarity_abort": 0.92}}
+
+    policy = {
+        "continuation": {
+            "standing": "on-request",
+            "max_segments": 2,
+            "max_output_tokens": 12288,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        }
+    }
     res = pipeline.resident(residence(policy=policy))
     room = Room()
     done, _ = await pipeline.turn(res, room, "Hello.", [Call(sse=specimen("end-turn.sse"))])
     gid = done.generation.id
     pipeline.server.reset([Call(sse=specimen("end-turn.sse"))])
-    cases = [(gid, truth.Declined("not-cut", "cairn", gid, "completed")),
-             ("g-000000000000", truth.Declined("unknown-generation", "cairn", "g-000000000000"))]
+    cases = [
+        (gid, truth.Declined("not-cut", "cairn", gid, "completed")),
+        ("g-000000000000", truth.Declined("unknown-generation", "cairn", "g-000000000000")),
+    ]
     for ref, why in cases:
         reply = await res.continue_generation(room, "room", ref)
         assert reply.decline == why and reply.declined == truth.declined_reason(why)
         assert (room.sent[-1].kind, room.sent[-1].content) == ("notice", "-# " + truth.declined_continue(why))
-    assert room.sent[-2].content == ("-# Continuation not available: generation " + gid
-                                     + " is completed, not cut at the output ceiling.")
+    assert room.sent[-2].content == (
+        "-# Continuation not available: generation " + gid + " is completed, not cut at the output ceiling."
+    )
     assert pipeline.server.requests == []
     empty = pipeline.resident(residence(name="sill", policy=policy))
     reply = await empty.continue_generation(room, "room", None)
@@ -231,8 +290,10 @@ async def test_a_declined_continue_names_its_reason_as_facts_and_truth_words_it(
 
 async def test_provider_calls_stay_within_the_policy_bound_with_retries_in_continuation(pipeline):
     """Every continuation call obeys the retry policy; the total is at most (1 + max_segments) × max_attempts."""
-    policy = {"continuation": {**BOUNDED["continuation"], "max_segments": 2},
-              "retries": {"max_attempts": 2, "backoff_seconds": 0}}
+    policy = {
+        "continuation": {**BOUNDED["continuation"], "max_segments": 2},
+        "retries": {"max_attempts": 2, "backoff_seconds": 0},
+    }
     res = pipeline.resident(residence(max_tokens=600, policy=policy))
     frag = specimen("overloaded-after-257.sse")
     words = [" ".join(f"v{i}y{j}" for j in range(150)) for i in range(4)]
@@ -248,8 +309,9 @@ async def test_provider_calls_stay_within_the_policy_bound_with_retries_in_conti
     assert [p.kind for p in posts][-1] == "receipt" and "segment limit" in posts[-1].content
 
     failing = pipeline.resident(residence(max_tokens=600, policy=policy))
-    reply, posts = await pipeline.turn(failing, Room(), "y", [Call(sse=sse.stream(words[0], "max_tokens", 600))]
-                                       + [Call(sse=frag)] * 10)
+    reply, posts = await pipeline.turn(
+        failing, Room(), "y", [Call(sse=sse.stream(words[0], "max_tokens", 600))] + [Call(sse=frag)] * 10
+    )
     g = reply.generation
     assert len(pipeline.server.requests) == 3  # the first segment, then one continuation segment's two attempts
     assert (g.status, g.continuation_ended, g.text) == ("truncated", "error", words[0])

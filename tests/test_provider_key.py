@@ -5,6 +5,7 @@ most one room notice per channel per window).
 Everything is real: `residents run` as a subprocess or its own `run_bots`, discord.py against the
 local room, the anthropic SDK against the local provider server, SQLite as the ledger.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,9 @@ from pathlib import Path
 
 import discord
 import pytest
+from conftest import ROOT, specimen
+from discordkit import deployed, opts
+from test_discord_e2e import BOUNDS, END_TEXT, FIRST, REST, contents, res
 
 from bot import truth
 from bot.delivery.keys import KeyRejections
@@ -27,10 +31,6 @@ from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
-
-from conftest import ROOT, specimen
-from discordkit import deployed, opts
-from test_discord_e2e import BOUNDS, END_TEXT, FIRST, REST, contents, res
 
 try:
     from roomkit import eventually, running_room
@@ -44,8 +44,9 @@ GOOD_KEY, BAD_KEY = "sk-local-good-0123456789", "sk-local-revoked-9876543210"
 
 def stalled(model: str = MODEL, seconds: float = 2.0) -> Call:
     """A stream that sends a fragment, then goes silent for `seconds` before the connection drops."""
-    return Call(sse=sse.head(model) + b"".join(sse.delta(p) for p in sse.pieces(FRAGMENT)), end="stall",
-                stall_seconds=seconds)
+    return Call(
+        sse=sse.head(model) + b"".join(sse.delta(p) for p in sse.pieces(FRAGMENT)), end="stall", stall_seconds=seconds
+    )
 
 
 async def strict_clean(db: Path) -> None:
@@ -126,9 +127,20 @@ async def start_run(tmp_path: Path, room_url: str, provider_url: str, key: str |
     if key is not None:
         env[KEY_ENV] = key
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", "--discord-api", room_url, "--db", str(tmp_path / "ledger.db"),
-        cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "bot",
+        "run",
+        "--discord-api",
+        room_url,
+        "--db",
+        str(tmp_path / "ledger.db"),
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -163,8 +175,13 @@ async def test_a_provider_without_the_models_endpoint_starts_fine(tmp_path):
         async with running_room(["general"]) as room:
             proc = await start_run(tmp_path, room.url, provider.url, GOOD_KEY)
             try:
-                await eventually(lambda: proc.returncode is not None or any(
-                    b.get("connected") and b.get("commands") for b in room.snapshot()["bots"]), timeout=30)
+                await eventually(
+                    lambda: (
+                        proc.returncode is not None
+                        or any(b.get("connected") and b.get("commands") for b in room.snapshot()["bots"])
+                    ),
+                    timeout=30,
+                )
                 assert proc.returncode is None, (await proc.stderr.read()).decode()[-2000:]
                 assert provider.model_requests == 1
                 proc.send_signal(signal.SIGINT)
@@ -209,12 +226,23 @@ def test_the_key_notice_is_a_compact_impersonal_fact():
     line = truth.key_rejected_notice("authentication_error")
     assert len(line) <= truth.MAX_LINE and not re.search(r"\byour?\b", line, re.I)
     assert line.startswith("Provider rejected the API key (authentication_error)") and "10 minutes" in line
-    assert [truth.key_rejected(k) for k in ("authentication_error", "permission_error", "http-401", "http-403",
-                                            "overloaded_error", "http-404", None)] == [True] * 4 + [False] * 3
+    assert [
+        truth.key_rejected(k)
+        for k in (
+            "authentication_error",
+            "permission_error",
+            "http-401",
+            "http-403",
+            "overloaded_error",
+            "http-404",
+            None,
+        )
+    ] == [True] * 4 + [False] * 3
 
 
-async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per_window(tmp_path, caplog,
-                                                                                       expected_errors):
+async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per_window(
+    tmp_path, caplog, expected_errors
+):
     """Every refused call is an ERROR naming the remedy; a channel hears of it once per ten minutes, from
     whichever resident failed first; after the window, once more."""
     expected_errors.append("rejected the API key")
@@ -222,11 +250,14 @@ async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per
     now = [1000.0]
     kr = KeyRejections(KEY_ENV, clock=lambda: now[0])
     both = {"token_env": "X", "channels": ["general", "dock"]}
-    residents = [res("cairn", discord={**both, "token_env": "CAIRN_DISCORD_TOKEN"}),
-                 res("sill", discord={**both, "token_env": "SILL_DISCORD_TOKEN"})]
+    residents = [
+        res("cairn", discord={**both, "token_env": "CAIRN_DISCORD_TOKEN"}),
+        res("sill", discord={**both, "token_env": "SILL_DISCORD_TOKEN"}),
+    ]
     notice = "-# " + truth.key_rejected_notice("authentication_error")
-    async with deployed(tmp_path, residents, channels=("general", "dock"), expected_errors=["rejected the API key"],
-                        key_rejections=kr) as d:
+    async with deployed(
+        tmp_path, residents, channels=("general", "dock"), expected_errors=["rejected the API key"], key_rejections=kr
+    ) as d:
         d.provider.api_keys = {"sk-the-replacement"}  # the running process's key is revoked
 
         async def mention(who: str, channel: str, failed_before: int) -> None:
@@ -235,6 +266,7 @@ async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per
             async def settled() -> bool:
                 gens = await d.generations("cairn") + await d.generations("sill")
                 return sum(g.status == "failed" for g in gens) > failed_before
+
             for _ in range(500):
                 if await settled():
                     break
@@ -265,8 +297,7 @@ async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per
     await strict_clean(tmp_path / "ledger.db")
 
 
-async def test_a_key_refused_during_a_continue_is_the_operators_error_and_one_notice(tmp_path, caplog,
-                                                                                  expected_errors):
+async def test_a_key_refused_during_a_continue_is_the_operators_error_and_one_notice(tmp_path, caplog, expected_errors):
     """A /continue whose segment gets a 401 is answered; the operator gets the ERROR with the remedy each time;
     the room gets the key notice once per window, never a receipt blaming a provider error; once the key
     is good again the next /continue completes the output, and the ledger verifies (--strict)."""
@@ -276,8 +307,13 @@ async def test_a_key_refused_during_a_continue_is_the_operators_error_and_one_no
     kr = KeyRejections(KEY_ENV, clock=lambda: now[0])
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}
     notice = "-# " + truth.key_rejected_notice("authentication_error")
-    async with deployed(tmp_path, [res(max_tokens=600, policy=policy)], calls=[Call(sse=specimen("cont-first.sse"))],
-                        expected_errors=["rejected the API key"], key_rejections=kr) as d:
+    async with deployed(
+        tmp_path,
+        [res(max_tokens=600, policy=policy)],
+        calls=[Call(sse=specimen("cont-first.sse"))],
+        expected_errors=["rejected the API key"],
+        key_rejections=kr,
+    ) as d:
         d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
         await d.wait_receipt()
         await d.quiet(0.1)

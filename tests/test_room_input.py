@@ -1,14 +1,15 @@
 """Odd room input: what people really post reaches the resident's request intact and never breaks a turn."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from discordkit import deployed
+from test_discord_e2e import res
+
 from bot.discord.room import as_room_message
 from bot.localservers import sse
 from bot.localservers.provider import Call
-
-from discordkit import deployed
-from test_discord_e2e import res
 
 ODD = [
     "zero\u200bwidth\u200djoin\u2060ers and a BOM\ufeff",
@@ -28,7 +29,7 @@ async def test_odd_messages_reach_the_request_exactly_and_every_turn_settles(tmp
         await d.quiet(0.1)
         requests = d.provider.requests
         assert len(requests) == len(ODD)
-        for text, req in zip(ODD, requests):
+        for text, req in zip(ODD, requests, strict=False):
             last = req["messages"][-1]
             assert last["role"] == "user" and last["content"].endswith(text)
         gens = await d.generations()
@@ -38,8 +39,9 @@ async def test_odd_messages_reach_the_request_exactly_and_every_turn_settles(tmp
 
 def test_attachment_only_and_empty_messages_still_read_as_something():
     author = SimpleNamespace(display_name="alice", id=1, bot=False)
-    only_file = SimpleNamespace(id=5, author=author, clean_content="", embeds=[],
-                                attachments=[SimpleNamespace(filename="map.png")])
+    only_file = SimpleNamespace(
+        id=5, author=author, clean_content="", embeds=[], attachments=[SimpleNamespace(filename="map.png")]
+    )
     assert as_room_message(only_file, self_id=2).content == "[attachment: map.png]"
     embed_only = SimpleNamespace(id=6, author=author, clean_content="", embeds=[object()], attachments=[])
     assert as_room_message(embed_only, self_id=2).content == "[embed]"

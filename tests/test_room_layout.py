@@ -115,13 +115,16 @@ async def test_room_api_names_channels_by_guild_and_refuses_ambiguous_names(room
         async with http.post(f"{base}/commands", json=body) as resp:
             assert resp.status == 400 and "harbour and elsewhere" in (await resp.json())["message"]
         # the default room's moderator shortcut does not override a layout's roles
-        async with http.post(f"{base}/channels/harbour/yard/messages",
-                             json={"author": "alice", "content": "x", "moderator": True}) as resp:
+        async with http.post(
+            f"{base}/channels/harbour/yard/messages", json={"author": "alice", "content": "x", "moderator": True}
+        ) as resp:
             assert resp.status == 400 and "no 'moderator' role" in (await resp.json())["message"]
         async with http.get(f"{base}/state") as resp:
             state = await resp.json()
         assert [(g["name"], [c["ref"] for c in g["channels"]]) for g in state["guilds"]] == [
-            ("harbour", ["harbour/yard", "harbour/dock"]), ("elsewhere", ["elsewhere/yard"])]
+            ("harbour", ["harbour/yard", "harbour/dock"]),
+            ("elsewhere", ["elsewhere/yard"]),
+        ]
         people = {p["name"]: p["guilds"] for p in state["people"]}
         assert people["mo"] == {"harbour": ["mods"]} and people["eve"] == {"elsewhere": ["admins"]}
 
@@ -132,12 +135,22 @@ BAD_LAYOUTS = [
     ("guilds:\n  - name: harbour\n", "guilds[0].channels: required"),
     ("guilds:\n  - name: a/b\n    channels: [x]\n", "guilds[0].name:"),
     ("guilds:\n  - name: h\n    channels: [x, x]\n", "guilds[0].channels[1]: a second channel named 'x'"),
-    ("guilds:\n  - name: h\n    channels: [x]\n    roles: {mods: [manage_messagez]}\n",
-     ":4: guilds[0].roles.mods[0]: unknown permission 'manage_messagez'"),
-    ("guilds:\n  - name: h\n    channels: [x]\n    members: {mo: [mods]}\n", ":4: guilds[0].members.mo[0]: no role 'mods'"),
-    ("guilds:\n  - name: h\n    channels: [x]\n    overwrites: {dock: {}}\n", "guilds[0].overwrites.dock: no channel 'dock'"),
-    ("guilds:\n  - name: h\n    channels: [x]\n    overwrites: {x: {ghost: {deny: [view_channel]}}}\n",
-     "guilds[0].overwrites.x.ghost: no role or member 'ghost'"),
+    (
+        "guilds:\n  - name: h\n    channels: [x]\n    roles: {mods: [manage_messagez]}\n",
+        ":4: guilds[0].roles.mods[0]: unknown permission 'manage_messagez'",
+    ),
+    (
+        "guilds:\n  - name: h\n    channels: [x]\n    members: {mo: [mods]}\n",
+        ":4: guilds[0].members.mo[0]: no role 'mods'",
+    ),
+    (
+        "guilds:\n  - name: h\n    channels: [x]\n    overwrites: {dock: {}}\n",
+        "guilds[0].overwrites.dock: no channel 'dock'",
+    ),
+    (
+        "guilds:\n  - name: h\n    channels: [x]\n    overwrites: {x: {ghost: {deny: [view_channel]}}}\n",
+        "guilds[0].overwrites.x.ghost: no role or member 'ghost'",
+    ),
     ("guilds:\n  - name: h\n    channels: [x]\n  - name: h\n    channels: [y]\n", ":4: guilds[1].name: a second guild"),
     ("guilds:\n  - name: h\n    channels: [x]\n    colour: red\n", "guilds[0].colour: unknown key"),
     ("guilds: [\n", "invalid YAML"),
@@ -159,10 +172,25 @@ def test_the_example_layout_is_the_one_in_the_issue() -> None:
     assert load_layout("two-guilds").guilds == layout.guilds  # bundled layouts by name too
     harbour, elsewhere = layout.guilds
     assert (harbour.name, harbour.channels, harbour.roles, harbour.members) == (
-        "harbour", ("yard", "dock"), {"mods": ("manage_messages",)}, {"alice": (), "mo": ("mods",)})
+        "harbour",
+        ("yard", "dock"),
+        {"mods": ("manage_messages",)},
+        {"alice": (), "mo": ("mods",)},
+    )
     assert [(o.target, o.deny) for o in harbour.overwrites["dock"]] == [("mods", ("view_channel",))]
-    assert parse_layout({"guilds": [{"name": "g", "channels": ["c"], "overwrites": {"c": {"@everyone": {"deny": [
-        "send_messages"]}}}}]}).guilds[0].overwrites["c"][0].target == "@everyone"
+    assert (
+        parse_layout(
+            {
+                "guilds": [
+                    {"name": "g", "channels": ["c"], "overwrites": {"c": {"@everyone": {"deny": ["send_messages"]}}}}
+                ]
+            }
+        )
+        .guilds[0]
+        .overwrites["c"][0]
+        .target
+        == "@everyone"
+    )
 
 
 def residents_exe() -> list[str]:
@@ -172,8 +200,16 @@ def residents_exe() -> list[str]:
 
 async def test_residents_room_layout_serves_the_guilds(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        *residents_exe(), "room", "--layout", str(EXAMPLE), "--port", "0", cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        *residents_exe(),
+        "room",
+        "--layout",
+        str(EXAMPLE),
+        "--port",
+        "0",
+        cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
@@ -203,14 +239,20 @@ def test_residence_channels_accept_guild_slash_channel_and_nothing_odder(tmp_pat
     folder = tmp_path / "residences"
     folder.mkdir()
     good = folder / "cairn.yaml"
-    good.write_text("name: cairn\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
-                    "discord:\n  token_env: T\n  channels: [harbour/yard, dock, '123']\n")
+    good.write_text(
+        "name: cairn\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
+        "discord:\n  token_env: T\n  channels: [harbour/yard, dock, '123']\n"
+    )
     bad = folder / "sill.yaml"
-    bad.write_text("name: sill\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
-                   "discord:\n  token_env: T\n  channels: [harbour/yard/deep]\n")
+    bad.write_text(
+        "name: sill\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
+        "discord:\n  token_env: T\n  channels: [harbour/yard/deep]\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert cli_main(["check", str(good)]) == 0
     capsys.readouterr()
     assert cli_main(["check", str(bad)]) == 2
     [line] = [ln for ln in capsys.readouterr().err.splitlines() if "sill.yaml" in ln]
-    assert line.startswith(f"{bad}:6: discord.channels[0]: ") and "guild/channel" in line and "harbour/yard/deep" in line
+    assert (
+        line.startswith(f"{bad}:6: discord.channels[0]: ") and "guild/channel" in line and "harbour/yard/deep" in line
+    )

@@ -5,10 +5,10 @@ readable by others whatever the umask; an API key or a bot token must not appear
 error, output or ledger row even at DEBUG; and text from outside (channel names, ids, causes,
 residence filters) must travel as SQL parameters, never as SQL.
 """
+
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import os
 import sqlite3
@@ -22,13 +22,13 @@ import yaml
 from bot import cli
 from bot.config import build_residence
 from bot.generation.attempts import AttemptRunner
-from bot.records import Attempt, Generation, Post, Stump
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
+from bot.records import Attempt, Generation, Post, Stump
 from bot.replay.run import CollectingRoom
 from bot.resident import Resident
 
@@ -71,8 +71,9 @@ async def test_ledger_file_is_created_owner_only(tmp_path: Path, open_umask: Non
     assert _mode(db) == 0o600
 
 
-def test_replay_db_is_created_owner_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str], open_umask: None) -> None:
+def test_replay_db_is_created_owner_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], open_umask: None
+) -> None:
     monkeypatch.chdir(tmp_path)
     scenario = _scenario(tmp_path)
     assert cli.main(["replay", str(scenario), "--json", "--db", "out/ledger.db"]) == 0
@@ -86,14 +87,31 @@ def test_replay_db_is_created_owner_only(tmp_path: Path, monkeypatch: pytest.Mon
 def _scenario(tmp_path: Path) -> Path:
     (tmp_path / "cut.sse").write_bytes(sse.stream("Rivers run long. " * 40, "max_tokens", 4096))
     (tmp_path / "frag.sse").write_bytes(sse.head("claude-3-opus-20240229") + sse.delta("A fragment"))
-    doc = {"residence": {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096,
-                         "discord": {"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]},
-                         "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}}},
-           "turns": [{"say": {"author": "alice", "content": "Rivers?"},
-                      "calls": [{"status": 401}, ]},
-                     {"say": {"author": "alice", "content": "Again?"},
-                      "calls": [{"sse": "frag.sse", "end": "drop"}, {"status": 529, "headers": {"retry-after": "0"}},
-                                {"sse": "cut.sse"}]}]}
+    doc = {
+        "residence": {
+            "name": "cairn",
+            "model": "claude-3-opus-20240229",
+            "max_tokens": 4096,
+            "discord": {"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]},
+            "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}},
+        },
+        "turns": [
+            {
+                "say": {"author": "alice", "content": "Rivers?"},
+                "calls": [
+                    {"status": 401},
+                ],
+            },
+            {
+                "say": {"author": "alice", "content": "Again?"},
+                "calls": [
+                    {"sse": "frag.sse", "end": "drop"},
+                    {"status": 529, "headers": {"retry-after": "0"}},
+                    {"sse": "cut.sse"},
+                ],
+            },
+        ],
+    }
     p = tmp_path / "scenario.yaml"
     p.write_text(yaml.safe_dump(doc))
     return p
@@ -107,18 +125,25 @@ def _assert_absent(where: str, text: str | bytes) -> None:
         assert part not in text, f"part of a secret appears in {where}"
 
 
-def test_replay_at_debug_logs_no_key_or_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              caplog: pytest.LogCaptureFixture,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_replay_at_debug_logs_no_key_or_token(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """Even with the key and the bot token in the environment and every logger at DEBUG."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ANTHROPIC_API_KEY", API_KEY)
     monkeypatch.setenv("CAIRN_DISCORD_TOKEN", BOT_TOKEN)
     caplog.set_level(logging.DEBUG)
     scenario = _scenario(tmp_path)
-    for argv in (["-vv", "replay", str(scenario), "--json", "--db", "l.db"], ["-vv", "replay", str(scenario)],
-                 ["-vv", "check", str(scenario)], ["-vv", "ledger", "list", "--db", "l.db"],
-                 ["-vv", "ledger", "stumps", "--db", "l.db", "--json"]):
+    for argv in (
+        ["-vv", "replay", str(scenario), "--json", "--db", "l.db"],
+        ["-vv", "replay", str(scenario)],
+        ["-vv", "check", str(scenario)],
+        ["-vv", "ledger", "list", "--db", "l.db"],
+        ["-vv", "ledger", "stumps", "--db", "l.db", "--json"],
+    ):
         assert cli.main(argv) == 0
     out, err = capsys.readouterr()
     assert caplog.records, "DEBUG logging did not reach the capture"
@@ -135,14 +160,28 @@ async def test_pipeline_with_a_real_key_logs_it_nowhere(tmp_path: Path, caplog: 
     caplog.set_level(logging.DEBUG)
     server = ProviderServer()
     await server.start()
-    server.reset([Call(status=529, headers={"retry-after": "0"}), Call(sse=sse.stream("Hi. " * 10), end="drop"),
-                  Call(sse=sse.stream("Hello there.", "end_turn", 3))])
+    server.reset(
+        [
+            Call(status=529, headers={"retry-after": "0"}),
+            Call(sse=sse.stream("Hi. " * 10), end="drop"),
+            Call(sse=sse.stream("Hello there.", "end_turn", 3)),
+        ]
+    )
     ledger = await Ledger.open(tmp_path / "l.db")
     client = make_client(server.url, API_KEY, timeout=5)
     assert client.api_key == API_KEY  # the key is really in play
     try:
-        res = build_residence({"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096,
-                               "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}}}, "<t>", None, ROOT)
+        res = build_residence(
+            {
+                "name": "cairn",
+                "model": "claude-3-opus-20240229",
+                "max_tokens": 4096,
+                "policy": {"retries": {"max_attempts": 3, "backoff_seconds": 0}},
+            },
+            "<t>",
+            None,
+            ROOT,
+        )
         resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
         room = CollectingRoom("cairn")
         m = room.say("alice", "hi")
@@ -178,16 +217,30 @@ async def test_hostile_strings_round_trip_through_every_write_and_read(tmp_path:
     ledger = await Ledger.open(db)
     try:
         gid, aid, sid, pid = "g-" + EVIL, "a-" + EVIL, "s-" + EVIL, "p-" + EVIL
-        g = Generation(id=gid, residence=EVIL, channel=EVIL, model=EVIL, trigger=EVIL,
-                       request={"model": EVIL, "messages": [{"role": "user", "content": EVIL}]})
+        g = Generation(
+            id=gid,
+            residence=EVIL,
+            channel=EVIL,
+            model=EVIL,
+            trigger=EVIL,
+            request={"model": EVIL, "messages": [{"role": "user", "content": EVIL}]},
+        )
         await ledger.create_generation(g)
         a = Attempt(id=aid, generation_id=gid, segment=1, index=1)
         await ledger.start_attempt(a)
         await ledger.add_chunk(aid, 0, EVIL)
         assert await ledger.streamed_text(aid) == EVIL
         a.text, a.outcome, a.stop_reason, a.error, a.request_id = EVIL, "incomplete", EVIL, EVIL, EVIL
-        s = Stump(id=sid, generation_id=gid, attempt_id=aid, cause=EVIL, text=EVIL, output_tokens=None,
-                  scope="output", residence=EVIL)
+        s = Stump(
+            id=sid,
+            generation_id=gid,
+            attempt_id=aid,
+            cause=EVIL,
+            text=EVIL,
+            output_tokens=None,
+            scope="output",
+            residence=EVIL,
+        )
         await ledger.finish_attempt(a, [s])
         g.status, g.stop_reason, g.text = "incomplete", EVIL, EVIL
         await ledger.finish_generation(g, [])
@@ -223,8 +276,9 @@ async def test_hostile_channel_and_trigger_through_the_pipeline(tmp_path: Path) 
     ledger = await Ledger.open(db)
     client = make_client(server.url, "k", timeout=5)
     try:
-        res = build_residence({"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096},
-                              "<t>", None, ROOT)
+        res = build_residence(
+            {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096}, "<t>", None, ROOT
+        )
         resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
         room = CollectingRoom("cairn")
         m = room.say(EVIL, EVIL)
@@ -241,8 +295,9 @@ async def test_hostile_channel_and_trigger_through_the_pipeline(tmp_path: Path) 
     assert _tables(db)["generations"] == 1
 
 
-def test_cli_ledger_reads_take_hostile_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_ledger_reads_take_hostile_arguments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert cli.main(["replay", str(_scenario(tmp_path)), "--json", "--db", "l.db"]) == 0
     before = _tables(tmp_path / "l.db")
@@ -272,7 +327,12 @@ def test_ledger_sql_is_static_text() -> None:
             if not (isinstance(head, ast.Constant) and str(head.value).lstrip().upper().startswith(verbs)):
                 continue
             seen += 1
-            names = {n.id for v in node.values if isinstance(v, ast.FormattedValue) for n in ast.walk(v.value)
-                     if isinstance(n, ast.Name)}
+            names = {
+                n.id
+                for v in node.values
+                if isinstance(v, ast.FormattedValue)
+                for n in ast.walk(v.value)
+                if isinstance(n, ast.Name)
+            }
             assert names <= allowed, f"{path.name}:{node.lineno} builds SQL from {sorted(names - allowed)}"
     assert seen, "the check found no SQL f-strings at all: it is looking in the wrong place"

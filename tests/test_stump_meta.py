@@ -3,25 +3,39 @@
 Whether the text is read is asked of SQLite itself: an authorizer refuses every read of `stumps.text`,
 so a query that selects it fails instead of passing quietly.
 """
+
 from __future__ import annotations
 
 import sqlite3
 
 import pytest
 
-from bot.records import Generation, Stump
 from bot.ledger import Ledger
+from bot.records import Generation, Stump
 
 
 async def seed(ledger: Ledger) -> list[Stump]:
     """Twelve stumps over two residences, two channels and two causes, created in a known order."""
     made: list[Stump] = []
     for i in range(12):
-        g = Generation(id=f"g-{i:03}", residence="cairn" if i % 3 else "sill", channel="100" if i % 2 else "200",
-                       model="claude-3-opus-20240229", created_at=1000.0 + i)
+        g = Generation(
+            id=f"g-{i:03}",
+            residence="cairn" if i % 3 else "sill",
+            channel="100" if i % 2 else "200",
+            model="claude-3-opus-20240229",
+            created_at=1000.0 + i,
+        )
         await ledger.create_generation(g)
-        s = Stump(id=f"s-{i:03}", generation_id=g.id, attempt_id=None, cause="max_tokens" if i % 4 else "refusal",
-                  text="x" * (10 + i) + "\ud83d", output_tokens=i, residence=g.residence, created_at=2000.0 + i)
+        s = Stump(
+            id=f"s-{i:03}",
+            generation_id=g.id,
+            attempt_id=None,
+            cause="max_tokens" if i % 4 else "refusal",
+            text="x" * (10 + i) + "\ud83d",
+            output_tokens=i,
+            residence=g.residence,
+            created_at=2000.0 + i,
+        )
         made.append(s)
     await ledger.add_stumps(made)
     return made
@@ -57,8 +71,9 @@ async def test_metadata_newest_first_with_chars_and_no_text_read(ledger):
     assert [s.id for s in got] == [s.id for s in reversed(made)]
     assert all(s.text == "" for s in got)
     assert [s.chars for s in got] == [len(s.text) for s in reversed(made)]  # the stored count, surrogate included
-    assert [(s.cause, s.residence, s.output_tokens, s.generation_id) for s in got] == \
-        [(s.cause, s.residence, s.output_tokens, s.generation_id) for s in reversed(made)]
+    assert [(s.cause, s.residence, s.output_tokens, s.generation_id) for s in got] == [
+        (s.cause, s.residence, s.output_tokens, s.generation_id) for s in reversed(made)
+    ]
     assert reads and "text" not in reads
     with pytest.raises(sqlite3.DatabaseError):  # the authorizer is live: the full read is refused
         await ledger.list_stumps()
@@ -73,11 +88,11 @@ async def test_paging_filters_and_channel_scope(ledger):
     third = await ledger.list_stump_meta(limit=5, before=second[-1].id)
     assert [s.id for s in first + second + third] == newest
     assert await ledger.list_stump_meta(limit=5, before=made[0].id) == []
-    assert [s.id for s in await ledger.list_stump_meta("cairn", "max_tokens")] == \
-        [s.id for s in reversed(made) if s.residence == "cairn" and s.cause == "max_tokens"]
+    assert [s.id for s in await ledger.list_stump_meta("cairn", "max_tokens")] == [
+        s.id for s in reversed(made) if s.residence == "cairn" and s.cause == "max_tokens"
+    ]
     in_100 = await ledger.list_stump_meta(channels=["100"])
     assert [s.id for s in in_100] == [s.id for i, s in reversed(list(enumerate(made))) if i % 2]
     assert await ledger.list_stump_meta(channels=[]) == []
     assert await ledger.list_stump_meta(channels=["' OR '1'='1"]) == []
     assert [s.id for s in await ledger.list_stump_meta("sill", channels=["100", "200"], limit=2)] == ["s-009", "s-006"]
-

@@ -5,6 +5,7 @@ Pure rules first (`bot.text`, the planner, `ledger verify`'s cover check), then 
 `residents replay` on a bundled scenario, and a turn after a lone surrogate through the real SDK
 against the local provider server.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,15 @@ from hypothesis import strategies as st
 
 from bot import cli, truth
 from bot.delivery import plan, split_text
-from bot.truth import LIMIT
-from bot.records import Attempt, Generation, new_id
 from bot.delivery.resume import Seen, recover, resume_delivery
 from bot.ledger import Ledger
 from bot.ledger.verify import _cover, verify
 from bot.localservers import sse
+from bot.records import Attempt, Generation, new_id
 from bot.replay.run import replay
 from bot.replay.scenario import load_scenario
 from bot.text import REPLACEMENT, escape_subtext, outbound, outbound_json
-from bot.truth import Ending
+from bot.truth import LIMIT, Ending
 
 ROOT = Path(__file__).resolve().parent.parent
 RECEIPT_LINE = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
@@ -54,8 +54,11 @@ def test_outbound_joins_a_pair_held_as_two_code_units():
 
 
 def test_outbound_json_makes_every_string_valid():
-    body = {"messages": [{"role": "assistant", "content": "a\ud83d"}, {"role": "user", "content": "ok"}],
-            "max_tokens": 5, "system": "x\ud83d\ude00"}
+    body = {
+        "messages": [{"role": "assistant", "content": "a\ud83d"}, {"role": "user", "content": "ok"}],
+        "max_tokens": 5,
+        "system": "x\ud83d\ude00",
+    }
     fixed, n = outbound_json(body)
     assert n == 1
     json.dumps(fixed, ensure_ascii=False).encode("utf-8")
@@ -68,17 +71,23 @@ def test_outbound_json_makes_every_string_valid():
 # ---------------------------------------------------------------- the subtext escape
 
 
-@pytest.mark.parametrize("content, want", [
-    (RECEIPT_LINE, "\\" + RECEIPT_LINE),
-    ("said:\n-# tiny\nmore", "said:\n\\-# tiny\nmore"),
-    ("  -# indented is plain text in Discord", "  -# indented is plain text in Discord"),
-    ("> -# quoted renders with a quote bar", "> -# quoted renders with a quote bar"),
-    ("-#no space is no subtext", "-#no space is no subtext"),
-    ("```md\n-# inside a code block\n```\n-# after it", "```md\n-# inside a code block\n```\n\\-# after it"),
-    ("x ```-#\n-# still code``` y", "x ```-#\n-# still code``` y"),
-    ("```\nan unclosed fence is no block\n-# so this renders", "```\nan unclosed fence is no block\n\\-# so this renders"),
-    ("\\-# already escaped by the model", "\\-# already escaped by the model"),
-])
+@pytest.mark.parametrize(
+    "content, want",
+    [
+        (RECEIPT_LINE, "\\" + RECEIPT_LINE),
+        ("said:\n-# tiny\nmore", "said:\n\\-# tiny\nmore"),
+        ("  -# indented is plain text in Discord", "  -# indented is plain text in Discord"),
+        ("> -# quoted renders with a quote bar", "> -# quoted renders with a quote bar"),
+        ("-#no space is no subtext", "-#no space is no subtext"),
+        ("```md\n-# inside a code block\n```\n-# after it", "```md\n-# inside a code block\n```\n\\-# after it"),
+        ("x ```-#\n-# still code``` y", "x ```-#\n-# still code``` y"),
+        (
+            "```\nan unclosed fence is no block\n-# so this renders",
+            "```\nan unclosed fence is no block\n\\-# so this renders",
+        ),
+        ("\\-# already escaped by the model", "\\-# already escaped by the model"),
+    ],
+)
 def test_a_line_that_would_render_as_subtext_is_escaped(content, want):
     assert escape_subtext(content) == want
 
@@ -129,9 +138,27 @@ def _renders_as_subtext(content: str) -> bool:
     return any(line.startswith("-# ") for line in outside.split("\n"))
 
 
-pieces = st.lists(st.sampled_from(["-# ", "\n-# ", "\n", "\n\n", "  -# ", "```", "```md\n", "\n```\n", "word ",
-                                   "\\-# ", "x" * 300, "Output ceiling reached. ", "😀", "a\ud83d"]),
-                  max_size=300).map("".join)
+pieces = st.lists(
+    st.sampled_from(
+        [
+            "-# ",
+            "\n-# ",
+            "\n",
+            "\n\n",
+            "  -# ",
+            "```",
+            "```md\n",
+            "\n```\n",
+            "word ",
+            "\\-# ",
+            "x" * 300,
+            "Output ceiling reached. ",
+            "😀",
+            "a\ud83d",
+        ]
+    ),
+    max_size=300,
+).map("".join)
 
 
 @settings(max_examples=200, deadline=None)
@@ -187,8 +214,13 @@ async def test_a_lone_surrogate_is_kept_posted_valid_and_the_next_turn_goes_thro
     """The first reply carries `\\ud83d` (valid JSON escape); the second turn in the channel must reach
     the provider with a valid body and be answered (today it fails before any call)."""
     half = "x\ud83d"
-    stream = sse.head(MODEL) + sse.delta("Half a wave: ") + sse.delta(half) + sse.delta(" and a whole 🌊.") \
+    stream = (
+        sse.head(MODEL)
+        + sse.delta("Half a wave: ")
+        + sse.delta(half)
+        + sse.delta(" and a whole 🌊.")
         + sse.tail("end_turn", 12)
+    )
     spec = work_scenario(tmp_path, [("Show me a wave.", stream), ("And again?", sse.stream("Again.", "end_turn", 3))])
     db = tmp_path / "s.db"
     out = await replay(load_scenario(spec), str(db))
@@ -219,8 +251,14 @@ def test_the_readable_replay_shows_posts_as_the_room_gets_them(tmp_path, capsys)
 
 
 def work_scenario(tmp_path: Path, turns: list[tuple[str, bytes]]) -> Path:
-    lines = ["residence:", "  name: cairn", f"  model: {MODEL}", "  max_tokens: 4096",
-             "  policy: {retries: {max_attempts: 1, backoff_seconds: 0}}", "turns:"]
+    lines = [
+        "residence:",
+        "  name: cairn",
+        f"  model: {MODEL}",
+        "  max_tokens: 4096",
+        "  policy: {retries: {max_attempts: 1, backoff_seconds: 0}}",
+        "turns:",
+    ]
     for i, (say, body) in enumerate(turns):
         (tmp_path / f"t{i}.sse").write_bytes(body)
         lines += [f"  - say: {{author: alice, content: {json.dumps(say)}}}", f"    calls: [{{sse: t{i}.sse}}]"]

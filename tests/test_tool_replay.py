@@ -1,6 +1,7 @@
 """Tool rounds through `residents replay --json` (the replay contract: `tool_rounds`, post kind
 `recovered`): scenarios script a round as a call whose stream ends in `tool_use`, then the next call's
 stream. Each run is checked in its JSON, then `ledger verify --strict` over the ledger it left."""
+
 from __future__ import annotations
 
 import json
@@ -75,8 +76,10 @@ def test_the_round_limit_ends_incomplete_with_its_receipt(work, capsys):
     assert (g["status"], g["stop_reason"], g["text"]) == ("incomplete", "tool-round-limit", SAYS + "\n\n" + SAYS)
     assert len(g["tool_rounds"]) == 1 and t["provider_calls"] == 2  # max_rounds × max_attempts bounds it
     assert [p["kind"] for p in t["posts"]] == ["partial", "receipt"]
-    assert t["posts"][-1]["content"] == \
-        "-# Tool round limit reached; a further tool call was not run, and the output may be incomplete."
+    assert (
+        t["posts"][-1]["content"]
+        == "-# Tool round limit reached; a further tool call was not run, and the output may be incomplete."
+    )
     assert sorted(s["cause"] for s in out["stumps"]) == ["tool-round-limit", "tool-round-limit"]
 
 
@@ -98,8 +101,11 @@ def test_a_round_whose_attempt_is_retried(work, capsys):
     out = replay(work, capsys, "tool-retry.yaml")
     [t] = out["turns"]
     g = t["generation"]
-    assert [(a["segment"], a["index"], a["outcome"]) for a in g["attempts"]] == \
-        [(1, 1, "completed"), (2, 1, "abandoned"), (2, 2, "completed")]
+    assert [(a["segment"], a["index"], a["outcome"]) for a in g["attempts"]] == [
+        (1, 1, "completed"),
+        (2, 1, "abandoned"),
+        (2, 2, "completed"),
+    ]
     assert g["text"] == SAYS + "\n\n" + END_TEXT and FRAGMENT[:60] not in "".join(p["content"] for p in t["posts"])
     [s] = out["stumps"]
     assert (s["cause"], s["chars"], s["published"]) == ("retry-abandoned", 257, False)

@@ -1,19 +1,19 @@
 """The resident's own `stumps` tool and the tool loop (issue 12, part A), on the real path: the SDK over
 loopback to the local provider, which records every request body (tools, tool_use, tool_result), the
 SQLite ledger, delivery planning, and `ledger verify` over what each turn left."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
+from conftest import Room, residence, specimen
 
 from bot import truth
 from bot.ledger import access
 from bot.ledger.verify import verify
 from bot.localservers import sse
 from bot.localservers.provider import Call
-
-from conftest import Room, residence, specimen
 
 END_TEXT = sse.text_of(specimen("end-turn.sse"))
 FRAGMENT = sse.text_of(specimen("overloaded-after-257.sse"))
@@ -23,8 +23,9 @@ SAYS = "Let me look at what I set aside."
 
 def use(action: str, text: str = SAYS, n: int = 1, **args: str) -> Call:
     """An answer that says `text`, then calls `stumps` with this action (a round ending in tool_use)."""
-    return Call(sse=sse.tool_use_stream(text, f"toolu_{action}_{n}", "stumps",
-                                        json.dumps({"action": action, **args}), 30))
+    return Call(
+        sse=sse.tool_use_stream(text, f"toolu_{action}_{n}", "stumps", json.dumps({"action": action, **args}), 30)
+    )
 
 
 def reply(text: str = "Done.") -> Call:
@@ -45,8 +46,12 @@ def result_of(request: dict) -> tuple[dict, bool]:
 
 async def a_stump(pipeline, res, room: Room) -> str:
     """A turn whose first attempt fails after 257 characters and is retried: one retry-abandoned stump."""
-    r, _ = await pipeline.turn(res, room, "Tell me about the harbour.",
-                               [Call(sse=specimen("overloaded-after-257.sse")), Call(sse=specimen("end-turn.sse"))])
+    r, _ = await pipeline.turn(
+        res,
+        room,
+        "Tell me about the harbour.",
+        [Call(sse=specimen("overloaded-after-257.sse")), Call(sse=specimen("end-turn.sse"))],
+    )
     [s] = r.generation.stumps
     assert s.cause == truth.RETRY_ABANDONED
     return s.id
@@ -61,22 +66,40 @@ async def test_list_is_a_round_whose_result_goes_back_and_the_reply_joins_the_ro
     assert (g.status, g.stop_reason, g.text) == ("completed", "end_turn", SAYS + "\n\nOne fragment, yes.")
     assert [p.kind for p in posts] == ["speech"] and posts[0].content == g.text  # posted once, at the end
     first, second = pipeline.server.requests
-    assert [t["name"] for t in first["tools"]] == ["stumps"] and first["tools"][0]["input_schema"]["required"] == ["action"]
+    assert [t["name"] for t in first["tools"]] == ["stumps"] and first["tools"][0]["input_schema"]["required"] == [
+        "action"
+    ]
     assert second["messages"][:-2] == first["messages"]  # the round's answer and its result, appended
-    assert second["messages"][-2] == {"role": "assistant", "content": [
-        {"type": "text", "text": SAYS}, {"type": "tool_use", "id": "toolu_list_1", "name": "stumps",
-                                         "input": {"action": "list"}}]}
+    assert second["messages"][-2] == {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": SAYS},
+            {"type": "tool_use", "id": "toolu_list_1", "name": "stumps", "input": {"action": "list"}},
+        ],
+    }
     result, is_error = result_of(second)
     assert not is_error and result["total"] == 1
     [row] = result["stumps"]
-    assert row["id"] == sid and (row["cause"], row["chars"], row["access"], row["channel"]) == \
-        ("retry-abandoned", 257, "moderators", "room")
+    assert row["id"] == sid and (row["cause"], row["chars"], row["access"], row["channel"]) == (
+        "retry-abandoned",
+        257,
+        "moderators",
+        "room",
+    )
     assert row["reads"] == [] and row["published"] is False and row["when"].endswith("Z")
     assert FRAGMENT[:40] not in json.dumps(result)  # a list is metadata only
     [call] = await access.tool_calls_of(pipeline.ledger, g.id)
-    assert (call.round, call.name, call.input, call.is_error, call.result) == (1, "stumps", {"action": "list"}, False, result)
-    assert [(a.segment, a.index, a.outcome, a.stop_reason) for a in g.attempts] == \
-        [(1, 1, "completed", "tool_use"), (2, 1, "completed", "end_turn")]
+    assert (call.round, call.name, call.input, call.is_error, call.result) == (
+        1,
+        "stumps",
+        {"action": "list"},
+        False,
+        result,
+    )
+    assert [(a.segment, a.index, a.outcome, a.stop_reason) for a in g.attempts] == [
+        (1, 1, "completed", "tool_use"),
+        (2, 1, "completed", "end_turn"),
+    ]
     assert call.attempt_id == g.attempts[0].id and g.output_tokens == 35  # both rounds' tokens
     assert await verify(pipeline.ledger) == []
 
@@ -104,23 +127,34 @@ async def test_set_access_is_the_residents_choice_and_the_operator_ceiling_stays
     sid = await a_stump(pipeline, res, room)
     await pipeline.turn(res, room, "Keep it to yourself.", [use("set_access", id=sid, access="private"), reply()])
     result, is_error = result_of(pipeline.server.requests[1])
-    assert not is_error and result == {"action": "set_access", "id": sid, "access": "private",
-                                       "moderators_may_read": False}
+    assert not is_error and result == {
+        "action": "set_access",
+        "id": sid,
+        "access": "private",
+        "moderators_may_read": False,
+    }
     assert await access.access_of(pipeline.ledger, sid) == "private"
-    ceiling = pipeline.resident(residence(policy={"retries": {"max_attempts": 3, "backoff_seconds": 0},
-                                                  "stumps": {"moderators_read_text": False}}))
+    ceiling = pipeline.resident(
+        residence(
+            policy={"retries": {"max_attempts": 3, "backoff_seconds": 0}, "stumps": {"moderators_read_text": False}}
+        )
+    )
     await pipeline.turn(ceiling, room, "Let them read it.", [use("set_access", id=sid, access="moderators"), reply()])
     result, is_error = result_of(pipeline.server.requests[1])
     assert not is_error and result["access"] == "moderators" and result["moderators_may_read"] is False
     assert "ceiling" in result
     rows = await pipeline.ledger.db.execute_fetchall(
-        "SELECT access, set_by FROM stump_access_changes WHERE stump_id=? ORDER BY set_at", (sid,))
+        "SELECT access, set_by FROM stump_access_changes WHERE stump_id=? ORDER BY set_at", (sid,)
+    )
     assert [tuple(r) for r in rows] == [("private", "cairn"), ("moderators", "cairn")]
 
 
 async def test_default_access_is_where_a_new_stump_starts(pipeline):
-    res = pipeline.resident(residence(policy={"retries": {"max_attempts": 3, "backoff_seconds": 0},
-                                              "stumps": {"default_access": "private"}}))
+    res = pipeline.resident(
+        residence(
+            policy={"retries": {"max_attempts": 3, "backoff_seconds": 0}, "stumps": {"default_access": "private"}}
+        )
+    )
     sid = await a_stump(pipeline, res, Room())
     assert await access.access_of(pipeline.ledger, sid) == "private"
     other = pipeline.resident(residence(name="sill"))
@@ -135,14 +169,21 @@ async def test_publish_posts_the_text_as_recovered_with_one_receipt(pipeline):
     r, posts = await pipeline.turn(res, room, "Publish it.", [use("publish", id=sid), reply("It is above.")])
     g = r.generation
     result, is_error = result_of(pipeline.server.requests[1])
-    assert not is_error and result == {"action": "publish", "id": sid, "chars": 257, "channel": "room", "posts": 2,
-                                       "delivered": True}
+    assert not is_error and result == {
+        "action": "publish",
+        "id": sid,
+        "chars": 257,
+        "channel": "room",
+        "posts": 2,
+        "delivered": True,
+    }
     kinds = [p.kind for p in room.sent[-3:]]
     assert kinds == ["recovered", "receipt", "speech"]  # published during the round, the reply after
     rec, receipt, speech = room.sent[-3:]
     assert rec.content == FRAGMENT and rec.stump_id == sid and receipt.stump_id == sid
-    assert receipt.content == ("-# Recovered fragment of 257 characters from an abandoned attempt, published at the "
-                               "resident's request.")
+    assert receipt.content == (
+        "-# Recovered fragment of 257 characters from an abandoned attempt, published at the resident's request."
+    )
     assert speech.content == SAYS + "\n\nIt is above." and [p.kind for p in r.posts] == ["speech"]
     assert [p.seq for p in g.posts] == [1, 2, 3] and all(p.generation_id == g.id for p in g.posts)
     assert (await pipeline.ledger.get_stump(sid)).published  # its recovered post reached the room
@@ -166,9 +207,15 @@ async def test_bad_calls_are_error_results_never_exceptions(pipeline):
     room = Room()
     sid = await a_stump(pipeline, res, room)
     other = await a_stump(pipeline, pipeline.resident(residence(name="sill")), Room("sill"))
-    bad = [("forget", {}), ("read", {"id": "s-000000000000"}), ("read", {}), ("read", {"id": other}),
-           ("set_access", {"id": sid, "access": "everyone"}), ("list", {"id": sid}),
-           ("publish", {"id": "s-000000000000"})]
+    bad = [
+        ("forget", {}),
+        ("read", {"id": "s-000000000000"}),
+        ("read", {}),
+        ("read", {"id": other}),
+        ("set_access", {"id": sid, "access": "everyone"}),
+        ("list", {"id": sid}),
+        ("publish", {"id": "s-000000000000"}),
+    ]
     calls = [use(action, n=i, **args) for i, (action, args) in enumerate(bad)]
     calls.append(Call(sse=sse.tool_use_stream("", "toolu_x", "weather", '{"city": "Oslo"}', 9)))
     calls.append(Call(sse=sse.tool_use_stream("", "toolu_y", "stumps", '{"action": "li', 9)))
@@ -198,7 +245,10 @@ async def test_the_round_limit_ends_incomplete_with_a_receipt_and_the_call_not_r
     assert (g.status, g.stop_reason, g.text) == ("incomplete", truth.TOOL_ROUND_LIMIT, SAYS + "\n\nAnd again.")
     assert len(pipeline.server.requests) == 2  # max_rounds requests; the third answer never asked for
     assert [p.kind for p in posts] == ["partial", "receipt"]
-    assert posts[-1].content == "-# Tool round limit reached; a further tool call was not run, and the output may be incomplete."
+    assert (
+        posts[-1].content
+        == "-# Tool round limit reached; a further tool call was not run, and the output may be incomplete."
+    )
     assert len(await access.tool_calls_of(pipeline.ledger, g.id)) == 1
     causes = sorted((s.scope, s.cause) for s in g.stumps)
     assert causes == [("block", truth.TOOL_ROUND_LIMIT), ("output", truth.TOOL_ROUND_LIMIT)]  # the unrun call kept
@@ -206,12 +256,20 @@ async def test_the_round_limit_ends_incomplete_with_a_receipt_and_the_call_not_r
 
 
 async def test_a_ceiling_in_a_later_round_is_truncated_and_never_continued(pipeline):
-    policy = {"retries": {"max_attempts": 3, "backoff_seconds": 0},
-              "continuation": {"standing": "bounded", "max_segments": 2, "max_output_tokens": 12288,
-                               "min_progress_chars": 16, "similarity_abort": 0.92}}
+    policy = {
+        "retries": {"max_attempts": 3, "backoff_seconds": 0},
+        "continuation": {
+            "standing": "bounded",
+            "max_segments": 2,
+            "max_output_tokens": 12288,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        },
+    }
     res = pipeline.resident(residence(max_tokens=1024, policy=policy))
-    r, posts = await pipeline.turn(res, Room(), "Look, then describe.",
-                                   [use("list"), Call(sse=specimen("ceiling-1024.sse")), reply()])
+    r, posts = await pipeline.turn(
+        res, Room(), "Look, then describe.", [use("list"), Call(sse=specimen("ceiling-1024.sse")), reply()]
+    )
     g = r.generation
     assert (g.status, g.stop_reason, g.text) == ("truncated", "max_tokens", SAYS + "\n\n" + CEILING_TEXT)
     assert g.continuation_ended == "disabled" and len(pipeline.server.requests) == 2
@@ -221,21 +279,30 @@ async def test_a_ceiling_in_a_later_round_is_truncated_and_never_continued(pipel
     assert await verify(pipeline.ledger) == []
     # a moderator's /continue does not mix with the tool loop either
     on_request = {**policy, "continuation": {**policy["continuation"], "standing": "on-request"}}
-    cont = await pipeline.resident(residence(max_tokens=1024, policy=on_request)).continue_generation(Room(), "room", g.id)
+    cont = await pipeline.resident(residence(max_tokens=1024, policy=on_request)).continue_generation(
+        Room(), "room", g.id
+    )
     assert cont.declined and "tool" in cont.declined and len(pipeline.server.requests) == 2  # no call more
 
 
 async def test_a_retried_round_keeps_its_fragment_and_calls_stay_within_rounds_times_attempts(pipeline):
     policy = {"retries": {"max_attempts": 2, "backoff_seconds": 0}, "tools": {"max_rounds": 2}}
     res = pipeline.resident(residence(policy=policy))
-    r, posts = await pipeline.turn(res, Room(), "Look.", [
-        Call(status=529), use("list"), Call(sse=specimen("overloaded-after-257.sse")), use("list", n=2),
-        reply()])
+    r, posts = await pipeline.turn(
+        res,
+        Room(),
+        "Look.",
+        [Call(status=529), use("list"), Call(sse=specimen("overloaded-after-257.sse")), use("list", n=2), reply()],
+    )
     g = r.generation
     assert len(pipeline.server.requests) == 4 == 2 * 2  # max_rounds × retries.max_attempts
     assert (g.status, g.stop_reason) == ("incomplete", truth.TOOL_ROUND_LIMIT)
-    assert [(a.segment, a.index, a.outcome) for a in g.attempts] == \
-        [(1, 1, "abandoned"), (1, 2, "completed"), (2, 1, "abandoned"), (2, 2, "completed")]
+    assert [(a.segment, a.index, a.outcome) for a in g.attempts] == [
+        (1, 1, "abandoned"),
+        (1, 2, "completed"),
+        (2, 1, "abandoned"),
+        (2, 2, "completed"),
+    ]
     [frag] = [s for s in g.stumps if s.cause == truth.RETRY_ABANDONED]
     assert frag.text == FRAGMENT and FRAGMENT not in g.text  # never spliced
     assert pipeline.server.requests[2] == pipeline.server.requests[3]  # the retry resends the same round
@@ -254,17 +321,29 @@ async def test_without_the_tool_no_tools_are_offered(pipeline):
 @pytest.mark.parametrize("bad", [1, 0, 33, "four"])
 def test_max_rounds_is_checked(bad):
     from bot.config import ConfigError
+
     with pytest.raises(ConfigError, match="tools.max_rounds"):
         residence(policy={"tools": {"max_rounds": bad}})
 
 
 async def test_a_cut_before_any_tool_call_continues_without_tools(pipeline):
-    policy = {"retries": {"max_attempts": 3, "backoff_seconds": 0},
-              "continuation": {"standing": "bounded", "max_segments": 2, "max_output_tokens": 12288,
-                               "min_progress_chars": 16, "similarity_abort": 0.92}}
+    policy = {
+        "retries": {"max_attempts": 3, "backoff_seconds": 0},
+        "continuation": {
+            "standing": "bounded",
+            "max_segments": 2,
+            "max_output_tokens": 12288,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        },
+    }
     res = pipeline.resident(residence(max_tokens=600, policy=policy))
-    r, _ = await pipeline.turn(res, Room(), "Write it all.", [Call(sse=specimen("cont-first.sse")),
-                                                             Call(sse=specimen("cont-rest-with-overlap.sse"))])
+    r, _ = await pipeline.turn(
+        res,
+        Room(),
+        "Write it all.",
+        [Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))],
+    )
     first, cont = pipeline.server.requests
     assert "tools" in first and "tools" not in cont  # continuation and the tool loop never mix in one request
     assert (r.generation.status, r.generation.continuation_ended) == ("completed", "completed")

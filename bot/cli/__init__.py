@@ -4,6 +4,7 @@ Every verb is imported here by name. Library code raises its own errors; only `m
 into exit statuses: 2 and one line on stderr for bad input, 1 for a ledger that cannot be used or
 an internal error, 130 for an interrupt. A traceback is shown only with --debug.
 """
+
 from __future__ import annotations
 
 import gc
@@ -31,13 +32,19 @@ log = logging.getLogger(__name__)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="residents", prog_name="residents", message="%(prog)s %(version)s",
-                      help="Print the version and exit.")
+@click.version_option(
+    package_name="residents", prog_name="residents", message="%(prog)s %(version)s", help="Print the version and exit."
+)
 @click.option("-v", "--verbose", count=True, help="More log output on stderr (-v: info, -vv: debug).")
 @click.option("--debug", is_flag=True, help="Show tracebacks of internal errors.")
-@click.option("--config", "config", metavar="DIR", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="The configuration folder (default: the current folder): residences/, policies/, "
-                   "residents.yaml and the default ledger data/ledger.db are read from here.")
+@click.option(
+    "--config",
+    "config",
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The configuration folder (default: the current folder): residences/, policies/, "
+    "residents.yaml and the default ledger data/ledger.db are read from here.",
+)
 @click.pass_context
 def cli(ctx: click.Context, verbose: int, debug: bool, config: Path | None) -> None:
     """AI residents in Discord rooms that tell the truth about every output.
@@ -49,8 +56,11 @@ def cli(ctx: click.Context, verbose: int, debug: bool, config: Path | None) -> N
     """
     opts = ctx.ensure_object(Options)
     opts.debug, opts.config = debug, config
-    logging.basicConfig(level=logging.WARNING - 10 * verbose, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING - 10 * verbose,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     # Everything imported so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise pause streams for ~100 ms (bench/README.md).
     gc.freeze()
@@ -73,8 +83,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except ConfigError as e:  # the first problem; `check` prints every one
         more = len(e.problems) - 1
-        print(str(e) + (f" (and {more} more problem{'s' if more > 1 else ''} in this configuration: "
-                        "`residents check` lists them all)" if more else ""), file=sys.stderr)
+        print(
+            str(e)
+            + (
+                f" (and {more} more problem{'s' if more > 1 else ''} in this configuration: "
+                "`residents check` lists them all)"
+                if more
+                else ""
+            ),
+            file=sys.stderr,
+        )
         return 2
     except (UsageError, BundleError) as e:
         print(f"residents: {e}", file=sys.stderr)

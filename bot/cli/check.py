@@ -1,4 +1,5 @@
 """`residents check`: validate residences, policies, scenarios and the project file without running."""
+
 from __future__ import annotations
 
 import sys
@@ -41,8 +42,10 @@ def check(paths: tuple[Path, ...]) -> int:
         found = _config_files(base)
         if not found:
             where = "here" if base == Path.cwd() else f"in {base}"
-            raise UsageError(f"nothing to check: no residences/*.yaml or policies/*.yaml {where}, and no paths given "
-                             "(residents init writes a starter set)")
+            raise UsageError(
+                f"nothing to check: no residences/*.yaml or policies/*.yaml {where}, and no paths given "
+                "(residents init writes a starter set)"
+            )
     elif not found:
         raise UsageError(f"nothing to check: no .yaml files in {', '.join(map(str, paths))}")
     problems, warnings = check_files(found)
@@ -65,8 +68,11 @@ def _files_of(folder: Path, config: Path) -> list[tuple[Path, Path]]:
 def _config_files(folder: Path) -> list[tuple[Path, Path]]:
     """A configuration folder's residents.yaml (if present), policies and residences."""
     project = folder / PROJECT_FILE
-    files = ([project] if project.is_file() else []) + sorted((folder / "policies").glob("*.yaml")) \
+    files = (
+        ([project] if project.is_file() else [])
+        + sorted((folder / "policies").glob("*.yaml"))
         + sorted((folder / "residences").glob("*.yaml"))
+    )
     return [(f, folder) for f in files]
 
 
@@ -74,6 +80,7 @@ def check_files(files: list[tuple[Path, Path]]) -> tuple[list[str], list[str]]:
     """Problems (every one of each file, one line each, no repeats) and warnings, files told apart by
     folder and content."""
     from ..replay.scenario import load_scenario  # the local provider server comes with it: only when checking
+
     problems: list[str] = []
     warnings: list[str] = []
     for p, base in files:
@@ -97,9 +104,11 @@ def _model_warnings(path: Path, key: str, res: Residence) -> list[str]:
     if models.known(res.model):
         return []
     hint = models.nearest(res.model)
-    return [f"{path}: {key}: warning: {res.model!r} is not in the model table"
-            + (f" (did you mean {hint!r}?)" if hint else "")
-            + f"; its stated output_ceiling {res.output_ceiling} is taken as given"]
+    return [
+        f"{path}: {key}: warning: {res.model!r} is not in the model table"
+        + (f" (did you mean {hint!r}?)" if hint else "")
+        + f"; its stated output_ceiling {res.output_ceiling} is taken as given"
+    ]
 
 
 def _kind_of(p: Path) -> str:

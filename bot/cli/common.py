@@ -8,6 +8,7 @@ installed; a path typed on the command line is taken as typed.
 Output leaves the process as valid UTF-8 whatever the ledger holds: the ledger keeps a lone
 surrogate exactly, JSON output escapes it (`\\ud83d` is valid JSON), readable output shows U+FFFD.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,6 @@ import click
 
 from ..ledger import Ledger
 
-
 DEFAULT_DB = "data/ledger.db"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -35,6 +35,7 @@ class UsageError(Exception):
 @dataclass
 class Options:
     """What the group's options decide for the whole run, read again by `main` when a verb fails."""
+
     debug: bool = False
     config: Path | None = None  # --config as typed; None: the current folder
 

@@ -1,4 +1,5 @@
 """`residents demo`: the offline room a newcomer runs first, on the same code that runs in Discord."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,11 +19,19 @@ DEMO_DB = str(Path("data") / "demo.db")
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on (loopback only).")
 @click.option("--port", type=int, default=8765, show_default=True, help="The room's port (0: any free port).")
 @click.option("--headless", is_flag=True, help="Play the demo script, print the transcript, exit.")
-@click.option("--provider", type=click.Choice(["scripted", "anthropic"]), default="scripted", show_default=True,
-              help="anthropic: the real API with ANTHROPIC_API_KEY.")
+@click.option(
+    "--provider",
+    type=click.Choice(["scripted", "anthropic"]),
+    default="scripted",
+    show_default=True,
+    help="anthropic: the real API with ANTHROPIC_API_KEY.",
+)
 @click.option("--model", metavar="ID", help="With --provider anthropic: the model every demo resident uses.")
-@click.option("--db", metavar="PATH",
-              help=f"The ledger, added to  [default: {DEMO_DB} in the configuration folder, started afresh each run]")
+@click.option(
+    "--db",
+    metavar="PATH",
+    help=f"The ledger, added to  [default: {DEMO_DB} in the configuration folder, started afresh each run]",
+)
 def demo(host: str, port: int, headless: bool, provider: str, model: str | None, db: str | None) -> int:
     """The offline room with scripted residents and a web view.
 
@@ -39,6 +48,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     """
     from ..demo.run import fresh_ledger, main_async
     from ..discord.run import StartupError
+
     if provider == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise UsageError("--provider anthropic needs ANTHROPIC_API_KEY in the environment")
     if model is not None and not models.known(model):
@@ -49,8 +59,11 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     if db is None:
         db = in_config(DEMO_DB)
         replaced = fresh_ledger(db)
-        line = (f"residents demo: ledger {db} (the previous demo's ledger was replaced; --db PATH keeps a run's)"
-                if replaced else f"residents demo: ledger {db}")
+        line = (
+            f"residents demo: ledger {db} (the previous demo's ledger was replaced; --db PATH keeps a run's)"
+            if replaced
+            else f"residents demo: ledger {db}"
+        )
     else:
         line = f"residents demo: ledger {db}"
     line += f"; afterwards: residents ledger list --db {db}"

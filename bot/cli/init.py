@@ -1,4 +1,5 @@
 """`residents init`: a starter configuration folder, from the examples that ship with the package."""
+
 from __future__ import annotations
 
 import shlex
@@ -29,6 +30,8 @@ def init(directory: Path | None, force: bool) -> int:
     for rel in written:
         print(dest / rel)
     shown = "" if dest.resolve() == Path.cwd().resolve() else f" --config {shlex.quote(str(dest))}"
-    print(f"next: fill in {dest / bundled.ENV_EXAMPLE} (as .env, never committed), edit the residences, then "
-          f"`residents{shown} check` and `residents{shown} run`")
+    print(
+        f"next: fill in {dest / bundled.ENV_EXAMPLE} (as .env, never committed), edit the residences, then "
+        f"`residents{shown} check` and `residents{shown} run`"
+    )
     return 0

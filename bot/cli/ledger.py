@@ -1,5 +1,6 @@
 """`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
 hash chain checked, the chain written out for anyone to check offline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ import click
 
 from ..ledger import chain, views
 from ..ledger.access import tool_calls_of
-from ..records import Generation, Stump, ToolCall
 from ..ledger.verify import Report, check
+from ..records import Generation, Stump, ToolCall
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
 
@@ -29,7 +30,9 @@ def ledger() -> None:
 
 
 @ledger.command("list")
-@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder)."
+)
 @click.option("--residence", metavar="NAME", help="Only this residence's generations.")
 @click.option("-n", "--limit", type=int, default=20, show_default=True, help="How many generations, newest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array instead of a table.")
@@ -43,9 +46,11 @@ def list_(db: str | None, residence: str | None, limit: int, as_json: bool) -> i
       residents ledger list --residence cairn -n 5
     """
     path = ledger_path(db)
+
     async def go() -> list[dict[str, Any]]:
         async with open_ledger(path) as lg:
             return await lg.list_generations(residence, limit)
+
     rows = asyncio.run(go())
     if as_json:
         emit_json(rows)
@@ -56,7 +61,9 @@ def list_(db: str | None, residence: str | None, limit: int, as_json: bool) -> i
 
 @ledger.command()
 @click.argument("record_id", metavar="ID")
-@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (text included) instead of a report.")
 def show(record_id: str, db: str | None, as_json: bool) -> int:
     """One generation or stump: its provenance and exact text.
@@ -85,6 +92,7 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
                 return None
             calls.extend(await tool_calls_of(lg, gid))
             return await lg.get_generation(gid)
+
     rec = asyncio.run(go())
     if rec is None:
         what = f"no generation posted message {message}" if message else "no such generation or stump"
@@ -94,21 +102,31 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
     elif isinstance(rec, Stump):
         emit_json({**rec.meta(), "text": rec.text})
     else:
-        emit_json({**rec.as_json(), "tool_rounds": [c.as_json() for c in calls],
-                   "stumps": [{**s.meta(), "text": s.text} for s in rec.stumps],
-                   "posts": [p.as_json() for p in rec.posts]})
+        emit_json(
+            {
+                **rec.as_json(),
+                "tool_rounds": [c.as_json() for c in calls],
+                "stumps": [{**s.meta(), "text": s.text} for s in rec.stumps],
+                "posts": [p.as_json() for p in rec.posts],
+            }
+        )
     return 0
 
 
 @ledger.command()
-@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder)."
+)
 @click.option("--residence", metavar="NAME", help="Only this residence's stumps.")
 @click.option("--cause", metavar="CAUSE", help="Only stumps of this cause (max_tokens, retry-abandoned, refusal, ...).")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True,
-              help="How many stumps, newest first.")
+@click.option(
+    "--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="How many stumps, newest first."
+)
 @click.option("--before", metavar="STUMP_ID", help="The next page: only stumps older than this one.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON array of metadata instead of a table.")
-def stumps(db: str | None, residence: str | None, cause: str | None, limit: int, before: str | None, as_json: bool) -> int:
+def stumps(
+    db: str | None, residence: str | None, cause: str | None, limit: int, before: str | None, as_json: bool
+) -> int:
     """Texts not published as completed speech, newest first.
 
     Metadata only (no stump text is read). When older stumps remain beyond the page, a line
@@ -120,12 +138,14 @@ def stumps(db: str | None, residence: str | None, cause: str | None, limit: int,
       residents ledger stumps --limit 20 --before s-0123456789ab
     """
     path = ledger_path(db)
+
     async def go() -> tuple[list[Stump], bool]:
         async with open_ledger(path) as lg:
             page = await lg.list_stump_meta(residence, cause, limit=limit + 1, before=before)
             if before is not None and not page and await lg.get_stump(before) is None:
                 raise UsageError(f"--before {before}: no such stump in {path}")
             return page[:limit], len(page) > limit
+
     page, more = asyncio.run(go())
     if as_json:
         emit_json([s.meta() for s in page])
@@ -137,10 +157,17 @@ def stumps(db: str | None, residence: str | None, cause: str | None, limit: int,
 
 
 @ledger.command()
-@click.option("--db", metavar="PATH", help=f"The SQLite ledger to check (default: {DEFAULT_DB} in the configuration folder).")
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to check (default: {DEFAULT_DB} in the configuration folder)."
+)
 @click.option("--strict", is_flag=True, help="Count generations still pending (unsettled) as violations too.")
-@click.option("--export", "export_file", metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
-              help="Check an export of the chain instead, offline: no ledger is opened.")
+@click.option(
+    "--export",
+    "export_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Check an export of the chain instead, offline: no ledger is opened.",
+)
 def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
     """Check every invariant of the ledger, and its hash chain.
 
@@ -161,6 +188,7 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
         return _verify_export(export_file)
 
     path = ledger_path(db)
+
     async def go() -> Report:
         async with open_ledger(path) as lg:
             return await check(lg)
@@ -174,10 +202,16 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
             emit(line)
         return 1
     if rep.unsettled:
-        print(f"{len(rep.unsettled)} generation(s) unsettled (pending): " + ", ".join(rep.unsettled[:10])
-              + (" …" if len(rep.unsettled) > 10 else ""), file=sys.stderr)
-    print(f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
-          f"{rep.undelivered} post(s) undelivered; chain of {rep.chain_entries} entries, head {rep.chain_head}")
+        print(
+            f"{len(rep.unsettled)} generation(s) unsettled (pending): "
+            + ", ".join(rep.unsettled[:10])
+            + (" …" if len(rep.unsettled) > 10 else ""),
+            file=sys.stderr,
+        )
+    print(
+        f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
+        f"{rep.undelivered} post(s) undelivered; chain of {rep.chain_entries} entries, head {rep.chain_head}"
+    )
     return 0
 
 
@@ -195,11 +229,25 @@ def _verify_export(path: Path) -> int:
 
 
 @ledger.command()
-@click.option("--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder).")
-@click.option("--out", "out", required=True, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write the chain, one JSON line per entry ('-': standard output).")
-@click.option("--since", type=click.IntRange(min=1), default=1, show_default=True, metavar="ENTRY",
-              help="The first entry to write (its sequence number); earlier ones are left out.")
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to read (default: {DEFAULT_DB} in the configuration folder)."
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the chain, one JSON line per entry ('-': standard output).",
+)
+@click.option(
+    "--since",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="ENTRY",
+    help="The first entry to write (its sequence number); earlier ones are left out.",
+)
 def export(db: str | None, out: Path, since: int) -> int:
     """Write the hash chain as JSON Lines, for anyone to check offline.
 
@@ -218,6 +266,7 @@ def export(db: str | None, out: Path, since: int) -> int:
         async with open_ledger(path) as lg:
             head = (await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
             return await chain.entries(lg.db, since), head
+
     entries, head = asyncio.run(go())
     if since > 1 and not entries:
         raise UsageError(f"--since {since}: no such entry in {path} (its chain has {head} entries)")

@@ -1,4 +1,5 @@
 """`residents replay`: a scripted conversation offline, on the real pipeline (the replay contract)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +16,9 @@ from .common import config_dir, emit, emit_json
 @click.command()
 @click.argument("scenario", metavar="SCENARIO", type=click.Path(path_type=Path))
 @click.option("--db", metavar="PATH", help="SQLite ledger to use (created if missing; default: a temporary file).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the contract's form) instead of a transcript.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print one JSON object (the contract's form) instead of a transcript."
+)
 def replay(scenario: Path, db: str | None, as_json: bool) -> int:
     """Run a scripted conversation offline on the real pipeline.
 
@@ -29,7 +32,9 @@ def replay(scenario: Path, db: str | None, as_json: bool) -> int:
       residents replay ceiling
       residents replay scenarios/ceiling.yaml --json --db /tmp/ledger.db
     """
-    from ..replay import load_scenario, replay as run_replay, transcript
+    from ..replay import load_scenario, transcript
+    from ..replay import replay as run_replay
+
     gc.freeze()  # the pipeline and the SDK are imported now: keep them out of full collections too
     path, base = resolve_scenario(scenario)
     sc = load_scenario(path, base)
@@ -52,5 +57,8 @@ def resolve_scenario(arg: Path) -> tuple[Path, Path]:
     found = bundled.scenario(str(arg))
     if found is not None:
         return found, bundled.root()
-    raise ConfigError(arg, "", "file not found, and no bundled scenario has that name "
-                               f"(bundled: {', '.join(bundled.scenario_names())})")
+    raise ConfigError(
+        arg,
+        "",
+        f"file not found, and no bundled scenario has that name (bundled: {', '.join(bundled.scenario_names())})",
+    )

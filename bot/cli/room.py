@@ -1,4 +1,5 @@
 """`residents room`: a local Discord-compatible room server for bots and people, offline."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,12 +15,19 @@ from .common import UsageError, config_dir
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on.")
 @click.option("--port", type=int, default=8765, show_default=True, help="The port to serve on.")
-@click.option("--channel", "channels", multiple=True, metavar="NAME",
-              help="A text channel (repeatable; default: the channels the configuration folder's residences name, "
-                   "or general).")
-@click.option("--layout", metavar="LAYOUT.yaml",
-              help="Several guilds with channels, roles, members and permission overwrites "
-                   "(a file, or a bundled layout by name: two-guilds).")
+@click.option(
+    "--channel",
+    "channels",
+    multiple=True,
+    metavar="NAME",
+    help="A text channel (repeatable; default: the channels the configuration folder's residences name, or general).",
+)
+@click.option(
+    "--layout",
+    metavar="LAYOUT.yaml",
+    help="Several guilds with channels, roles, members and permission overwrites "
+    "(a file, or a bundled layout by name: two-guilds).",
+)
 def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) -> int:
     """Serve a local Discord-compatible room (no token, no network).
 
@@ -32,6 +40,7 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
     """
     from ..localservers.room import LayoutError, RoomServer, load_layout
     from ..localservers.room.server import serve
+
     built = None
     if layout:
         if channels:
@@ -42,8 +51,9 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
             raise UsageError(str(e)) from None
 
     def announce(server: RoomServer) -> None:
-        where = "; ".join(f"{g.name}: {', '.join(c.name for c in g.channels.values())}"
-                          for g in server.state.guilds.values())
+        where = "; ".join(
+            f"{g.name}: {', '.join(c.name for c in g.channels.values())}" for g in server.state.guilds.values()
+        )
         print(f"local room on {server.url} ({where}); bots: residents run --discord-api {server.url}", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
@@ -54,8 +64,13 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
 def room_channels(base: Path) -> list[str]:
     """The channel names the residences under `base` listen in (ids left out, guild parts dropped), or `general`."""
     try:
-        names = [c.rpartition("/")[2] for r in load_all_residences(base) if r.discord for c in r.discord.channels
-                 if not c.isdigit()]
+        names = [
+            c.rpartition("/")[2]
+            for r in load_all_residences(base)
+            if r.discord
+            for c in r.discord.channels
+            if not c.isdigit()
+        ]
     except ConfigError:
         names = []
     return list(dict.fromkeys(names)) or ["general"]

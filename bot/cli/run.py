@@ -1,24 +1,29 @@
 """`residents run`: every residence with Discord settings, each as its own bot, in one process."""
+
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import click
 
 from .common import DEFAULT_DB, UsageError, config_dir, ledger_path
 
-
 LEVELS = ("debug", "info", "warning", "error")
 
 
 @click.command()
-@click.option("--discord-api", metavar="URL", help="A Discord-compatible API to use instead of discord.com "
-                                                   "(e.g. the local room: http://127.0.0.1:8765).")
+@click.option(
+    "--discord-api",
+    metavar="URL",
+    help="A Discord-compatible API to use instead of discord.com (e.g. the local room: http://127.0.0.1:8765).",
+)
 @click.option("--db", metavar="PATH", help=f"The SQLite ledger (default: {DEFAULT_DB} in the configuration folder).")
-@click.option("--log-level", type=click.Choice(LEVELS, case_sensitive=False),
-              help="What is logged on stderr, each line once  [default: discord.py's connection lines at info, "
-                   "the rest at warning; -v/-vv lower both]")
+@click.option(
+    "--log-level",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    help="What is logged on stderr, each line once  [default: discord.py's connection lines at info, "
+    "the rest at warning; -v/-vv lower both]",
+)
 def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
@@ -34,6 +39,7 @@ def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
       residents run --log-level warning
     """
     from ..discord.run import StartupError, main
+
     root, gateway = logging.getLogger(), logging.getLogger("discord")
     previous = root.level, gateway.level
     if log_level:

@@ -6,6 +6,7 @@ receipts are never presented as its words; text set aside for a retry is describ
 Another resident's receipts and notices (found in the ledger by message id) appear as boundary
 notes, never as that resident's words; a person's line that looks like one stays the person's words.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,8 +15,6 @@ from typing import Any
 from .. import truth
 from ..config import Residence
 from ..records import Generation, Post, Stump
-from ..text import SUBTEXT
-
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
@@ -41,8 +40,9 @@ def own_generation_ids(history: list[RoomMessage], posts: dict[str, Post]) -> li
     return [p.generation_id for mid, p in posts.items() if mid in own and p.generation_id]
 
 
-def in_reading_order(history: list[RoomMessage], posts: dict[str, Post],
-                     gens: dict[str, Generation]) -> list[RoomMessage]:
+def in_reading_order(
+    history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, Generation]
+) -> list[RoomMessage]:
     """The room as the resident lived it: each of its replies right after the last message it had read.
 
     Messages that arrived while a reply was being written come after that reply, so a turn taken to
@@ -62,8 +62,13 @@ def in_reading_order(history: list[RoomMessage], posts: dict[str, Post],
     return [m for _, m in sorted(enumerate(history), key=key)]
 
 
-def _turns(history: list[RoomMessage], posts: dict[str, Post], gens: dict[str, Generation],
-           own_stumps_visible: bool, recovered: dict[str, Stump] | None = None) -> list[tuple[str, str]]:
+def _turns(
+    history: list[RoomMessage],
+    posts: dict[str, Post],
+    gens: dict[str, Generation],
+    own_stumps_visible: bool,
+    recovered: dict[str, Stump] | None = None,
+) -> list[tuple[str, str]]:
     turns: list[tuple[str, str]] = []
     seen: set[str] = set()
     published: set[str] = set()  # stumps whose recovered text is already in the turns
@@ -106,7 +111,9 @@ def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, 
     if set_aside:
         if own_stumps_visible:
             for s in set_aside:
-                out.append(("user", f"[Text set aside ({s.cause}, {s.chars:,} characters), shown by policy:]\n{s.text}"))
+                out.append(
+                    ("user", f"[Text set aside ({s.cause}, {s.chars:,} characters), shown by policy:]\n{s.text}")
+                )
         else:
             out.append(("user", truth.context_abandoned_note(len(set_aside), sum(s.chars for s in set_aside))))
     if g.status == "refused":
@@ -145,13 +152,19 @@ def base_request(res: Residence) -> dict[str, Any]:
     return req
 
 
-def compile_request(res: Residence, history: list[RoomMessage], posts: dict[str, Post],
-                    gens: dict[str, Generation], recovered: dict[str, Stump] | None = None) -> dict[str, Any]:
+def compile_request(
+    res: Residence,
+    history: list[RoomMessage],
+    posts: dict[str, Post],
+    gens: dict[str, Generation],
+    recovered: dict[str, Stump] | None = None,
+) -> dict[str, Any]:
     """A request for a new reply: the room as the resident should understand it, ending on a user turn.
 
     `recovered`: the stumps the resident published (post kind `recovered`), by id, for their exact text."""
-    turns = _turns(history[-res.policy.floor.history_limit:], posts, gens, res.policy.stumps.resident_reads_own,
-                   recovered)
+    turns = _turns(
+        history[-res.policy.floor.history_limit :], posts, gens, res.policy.stumps.resident_reads_own, recovered
+    )
     if not turns or turns[0][0] != "user":
         turns.insert(0, ("user", START_NOTE))
     if turns[-1][0] != "user":

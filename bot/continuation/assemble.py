@@ -1,11 +1,11 @@
 """Exact overlap removal and the progress/repetition guards for one new segment."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
 from rapidfuzz.distance import Indel
-
 
 # The similarity check compares fixed-size windows, so its cost stays flat whatever the output's size.
 SIMILARITY_WINDOW = 2048
@@ -51,7 +51,7 @@ def similarity(prior: str, new: str, window: int = SIMILARITY_WINDOW) -> float:
     if len(head) >= 32 and head in prior:
         return 1.0
     best = 0.0
-    for ref in (prior[:len(head)], prior[-len(head):]):
+    for ref in (prior[: len(head)], prior[-len(head) :]):
         best = max(best, Indel.normalized_similarity(head, ref))
     return best
 
@@ -63,8 +63,9 @@ class Decision:
     verdict: Literal["append", "no-progress", "repetition"]
 
 
-def judge_segment(prior: str, new: str, *, min_overlap: int, min_progress: int, similarity_abort: float,
-                  stripped_tail: str = "") -> Decision:
+def judge_segment(
+    prior: str, new: str, *, min_overlap: int, min_progress: int, similarity_abort: float, stripped_tail: str = ""
+) -> Decision:
     """Decide what one continuation segment contributes.
 
     `stripped_tail` is trailing whitespace taken off the prefill (the API rejects it); a segment

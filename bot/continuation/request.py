@@ -2,14 +2,17 @@
 
 It lives with continuation, not with the context compiler: it extends a recorded request, and reads no room.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 from .. import models
 
-CONTINUE_NOTE = ("[The previous assistant message was cut off by the output ceiling. Continue it from exactly "
-                 "where it stops, mid-word if it stops mid-word, without repeating any of it.]")
+CONTINUE_NOTE = (
+    "[The previous assistant message was cut off by the output ceiling. Continue it from exactly "
+    "where it stops, mid-word if it stops mid-word, without repeating any of it.]"
+)
 
 
 def continuation_request(base: dict[str, Any], assembled: str, remaining_tokens: int) -> tuple[dict[str, Any], str]:
@@ -23,7 +26,7 @@ def continuation_request(base: dict[str, Any], assembled: str, remaining_tokens:
     req = {**base, "max_tokens": max(1, min(base["max_tokens"], remaining_tokens))}
     prefill = assembled.rstrip()
     if caps.accepts_prefill and prefill:
-        stripped = assembled[len(prefill):]
+        stripped = assembled[len(prefill) :]
         req["messages"] = msgs + [{"role": "assistant", "content": prefill}]
         return req, stripped
     req["messages"] = msgs + [{"role": "assistant", "content": assembled}, {"role": "user", "content": CONTINUE_NOTE}]

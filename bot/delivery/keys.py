@@ -8,6 +8,7 @@ once per `truth.KEY_NOTICE_SECONDS`. A failure inside the window posts nothing; 
 attempts and any text stay in the ledger as always. A moderator's /continue whose segment is refused
 so is handled the same way: its receipt would only restate the cut and blame a provider error.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class KeyRejections:
-    def __init__(self, key_env: str, window: float = truth.KEY_NOTICE_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, key_env: str, window: float = truth.KEY_NOTICE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.key_env = key_env
         self.window = window
         self.clock = clock  # injected so the window can be tested without waiting it out
@@ -42,8 +44,15 @@ class KeyRejections:
         error = final.error
         assert error is not None
         what = f"generation {g.id} failed" if g.status == "failed" else f"a continuation segment of {g.id} failed"
-        log.error("%s: the provider rejected the API key (%s) in channel %s; %s. Remedy: set a "
-                  "valid key in %s and restart `residents run`.", g.residence, error, channel, what, self.key_env)
+        log.error(
+            "%s: the provider rejected the API key (%s) in channel %s; %s. Remedy: set a "
+            "valid key in %s and restart `residents run`.",
+            g.residence,
+            error,
+            channel,
+            what,
+            self.key_env,
+        )
         if (g.text if added is None else added).strip():
             return planned  # text to post: it goes out with its boundary line, as any cut output's
         now = self.clock()

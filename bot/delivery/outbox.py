@@ -15,6 +15,7 @@ and records it instead of sending it again — Discord's nonce check alone lasts
 The outbox knows nothing of Discord: each resident registers its room (`ResumeRoom`: send a post,
 read its own recent messages), and every room failure arrives as `RoomUnavailable`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +38,7 @@ class Backoff:
     Nothing is given up while the process runs (`cap` bounds how late a room that came back is
     noticed); after `alarm` seconds of failing, one ERROR says an operator is needed.
     """
+
     base: float = 1.0
     cap: float = 10.0
     alarm: float = 600.0
@@ -128,7 +130,7 @@ class Outbox:
             entries.setdefault(post.channel, []).append(entry)
         for channel, group in entries.items():
             ch = self._channel(channel)
-            ch.queue[ch.resumed:ch.resumed] = group  # before anything new, after what other residents resumed
+            ch.queue[ch.resumed : ch.resumed] = group  # before anything new, after what other residents resumed
             ch.resumed += len(group)
             ch.tried.clear()
             self._kick(channel)
@@ -191,9 +193,13 @@ class Outbox:
                     await self._failed(channel, ch, failure)
                     continue
                 if ch.failing_since is not None:
-                    log.warning("outbox %s: the room is back after %.1fs and %d failed tr%s; delivery resumes in "
-                                "order", channel, time.monotonic() - ch.failing_since, ch.failures,
-                                "y" if ch.failures == 1 else "ies")
+                    log.warning(
+                        "outbox %s: the room is back after %.1fs and %d failed tr%s; delivery resumes in order",
+                        channel,
+                        time.monotonic() - ch.failing_since,
+                        ch.failures,
+                        "y" if ch.failures == 1 else "ies",
+                    )
                     ch.failing_since, ch.failures, ch.alarmed = None, 0, False
             ch.tried.set()
         except asyncio.CancelledError:
@@ -201,8 +207,7 @@ class Outbox:
         except Exception:
             # A bug, or the ledger failing: say so once, loudly. The posts stay queued, in order, for the
             # next reply in this channel (or the next start); nobody is left waiting for them meanwhile.
-            log.exception("outbox %s: delivery stopped by an unexpected error; %d post(s) wait", channel,
-                          len(ch.queue))
+            log.exception("outbox %s: delivery stopped by an unexpected error; %d post(s) wait", channel, len(ch.queue))
             for e in ch.queue:
                 if not e.done.done():
                     e.done.set_result(False)
@@ -250,14 +255,21 @@ class Outbox:
         delay = self.backoff.delay(ch.failures)
         waiting = len(ch.queue)
         if ch.failures == 1:
-            log.warning("outbox %s: the room failed (%s); %d post(s) wait, in order, retried with backoff",
-                        channel, e, waiting)
+            log.warning(
+                "outbox %s: the room failed (%s); %d post(s) wait, in order, retried with backoff", channel, e, waiting
+            )
         else:
             log.info("outbox %s: try %d failed (%s); next in %.1fs", channel, ch.failures, e, delay)
         if not ch.alarmed and now - ch.failing_since >= self.backoff.alarm:
             ch.alarmed = True
-            log.error("outbox %s: the room has failed for %.0fs (%s); %d post(s) wait and are still retried every "
-                      "%.0fs", channel, now - ch.failing_since, e, waiting, self.backoff.cap)
+            log.error(
+                "outbox %s: the room has failed for %.0fs (%s); %d post(s) wait and are still retried every %.0fs",
+                channel,
+                now - ch.failing_since,
+                e,
+                waiting,
+                self.backoff.cap,
+            )
         ch.tried.set()
         await asyncio.sleep(delay)
         ch.tried.clear()

@@ -6,6 +6,7 @@ reopened, a text line that would render as Discord subtext is escaped (`\\-# `) 
 and notices look like boundary lines, and the boundary line comes last, in the wording `bot.truth`
 owns.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,8 @@ from dataclasses import replace
 
 from .. import truth
 from ..records import Planned, PostKind, PostReason
-from ..truth import LIMIT, RECEIPT_PREFIX
 from ..text import FENCE_LINE, escape_subtext
-
+from ..truth import LIMIT, RECEIPT_PREFIX
 
 _SENTENCE_END = re.compile(r"[.!?…][\"')\]]*\s")
 
@@ -39,13 +39,13 @@ def split_text(text: str, limit: int = LIMIT, *, escape: bool = False) -> list[s
         spare = 0  # characters the escapes of the chunk tried last took beyond the limit
         while True:
             budget = limit - len(reopen) - spare
-            ahead = text[pos:pos + budget]
+            ahead = text[pos : pos + budget]
             # room for "\n```" if the chunk ends inside a block, or for the block's own closing line
             end_fence_room = 8 if fence or "```" in ahead or "~~~" in ahead else 0
             if n - pos <= budget:
                 cut = n
             else:
-                window = ahead[:budget - end_fence_room]
+                window = ahead[: budget - end_fence_room]
                 cut = pos + max(1, _best_cut(window))
                 cut = _clear_of_fences(text, pos, cut, fence, pos + budget)
             piece = text[pos:cut]
@@ -88,7 +88,7 @@ def _clear_of_fences(text: str, pos: int, cut: int, fence: str | None, limit: in
     if m and not m.group(2).strip() and m.group(1)[0] == open_after.lstrip()[0] and end <= limit:
         return end
     back = cut
-    while back - 1 > pos and not text[back - 1:cut].strip():
+    while back - 1 > pos and not text[back - 1 : cut].strip():
         back -= 1  # past the whitespace before the marker, then one visible character more
     return back - 1 if back - 1 > pos else cut
 
@@ -150,8 +150,11 @@ def plan(e: truth.Ending, text: str) -> list[Planned]:
         line = truth.receipt(e)
         return out + ([Planned(PostKind.RECEIPT, RECEIPT_PREFIX + line, PostReason.RECEIPT)] if line else [])
     line = truth.notice(e if text.strip() else replace(e, chars=0))
-    return [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line, truth.no_text_line_reason(e.status))] \
-        if line else []
+    return (
+        [Planned(truth.no_text_line_kind(e.status), RECEIPT_PREFIX + line, truth.no_text_line_reason(e.status))]
+        if line
+        else []
+    )
 
 
 def plan_continuation(e: truth.Ending, added: str) -> list[Planned]:
@@ -174,5 +177,6 @@ def notice(line: str, reason: PostReason) -> Planned:
 def plan_recovered(text: str, cause: str) -> list[Planned]:
     """A stump published at its resident's request: its text as `recovered` posts, then one receipt."""
     out = [Planned(PostKind.RECOVERED, c, PostReason.RECOVERED) for c in split_text(text, escape=True)]
-    return out + [Planned(PostKind.RECEIPT, RECEIPT_PREFIX + truth.recovered_receipt(len(text), cause),
-                          PostReason.RECOVERED)]
+    return out + [
+        Planned(PostKind.RECEIPT, RECEIPT_PREFIX + truth.recovered_receipt(len(text), cause), PostReason.RECOVERED)
+    ]

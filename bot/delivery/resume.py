@@ -21,6 +21,7 @@ nonce); a match is adopted as that post's message id instead of being sent again
 `enforce_nonce` check also catches a resend, but only for a few minutes; the history check does not
 expire, so a restart hours later still posts nothing twice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,6 +43,7 @@ SLACK_SECONDS = 120.0  # clock difference tolerated between this host and the ro
 @dataclass(frozen=True)
 class Seen:
     """One of the bot's own messages as the room reports it."""
+
     id: str
     content: str
     nonce: str | None = None
@@ -120,8 +122,13 @@ async def resume_delivery(ledger: Ledger, residence: str, room: ResumeRoom) -> i
             done += await resume_generation(ledger, room, g, group)
         except RoomUnavailable as e:
             blocked.add(channel)
-            log.warning("%s: posts of generation %s not delivered yet (channel %s): %s; they wait for the next "
-                        "start", residence, gid, channel, e)
+            log.warning(
+                "%s: posts of generation %s not delivered yet (channel %s): %s; they wait for the next start",
+                residence,
+                gid,
+                channel,
+                e,
+            )
     if done:
         log.warning("%s: %d post(s) left undelivered by a stop are now delivered", residence, done)
     return done
@@ -145,8 +152,13 @@ async def resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, gro
             k = next((i for i in range(j, len(fresh)) if _same(fresh[i], p)), None)
             if k is not None:
                 await ledger.mark_delivered(p, fresh[k].id)
-                log.warning("post %s (generation %s) had reached the room as message %s though its send never "
-                            "returned (a stop or a lost answer): recorded, not sent again", p.id, g.id, fresh[k].id)
+                log.warning(
+                    "post %s (generation %s) had reached the room as message %s though its send never "
+                    "returned (a stop or a lost answer): recorded, not sent again",
+                    p.id,
+                    g.id,
+                    fresh[k].id,
+                )
                 j, done = k + 1, done + 1
                 continue
             adopting = False  # what was never sent before cannot be followed by something that was

@@ -3,12 +3,13 @@
 A post already delivered is skipped, so delivery can be resumed after a crash without posting
 anything twice; the room adapter is the only part that knows Discord, the local room or replay.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
 
-from ..records import Post
 from ..ledger import Ledger
+from ..records import Post
 
 
 class Room(Protocol):

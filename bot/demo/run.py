@@ -5,6 +5,7 @@ server, the real anthropic SDK to the local provider, a real SQLite ledger (`dat
 The script (show.py) plays in the room itself: in the browser once a page opens it, or, headless,
 at once with its transcript printed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,15 +18,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..config import Residence, load_all_residences
-from ..ledger import live as live_ledger
 from ..discord.localapi import point_at_local
 from ..discord.run import Deployment, run_bots
 from ..ledger import Ledger
+from ..ledger import live as live_ledger
 from ..localservers.provider import ProviderServer
 from ..localservers.room.server import RoomServer
 from .script import Scripted, demo_responder
 from .show import BROWSER_PACE, DemoShow, Pace, settled, transcript_lines
-
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,19 +47,33 @@ class Demo:
 def residences(provider: str, model: str | None) -> list[Residence]:
     found = load_all_residences(HERE)
     if provider == "anthropic":
-        from ..config import Residence as R
         from .. import models
+        from ..config import Residence as R
+
         m = model or "claude-sonnet-4-5"
         ceiling = models.caps(m).max_output_tokens
         # On the real API the ceiling is shown with a small max_tokens, so a cut still happens quickly.
-        found = [R.model_validate({**r.model_dump(), "model": m,
-                                   "max_tokens": min(r.max_tokens, ceiling, 400 if r.name == "cairn" else 1024)})
-                 for r in found]
+        found = [
+            R.model_validate(
+                {
+                    **r.model_dump(),
+                    "model": m,
+                    "max_tokens": min(r.max_tokens, ceiling, 400 if r.name == "cairn" else 1024),
+                }
+            )
+            for r in found
+        ]
     return found
 
 
-async def start(db: str, host: str = "127.0.0.1", port: int = 8765, provider: str = "scripted",
-                model: str | None = None, cast: list[Residence] | None = None) -> Demo:
+async def start(
+    db: str,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    provider: str = "scripted",
+    model: str | None = None,
+    cast: list[Residence] | None = None,
+) -> Demo:
     """The room, the provider and the bots, connected; `cast` replaces the demo's own residences."""
     res = cast if cast is not None else residences(provider, model)
     channels = list(dict.fromkeys(c for r in res if r.discord for c in r.discord.channels)) or ["general"]
@@ -96,9 +110,12 @@ def _annotator(ledger: Ledger):
         found = {mid: {"kind": p.kind, "generation_id": p.generation_id} for mid, p in posts.items()}
         # A live reply still being written (or its set-aside attempt) is known from its live messages.
         for m in await live_ledger.by_message(ledger, [i for i in ids if i not in found]):
-            found[m.message_id] = {"kind": "live" if m.state == "live" else "stump",  # type: ignore[index]
-                                   "generation_id": m.generation_id}
+            found[m.message_id] = {
+                "kind": "live" if m.state == "live" else "stump",  # type: ignore[index]
+                "generation_id": m.generation_id,
+            }
         return found
+
     return annotate
 
 
@@ -141,8 +158,9 @@ def fresh_ledger(db: str) -> bool:
     return replaced
 
 
-async def play(demo: Demo, out: TextIO, pace: Pace = Pace()) -> DemoShow:
+async def play(demo: Demo, out: TextIO, pace: Pace | None = None) -> DemoShow:
     """The script at once, then the transcript with kinds and what the moderator saw (headless)."""
+    pace = pace or Pace()
     timeout = 30.0 if demo.provider is not None else 180.0
     show = DemoShow(demo.room, demo.ledger, demo.responder, pace, settle_timeout=timeout)
     await (await show.start())
@@ -154,8 +172,9 @@ async def play(demo: Demo, out: TextIO, pace: Pace = Pace()) -> DemoShow:
     return show
 
 
-async def main_async(db: str, host: str, port: int, headless: bool, provider: str, model: str | None,
-                     ledger_line: str = "") -> int:
+async def main_async(
+    db: str, host: str, port: int, headless: bool, provider: str, model: str | None, ledger_line: str = ""
+) -> int:
     demo = await start(db, host, port, provider, model)
     try:
         if ledger_line:
@@ -166,8 +185,11 @@ async def main_async(db: str, host: str, port: int, headless: bool, provider: st
         timeout = 30.0 if demo.provider is not None else 180.0
         show = DemoShow(demo.room, demo.ledger, demo.responder, BROWSER_PACE, settle_timeout=timeout)
         demo.room.set_show(show)
-        print(f"residents demo: open {demo.room.url}/ in a browser (Ctrl-C to stop); the script plays there "
-              f"once the page opens, then the room is yours to type in", flush=True)
+        print(
+            f"residents demo: open {demo.room.url}/ in a browser (Ctrl-C to stop); the script plays there "
+            f"once the page opens, then the room is yours to type in",
+            flush=True,
+        )
         starter = asyncio.create_task(show.start_when_watched(START_WITHIN_S), name="demo-starter")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -4,6 +4,7 @@ Cairn's first reply reaches the 4,096-token ceiling mid-word; Sill's first attem
 mid-stream and is retried (leaving a stump); everything after is ordinary speech. Replies are
 made up deterministically, so the demo reads the same every time.
 """
+
 from __future__ import annotations
 
 import random
@@ -15,9 +16,28 @@ from typing import Any
 from ..localservers import sse
 from ..localservers.provider import Call
 
-
-NOUNS = ["harbour", "lighthouse", "breakwater", "tide", "ferry", "gull", "net", "quay", "lantern", "buoy",
-         "channel", "shoal", "chart", "keel", "current", "mooring", "sandbar", "fog", "bell", "pier"]
+NOUNS = [
+    "harbour",
+    "lighthouse",
+    "breakwater",
+    "tide",
+    "ferry",
+    "gull",
+    "net",
+    "quay",
+    "lantern",
+    "buoy",
+    "channel",
+    "shoal",
+    "chart",
+    "keel",
+    "current",
+    "mooring",
+    "sandbar",
+    "fog",
+    "bell",
+    "pier",
+]
 VERBS = ["holds", "turns", "carries", "shelters", "marks", "follows", "meets", "outlasts", "answers", "keeps"]
 ADJS = ["old", "grey", "slow", "narrow", "salt-worn", "quiet", "northern", "patient", "bright", "low"]
 
@@ -30,8 +50,10 @@ def prose(seed: int, chars: int) -> str:
     while size < chars:
         para = []
         for _ in range(rng.randint(3, 6)):
-            s = (f"The {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(NOUNS)}"
-                 f"{rng.choice(['', ' at dusk', ' in winter', ' when the wind backs', ' for the ' + rng.choice(NOUNS)])}.")
+            s = (
+                f"The {rng.choice(ADJS)} {rng.choice(NOUNS)} {rng.choice(VERBS)} the {rng.choice(NOUNS)}"
+                f"{rng.choice(['', ' at dusk', ' in winter', ' when the wind backs', ' for the ' + rng.choice(NOUNS)])}."
+            )
             para.append(s)
         text = " ".join(para)
         out.append(text)
@@ -50,6 +72,7 @@ def cut_mid_word(text: str, chars: int) -> str:
 @dataclass
 class Scripted:
     """Per-resident queues of canned calls; an empty queue falls back to an ordinary reply."""
+
     queues: dict[str, list[Call]]
     model: dict[str, str]
     seed: int = 7
@@ -83,10 +106,13 @@ class Scripted:
         if msgs and isinstance(msgs[-1].get("content"), str):
             last = msgs[-1]["content"].rsplit("\n", 1)[-1]
         topic = next((n for n in NOUNS if n in last.lower()), "harbour")
-        text = (f"On the {topic}: " + prose(self.seed * 31 + self.counts[name] + sum(map(ord, name)), 420)
-                .split("\n\n")[0])
-        return Call(sse=sse.stream(text, "end_turn", max(1, len(text) // 4), model=self.model.get(name, "claude")),
-                    chunk_bytes=256)
+        text = (
+            f"On the {topic}: " + prose(self.seed * 31 + self.counts[name] + sum(map(ord, name)), 420).split("\n\n")[0]
+        )
+        return Call(
+            sse=sse.stream(text, "end_turn", max(1, len(text) // 4), model=self.model.get(name, "claude")),
+            chunk_bytes=256,
+        )
 
 
 def demo_responder(models: dict[str, str]) -> Scripted:
@@ -94,9 +120,20 @@ def demo_responder(models: dict[str, str]) -> Scripted:
     fragment = prose(2, 700)[:311]
     return Scripted(
         queues={
-            "cairn": [Call(sse=sse.stream(ceiling, "max_tokens", 4096, model=models.get("cairn", "claude")),
-                           chunk_bytes=1024, chunk_delay=0.02)],  # ~4 s: Cairn's live reply is seen growing
-            "sill": [Call(sse=sse.head(models.get("sill", "claude")) + b"".join(sse.delta(p) for p in sse.pieces(fragment))
-                          + sse.error("overloaded_error", "Overloaded"))],
+            "cairn": [
+                Call(
+                    sse=sse.stream(ceiling, "max_tokens", 4096, model=models.get("cairn", "claude")),
+                    chunk_bytes=1024,
+                    chunk_delay=0.02,
+                )
+            ],  # ~4 s: Cairn's live reply is seen growing
+            "sill": [
+                Call(
+                    sse=sse.head(models.get("sill", "claude"))
+                    + b"".join(sse.delta(p) for p in sse.pieces(fragment))
+                    + sse.error("overloaded_error", "Overloaded")
+                )
+            ],
         },
-        model=models)
+        model=models,
+    )

@@ -7,6 +7,7 @@ progress and each of mo's answers as room events (`show`, `show_command`), so it
 opens the stump as mo sees it. "Play again" clears the channel (every message deleted, as the room)
 and plays the script from the start; the ledger keeps every run.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,6 +39,7 @@ SCENES: list[tuple[str, str, str]] = [
 @dataclass(frozen=True)
 class Pace:
     """Seconds the script waits: before it starts, between scenes, and before each of mo's commands."""
+
     start: float = 0.0
     between: float = 0.0
     command: float = 0.0
@@ -58,8 +60,14 @@ class Command:
 class DemoShow:
     """Plays SCENES and mo's look at the stumps; tells the room's page how far it got."""
 
-    def __init__(self, room: RoomServer, ledger: Ledger, responder: Scripted | None, pace: Pace = Pace(),
-                 settle_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        room: RoomServer,
+        ledger: Ledger,
+        responder: Scripted | None,
+        pace: Pace = Pace(),
+        settle_timeout: float = 30.0,
+    ) -> None:
         self.room, self.ledger, self.responder, self.pace = room, ledger, responder, pace
         self.settle_timeout = settle_timeout
         self.state = "waiting"  # waiting | playing | done | failed
@@ -76,9 +84,16 @@ class DemoShow:
 
     def status(self) -> dict[str, Any]:
         """What the page shows: where the script is, and whether "Play again" may be pressed."""
-        return {"name": "residents demo", "state": self.state, "step": self.step, "steps": self.steps,
-                "runs": self.runs, "channel": CHANNEL, "replay": "clears the channel",
-                **({"problem": self.problem} if self.problem else {})}
+        return {
+            "name": "residents demo",
+            "state": self.state,
+            "step": self.step,
+            "steps": self.steps,
+            "runs": self.runs,
+            "channel": CHANNEL,
+            "replay": "clears the channel",
+            **({"problem": self.problem} if self.problem else {}),
+        }
 
     # ----- starting ---------------------------------------------------------------------------
 
@@ -86,7 +101,7 @@ class DemoShow:
         """Start once the first page opens the room, or after `within` seconds, whichever comes first."""
         try:
             await asyncio.wait_for(self.room.watched.wait(), within)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await self.start()
 
@@ -119,20 +134,38 @@ class DemoShow:
                 for i, (author, content, resident) in enumerate(SCENES):
                     if i:
                         await asyncio.sleep(self.pace.between)
-                    posted = await _call(http, "POST", f"/_room/channels/{CHANNEL}/messages",
-                                         {"author": author, "content": content})
+                    posted = await _call(
+                        http, "POST", f"/_room/channels/{CHANNEL}/messages", {"author": author, "content": content}
+                    )
                     self.generations.append(await self._settled(str(posted["id"]), resident))
                     self._advance()
                 for command in await self._moderator_commands():
                     await asyncio.sleep(self.pace.command)
                     # by name: the room finds the process's one commands bot, which answers for every resident
-                    out = await _call(http, "POST", "/_room/commands", {
-                        "channel": CHANNEL, "member": MODERATOR, "moderator": True,
-                        "name": command.name, "options": command.options, "timeout": 15})
+                    out = await _call(
+                        http,
+                        "POST",
+                        "/_room/commands",
+                        {
+                            "channel": CHANNEL,
+                            "member": MODERATOR,
+                            "moderator": True,
+                            "name": command.name,
+                            "options": command.options,
+                            "timeout": 15,
+                        },
+                    )
                     command.responses = list(out["responses"])
                     self.commands.append(command)
-                    self.room.publish({"type": "show_command", "label": command.label, "bot": command.bot,
-                                       "member": MODERATOR, "responses": command.responses})
+                    self.room.publish(
+                        {
+                            "type": "show_command",
+                            "label": command.label,
+                            "bot": command.bot,
+                            "member": MODERATOR,
+                            "responses": command.responses,
+                        }
+                    )
                     self._advance()
             self.state = "done"
         except asyncio.CancelledError:
@@ -147,10 +180,13 @@ class DemoShow:
     async def _moderator_commands(self) -> list[Command]:
         """mo looks at Cairn's cut reply, lists Sill's stumps, and opens the one its retry left."""
         cut = self.generations[0]
-        stumps = [s for s in await self.ledger.list_stumps(residence="sill", limit=20)
-                  if s.generation_id in self.generations]
-        commands = [Command(f"/generation show ref:{cut}", "cairn", "generation", _sub("show", ref=cut)),
-                    Command("/stumps list resident:sill", "sill", "stumps", _sub("list", resident="sill"))]
+        stumps = [
+            s for s in await self.ledger.list_stumps(residence="sill", limit=20) if s.generation_id in self.generations
+        ]
+        commands = [
+            Command(f"/generation show ref:{cut}", "cairn", "generation", _sub("show", ref=cut)),
+            Command("/stumps list resident:sill", "sill", "stumps", _sub("list", resident="sill")),
+        ]
         if stumps:
             commands.append(Command(f"/stumps show id:{stumps[0].id}", "sill", "stumps", _sub("show", id=stumps[0].id)))
         return commands
@@ -172,7 +208,8 @@ async def settled(ledger: Ledger, trigger: str, resident: str, timeout: float = 
     deadline = loop.time() + timeout
     while loop.time() < deadline:
         rows = await ledger.db.execute_fetchall(
-            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident))
+            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident)
+        )
         if rows:
             g = await ledger.get_generation(rows[0][0])
             if g and g.posts and all(p.message_id for p in g.posts):
@@ -194,8 +231,9 @@ async def _call(http: aiohttp.ClientSession, method: str, path: str, body: dict[
         return data
 
 
-def transcript_lines(messages: Sequence[dict[str, Any]], kinds: dict[str, dict[str, Any]],
-                     commands: Sequence[Command]) -> list[str]:
+def transcript_lines(
+    messages: Sequence[dict[str, Any]], kinds: dict[str, dict[str, Any]], commands: Sequence[Command]
+) -> list[str]:
     """The headless demo's printout: the room with each message's kind, then what mo saw."""
     lines = ["== the room"]
     for m in messages:

@@ -3,6 +3,7 @@
 A bot knows its own resident and the registry of every resident in the process (moderators may
 ask one bot about another's stumps); the pipeline itself knows nothing of Discord.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,10 +34,22 @@ def intents() -> discord.Intents:
 
 
 class ResidentBot(commands.Bot):
-    def __init__(self, resident: Resident, registry: dict[str, Resident], *, guild_ready_timeout: float = 2.0,
-                 commands_bot: bool = True, peers: dict[str, "ResidentBot"] | None = None) -> None:
-        super().__init__(command_prefix=commands.when_mentioned, intents=intents(), help_command=None,
-                         allowed_mentions=discord.AllowedMentions.none(), guild_ready_timeout=guild_ready_timeout)
+    def __init__(
+        self,
+        resident: Resident,
+        registry: dict[str, Resident],
+        *,
+        guild_ready_timeout: float = 2.0,
+        commands_bot: bool = True,
+        peers: dict[str, ResidentBot] | None = None,
+    ) -> None:
+        super().__init__(
+            command_prefix=commands.when_mentioned,
+            intents=intents(),
+            help_command=None,
+            allowed_mentions=discord.AllowedMentions.none(),
+            guild_ready_timeout=guild_ready_timeout,
+        )
         self.resident = resident
         self.registry = registry
         # One bot of the process registers the moderators' slash commands and answers them for every
@@ -70,8 +83,9 @@ class ResidentBot(commands.Bot):
             self.synced.add(guild.id)
         settings = self.residence.discord
         if settings and settings.channels:
-            found = {e: [c for g in self.guilds for c in g.text_channels if names_channel(e, c)]
-                     for e in settings.channels}
+            found = {
+                e: [c for g in self.guilds for c in g.text_channels if names_channel(e, c)] for e in settings.channels
+            }
             missing = [e for e, cs in found.items() if not cs]
             where = f"residences/{self.residence.name}.yaml: discord.channels"
             ambiguous = [(e, cs) for e, cs in found.items() if len(cs) > 1]
@@ -82,8 +96,10 @@ class ResidentBot(commands.Bot):
                 guilds = list(dict.fromkeys(c.guild.name for c in cs))
                 self.startup_problem = (
                     f"{where}: {e!r} is in guilds {' and '.join(guilds)}; write "
-                    f"{' or '.join(repr(f'{g}/{e}') for g in guilds)}" if len(guilds) > 1 else
-                    f"{where}: {e!r} names {len(cs)} channels in guild {guilds[0]}; write one's id")
+                    f"{' or '.join(repr(f'{g}/{e}') for g in guilds)}"
+                    if len(guilds) > 1
+                    else f"{where}: {e!r} names {len(cs)} channels in guild {guilds[0]}; write one's id"
+                )
             if self.startup_problem:
                 log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
                 await self.close()
@@ -104,8 +120,11 @@ def commands_bot_of(residences: list[Residence]) -> str:
     """
     marked = [r for r in residences if r.discord is not None and r.discord.commands]
     if len(marked) > 1:
-        raise ConfigError(f"residences/{marked[1].name}.yaml", "discord.commands",
-                          f"only one residence may register the slash commands; {marked[0].name} already does")
+        raise ConfigError(
+            f"residences/{marked[1].name}.yaml",
+            "discord.commands",
+            f"only one residence may register the slash commands; {marked[0].name} already does",
+        )
     return marked[0].name if marked else residences[0].name
 
 

@@ -7,6 +7,7 @@ both); what they may look up is the channels of the guild they ask in where they
 channel overwrites counted (`moderation_scope`), and a record outside it answers exactly like one
 that does not exist.
 """
+
 from __future__ import annotations
 
 import logging

@@ -10,6 +10,7 @@ What counts is replies, not messages or runs of one author: all posts of one gen
 receipt, a later /continue's segment) are one reply, known from the ledger by message id; a bot
 message the ledger does not know (another process's bot) counts one reply per run of its author.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +26,7 @@ class Floor:
         self.generating: dict[int, set[int]] = defaultdict(set)  # channel id → bot user ids with a turn claimed
 
 
-_FLOORS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Floor]" = weakref.WeakKeyDictionary()
+_FLOORS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Floor] = weakref.WeakKeyDictionary()
 
 
 def shared_floor() -> Floor:

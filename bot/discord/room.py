@@ -6,6 +6,7 @@ post id as Discord's nonce, so a retried send after a lost response cannot post 
 Whatever stops a send — connection refused or reset, a TLS error or timeout, a 5xx or 429 discord.py
 gave up on, a 403 — becomes one error, `RoomUnavailable`, for the outbox to retry (`ROOM_ERRORS`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,13 @@ if TYPE_CHECKING:
 
 # Every way a REST call to Discord can fail that is not a bug here: HTTP errors (discord.py has already
 # retried 5xx and waited out 429s), a rate limit too long to wait, the network, a timeout.
-ROOM_ERRORS: tuple[type[BaseException], ...] = (discord.HTTPException, discord.RateLimited, aiohttp.ClientError,
-                                                OSError, asyncio.TimeoutError)
+ROOM_ERRORS: tuple[type[BaseException], ...] = (
+    discord.HTTPException,
+    discord.RateLimited,
+    aiohttp.ClientError,
+    OSError,
+    asyncio.TimeoutError,
+)
 
 # A REST call that has not returned after this long counts as failed (a send may still land: the nonce,
 # and the outbox's look at the channel before trying again, keep it from being posted twice).
@@ -46,9 +52,11 @@ class DiscordRoom:
         """Post it (valid UTF-8: lone surrogates leave as U+FFFD); any failure to do so raises RoomUnavailable."""
         try:
             message = await asyncio.wait_for(
-                self.channel.send(outbound(post.content)[0], nonce=post.id,
-                                  allowed_mentions=discord.AllowedMentions.none()),
-                timeout=SEND_TIMEOUT)
+                self.channel.send(
+                    outbound(post.content)[0], nonce=post.id, allowed_mentions=discord.AllowedMentions.none()
+                ),
+                timeout=SEND_TIMEOUT,
+            )
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
         return str(message.id)
@@ -60,16 +68,20 @@ class DiscordRoom:
         try:
             message = await asyncio.wait_for(
                 self.channel.send(outbound(content)[0], nonce=nonce, allowed_mentions=discord.AllowedMentions.none()),
-                timeout=SEND_TIMEOUT)
+                timeout=SEND_TIMEOUT,
+            )
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
         return str(message.id)
 
     async def edit(self, message_id: str, content: str) -> None:
         try:
-            await asyncio.wait_for(self._partial(message_id).edit(content=outbound(content)[0],
-                                                                  allowed_mentions=discord.AllowedMentions.none()),
-                                   timeout=SEND_TIMEOUT)
+            await asyncio.wait_for(
+                self._partial(message_id).edit(
+                    content=outbound(content)[0], allowed_mentions=discord.AllowedMentions.none()
+                ),
+                timeout=SEND_TIMEOUT,
+            )
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
 
@@ -107,7 +119,7 @@ class DiscordResumeRoom:
     post while the bot runs; a post whose send failed is looked for here before it is sent again.
     """
 
-    def __init__(self, bot: "ResidentBot") -> None:
+    def __init__(self, bot: ResidentBot) -> None:
         self.bot = bot
 
     async def _channel(self, ref: str) -> discord.abc.Messageable:
@@ -122,13 +134,16 @@ class DiscordResumeRoom:
         me = self.bot.user
         assert me is not None  # set by login()
         after: discord.abc.Snowflake | dt.datetime = (
-            discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.timezone.utc))
+            discord.Object(id=int(after_id)) if after_id else dt.datetime.fromtimestamp(after_time, tz=dt.UTC)
+        )
 
         async def read() -> list[Seen]:
             ch = await self._channel(channel)
-            return [Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)
-                    async for m in ch.history(limit=SCAN_LIMIT, after=after, oldest_first=True)
-                    if m.author.id == me.id]
+            return [
+                Seen(str(m.id), m.content, str(m.nonce) if m.nonce is not None else None)
+                async for m in ch.history(limit=SCAN_LIMIT, after=after, oldest_first=True)
+                if m.author.id == me.id
+            ]
 
         try:
             return await asyncio.wait_for(read(), timeout=SEND_TIMEOUT)

@@ -5,6 +5,7 @@ key, or one that refuses the key) stop everything with one line before or as the
 SIGINT/SIGTERM close cleanly. Every provider call takes its residence's `retries.timeout_seconds`
 (`stream_once`), so one client and one connection pool serve every residence.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,10 +101,15 @@ async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = T
             host, why = client.base_url.host, f"HTTP {e.status_code} {kind}"
             raise ProviderKeyRejected(
                 f"{KEY_ENV}: the provider at {host} refused this key ({why}); set a valid key and start again"
-                if key_set else f"{KEY_ENV}: not set, and the provider at {host} requires a key ({why})") from None
+                if key_set
+                else f"{KEY_ENV}: not set, and the provider at {host} requires a key ({why})"
+            ) from None
         if e.status_code in (404, 405):
-            log.info("the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
-                     client.base_url.host, e.status_code)
+            log.info(
+                "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
+                client.base_url.host,
+                e.status_code,
+            )
         else:
             log.warning("the provider key could not be checked at start-up (HTTP %d); starting anyway", e.status_code)
     except anthropic.APIError as e:
@@ -124,10 +130,17 @@ async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
     await bot.connect()
 
 
-async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
-                   guild_ready_timeout: float = 2.0, stop: asyncio.Event | None = None,
-                   key_rejections: KeyRejections | None = None, backoff: Backoff | None = None,
-                   announce: Callable[[list[ResidentBot]], None] | None = None) -> None:
+async def run_bots(
+    dep: Deployment,
+    db: str,
+    base_url: str | None,
+    api_key: str,
+    guild_ready_timeout: float = 2.0,
+    stop: asyncio.Event | None = None,
+    key_rejections: KeyRejections | None = None,
+    backoff: Backoff | None = None,
+    announce: Callable[[list[ResidentBot]], None] | None = None,
+) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
     `key_rejections` is shared by every resident (one notice per channel, whoever failed); a test
@@ -145,9 +158,16 @@ async def run_bots(dep: Deployment, db: str, base_url: str | None, api_key: str,
         await client.close()
 
 
-async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthropic, guild_ready_timeout: float,
-                 stop: asyncio.Event | None, key_rejections: KeyRejections | None, backoff: Backoff | None,
-                 announce: Callable[[list[ResidentBot]], None] | None) -> None:
+async def _serve(
+    dep: Deployment,
+    ledger: Ledger,
+    client: anthropic.AsyncAnthropic,
+    guild_ready_timeout: float,
+    stop: asyncio.Event | None,
+    key_rejections: KeyRejections | None,
+    backoff: Backoff | None,
+    announce: Callable[[list[ResidentBot]], None] | None,
+) -> None:
     """The bots, on an open ledger and provider client (their owner closes them), until `stop` or a problem."""
     key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
@@ -162,8 +182,15 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
         commander = commands_bot_of(dep.residences)
         peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
-            bots.append(ResidentBot(registry[r.name], registry, guild_ready_timeout=guild_ready_timeout,
-                                    commands_bot=r.name == commander, peers=peers))
+            bots.append(
+                ResidentBot(
+                    registry[r.name],
+                    registry,
+                    guild_ready_timeout=guild_ready_timeout,
+                    commands_bot=r.name == commander,
+                    peers=peers,
+                )
+            )
             peers[r.name] = bots[-1]
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -172,8 +199,10 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):  # not the main thread, or not supported here
                 pass
-        tasks = [asyncio.create_task(start_bot(b, dep.tokens[b.residence.name], outbox),
-                                     name=f"bot:{b.residence.name}") for b in bots]
+        tasks = [
+            asyncio.create_task(start_bot(b, dep.tokens[b.residence.name], outbox), name=f"bot:{b.residence.name}")
+            for b in bots
+        ]
         stopper = asyncio.create_task(stop.wait())
         announcer = asyncio.create_task(_announce_when_ready(bots, announce))
         done, _ = await asyncio.wait(tasks + [stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -185,8 +214,10 @@ async def _serve(dep: Deployment, ledger: Ledger, client: anthropic.AsyncAnthrop
             b = bots[tasks.index(t)]
             exc = t.exception()
             if isinstance(exc, discord.LoginFailure):
-                problem = (f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
-                           f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected")
+                problem = (
+                    f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
+                    f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
+                )
             elif exc is not None:
                 problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
             else:
@@ -217,8 +248,12 @@ def start_rows(bots: list[ResidentBot], local_api: bool) -> list[startup.Row]:
     for b in bots:
         entries = b.residence.discord.channels if b.residence.discord else []
         several = len(b.guilds) > 1
-        found = [f"{c.guild.name}/#{c.name}" if several else f"#{c.name}"
-                 for g in b.guilds for c in g.text_channels if any(names_channel(e, c) for e in entries)]
+        found = [
+            f"{c.guild.name}/#{c.name}" if several else f"#{c.name}"
+            for g in b.guilds
+            for c in g.text_channels
+            if any(names_channel(e, c) for e in entries)
+        ]
         rows.append(startup.row(b.residence, str(b.user), b.application_id, found, local_api))
     return rows
 

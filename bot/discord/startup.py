@@ -4,6 +4,7 @@ once, then one table of who is running where, with the invite URL each bot needs
 Pure formatting over what run.py already knows (residences, environment, the logged-in bots), so a
 person fixes their environment in one go and sees at a glance that each resident is where they meant.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -48,6 +49,7 @@ def invite_url(application_id: int) -> str:
 @dataclass(frozen=True)
 class Row:
     """One resident as it started: the facts of its table row."""
+
     resident: str
     bot_user: str
     model: str
@@ -56,8 +58,9 @@ class Row:
     invite: str | None  # None against a local room, where no invite exists
 
 
-def row(residence: Residence, bot_user: str, application_id: int | None, channels: Sequence[str],
-        local_api: bool) -> Row:
+def row(
+    residence: Residence, bot_user: str, application_id: int | None, channels: Sequence[str], local_api: bool
+) -> Row:
     shown = ", ".join(channels) if channels else "every channel it can see"
     invite = invite_url(application_id) if application_id is not None and not local_api else None
     return Row(residence.name, bot_user, residence.model, shown, residence.policy.continuation.standing, invite)
@@ -69,7 +72,7 @@ def table(rows: Sequence[Row], db: str) -> str:
     cells = [head] + [(r.resident, r.bot_user, r.model, r.channels, r.standing) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(head) - 1)]
     lines = [f"residents run: {len(rows)} resident{'s' if len(rows) != 1 else ''} connected; ledger {db}"]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(cs, widths)) + "  " + cs[-1] for cs in cells]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(cs, widths, strict=False)) + "  " + cs[-1] for cs in cells]
     if any(r.invite for r in rows):
         perms = ", ".join(p.replace("_", " ").title() for p, on in INVITE_PERMISSIONS if on)
         lines.append(f"invite each bot to a server (scopes {' '.join(INVITE_SCOPES)}; permissions {perms}):")

@@ -4,6 +4,7 @@ Each call is its own attempt with its own id. A failed attempt's text is never t
 never carried into the next attempt: it is settled as `abandoned`, kept as a `retry-abandoned`
 stump, and linked to the attempt that replaced it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -83,8 +84,12 @@ class LedgerSink(BlockSink):
     def _timed_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("attempt %s: a timed ledger write failed (the text stays in memory and is written "
-                        "when the attempt settles): %s", self.attempt_id, task.exception())
+            log.warning(
+                "attempt %s: a timed ledger write failed (the text stays in memory and is written "
+                "when the attempt settles): %s",
+                self.attempt_id,
+                task.exception(),
+            )
 
     def _take(self) -> list[tuple[int, int, str, str, str | None]]:
         """The pending pieces as chunk rows (seq, block, type, text, start of a block's first chunk)."""
@@ -93,7 +98,7 @@ class LedgerSink(BlockSink):
             n = len(b.parts)
             if b.written < n or not b.on_disk:
                 start = json.dumps(b.start, ensure_ascii=False) if b.start and not b.on_disk else None
-                rows.append((self._seq, b.index, b.type, "".join(b.parts[b.written:n]), start))
+                rows.append((self._seq, b.index, b.type, "".join(b.parts[b.written : n]), start))
                 self._seq += 1
                 b.written, b.on_disk = n, True
         return rows
@@ -125,7 +130,7 @@ class AttemptWatch(Protocol):
     """Who watches attempts as they stream (a live reply). Only a resident with live delivery has one,
     so the plain sink's hot path is untouched when live is off."""
 
-    def started(self, a: Attempt, sink: "LiveLedgerSink") -> None: ...
+    def started(self, a: Attempt, sink: LiveLedgerSink) -> None: ...
 
     def grew(self) -> None:
         """The attempt's reply text grew: called once per text delta, so it only takes note."""
@@ -175,9 +180,18 @@ class AttemptRunner:
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
 
-    async def run_segment(self, g: Generation, segment: int, request: dict[str, Any], policy: Retries, *,
-                          new_generation: bool = False, settle_last: bool = True, tools: bool = False,
-                          watch: AttemptWatch | None = None) -> Attempt:
+    async def run_segment(
+        self,
+        g: Generation,
+        segment: int,
+        request: dict[str, Any],
+        policy: Retries,
+        *,
+        new_generation: bool = False,
+        settle_last: bool = True,
+        tools: bool = False,
+        watch: AttemptWatch | None = None,
+    ) -> Attempt:
         """Call the provider until an attempt settles, or the policy's attempts run out; returns the last.
 
         `new_generation`: the generation is written with the first attempt. `settle_last=False`: the
@@ -219,8 +233,14 @@ class AttemptRunner:
                     if watch is not None:
                         await watch.set_aside(a, stumps)
                     wait = backoff(index, f.retry_after, policy)
-                    log.info("attempt %s (%s) abandoned after %d chars: %s; retrying in %.2fs",
-                             a.id, g.residence, a.chars, f.kind, wait)
+                    log.info(
+                        "attempt %s (%s) abandoned after %d chars: %s; retrying in %.2fs",
+                        a.id,
+                        g.residence,
+                        a.chars,
+                        f.kind,
+                        wait,
+                    )
                     if wait > 0:
                         await self.sleep(wait)
                     prev = a

@@ -15,6 +15,7 @@ nothing may be posted twice:
   plans the posts of settled generations that have none and delivers what waits, adopting any post
   that reached the room without its id reaching the ledger.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,18 @@ from dataclasses import dataclass, field
 
 from .. import truth
 from ..ledger import Ledger
-from ..records import Attempt, ContinuationEnd, Generation, Planned, PostKind, PostReason, Segment, StumpScope, make_stump, numbered
+from ..records import (
+    Attempt,
+    ContinuationEnd,
+    Generation,
+    Planned,
+    PostKind,
+    PostReason,
+    Segment,
+    StumpScope,
+    make_stump,
+    numbered,
+)
 from .attempts import block_stumps
 
 log = logging.getLogger(__name__)
@@ -33,6 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Recovery:
     """What start-up recovery did, for the log and for tests."""
+
     interrupted: list[str]  # generations settled as interrupted
     settled: list[str]  # generations whose last attempt had ended: settled by its outcome
     stray: list[str]  # settled generations with a streaming /continue attempt, now closed
@@ -61,8 +74,13 @@ async def settle_interrupted(ledger: Ledger, residences: Collection[str] | None 
             await _close_stray_attempts(ledger, g)
             rec.stray.append(gid)
     if rec.interrupted or rec.settled or rec.stray:
-        log.warning("recovered after a stop: %d generation(s) interrupted, %d settled by their last attempt, "
-                    "%d /continue attempt(s) closed", len(rec.interrupted), len(rec.settled), len(rec.stray))
+        log.warning(
+            "recovered after a stop: %d generation(s) interrupted, %d settled by their last attempt, "
+            "%d /continue attempt(s) closed",
+            len(rec.interrupted),
+            len(rec.settled),
+            len(rec.stray),
+        )
     return rec
 
 
@@ -94,20 +112,33 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
     final = first[-1] if first else None
     has_text = final is not None and final.outcome != "abandoned"
     g.text = final.text if has_text and final is not None else ""
-    g.segments = [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)] \
-        if has_text and final is not None else []
-    ended = (has_text and final is not None and final not in cut and not later
-             and not (final.stop_reason == "max_tokens" and g.standing == "bounded")
-             and final.stop_reason != truth.TOOL_USE)  # a round whose tool calls never ran or were answered
+    g.segments = (
+        [Segment(1, final.id, final.stop_reason, final.chars, final.output_tokens)]
+        if has_text and final is not None
+        else []
+    )
+    ended = (
+        has_text
+        and final is not None
+        and final not in cut
+        and not later
+        and not (final.stop_reason == "max_tokens" and g.standing == "bounded")
+        and final.stop_reason != truth.TOOL_USE
+    )  # a round whose tool calls never ran or were answered
     if ended and final is not None:
         g.status, g.stop_reason = truth.status_of_outcome(final.outcome), final.stop_reason
-        g.continuation_ended = ContinuationEnd.DISABLED if final.stop_reason == "max_tokens" else ContinuationEnd.NOT_NEEDED
+        g.continuation_ended = (
+            ContinuationEnd.DISABLED if final.stop_reason == "max_tokens" else ContinuationEnd.NOT_NEEDED
+        )
     else:
         g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
     g.output_tokens = g.segments_tokens()
     g.finished_at = now
-    stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in later
-              if a.text and a.outcome != "abandoned" and not any(s.attempt_id == a.id for s in g.stumps)]
+    stumps = [
+        make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT)
+        for a in later
+        if a.text and a.outcome != "abandoned" and not any(s.attempt_id == a.id for s in g.stumps)
+    ]
     cause = truth.stump_cause(g.status, g.stop_reason)
     if cause and g.text and final is not None:
         stumps.append(make_stump(g, final, cause, StumpScope.OUTPUT))
@@ -123,8 +154,13 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         g.stumps += cut_blocks
         stumps += cut_blocks
     await ledger.recover_generation(g, cut, stumps, [])
-    log.warning("generation %s (%s) settled after a stop: %s, %d characters kept",
-                g.id, g.residence, g.status if ended else "interrupted", g.chars)
+    log.warning(
+        "generation %s (%s) settled after a stop: %s, %d characters kept",
+        g.id,
+        g.residence,
+        g.status if ended else "interrupted",
+        g.chars,
+    )
     return not ended
 
 
@@ -139,13 +175,18 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     stumps = [make_stump(g, a, truth.INTERRUPTED, StumpScope.ATTEMPT) for a in cut if a.text]
     for a in cut:
         stumps += block_stumps(g, a, truth.INTERRUPTED)
-    line = truth.receipt(truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None,
-                                      chars=g.chars))
+    line = truth.receipt(
+        truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None, chars=g.chars)
+    )
     calls = sorted({a.segment for a in cut})
     receipt = Planned(PostKind.RECEIPT, truth.RECEIPT_PREFIX + line, PostReason.RECEIPT) if line else None
     posts = numbered([receipt] * len(calls) if receipt else [], g.id, g.channel, await ledger.next_post_seq(g.id))
     g.posts += posts
     g.stumps += stumps
     await ledger.recover_generation(g, cut, stumps, posts)
-    log.warning("generation %s (%s): %d continuation attempt(s) cut by a stop closed as interrupted",
-                g.id, g.residence, len(cut))
+    log.warning(
+        "generation %s (%s): %d continuation attempt(s) cut by a stop closed as interrupted",
+        g.id,
+        g.residence,
+        len(cut),
+    )

@@ -3,6 +3,7 @@
 The status and stumps of a generation are decided by `bot.truth`; this module only sequences the
 calls and writes each step to the ledger as it happens.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,17 @@ from .. import truth
 from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
-from ..records import (Attempt, ContinuationEnd, Generation, Segment, Stump, StumpScope, make_stump, new_id,
-                       provider_tokens)
+from ..records import (
+    Attempt,
+    ContinuationEnd,
+    Generation,
+    Segment,
+    Stump,
+    StumpScope,
+    make_stump,
+    new_id,
+    provider_tokens,
+)
 from .attempts import AttemptRunner, AttemptWatch, block_stumps
 from .tools import Toolbox, ToolLoop, with_tools, without_tools
 
@@ -47,9 +57,17 @@ class Generator:
             await use_default_access(self.ledger, res.name, access)
             self._default_access[res.name] = access
 
-    async def generate(self, res: Residence, channel: str, request: dict[str, Any], trigger: str | None = None,
-                       superseded: Callable[[], bool] = never, seen_upto: str | None = None,
-                       tools: Toolbox | None = None, watch: AttemptWatch | None = None) -> Generation:
+    async def generate(
+        self,
+        res: Residence,
+        channel: str,
+        request: dict[str, Any],
+        trigger: str | None = None,
+        superseded: Callable[[], bool] = never,
+        seen_upto: str | None = None,
+        tools: Toolbox | None = None,
+        watch: AttemptWatch | None = None,
+    ) -> Generation:
         """One reply; with `tools`, a tool loop of rounds (`bot.generation.tools`) whose text is joined.
 
         `watch` sees the first segment's (or round's) attempts stream (a live reply); continuation
@@ -57,16 +75,24 @@ class Generator:
         await self._use_default_access(res)
         if tools is not None:
             request = with_tools(request, tools)
-        g = Generation(id=new_id("g-"), residence=res.name, channel=channel, model=res.model,
-                       standing=res.policy.continuation.standing, trigger=trigger, request=request,
-                       seen_upto=seen_upto)
+        g = Generation(
+            id=new_id("g-"),
+            residence=res.name,
+            channel=channel,
+            model=res.model,
+            standing=res.policy.continuation.standing,
+            trigger=trigger,
+            request=request,
+            seen_upto=seen_upto,
+        )
         loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
         if loop is not None:
             final = await loop.run(g, request, res.policy.retries, watch=watch)
             g.text = loop.text
         else:
-            final = await self.runner.run_segment(g, 1, request, res.policy.retries, new_generation=True,
-                                                  settle_last=False, watch=watch)
+            final = await self.runner.run_segment(
+                g, 1, request, res.policy.retries, new_generation=True, settle_last=False, watch=watch
+            )
             g.text = final.text
         g.stop_reason = final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)
@@ -85,8 +111,9 @@ class Generator:
         await self._settle(g, res, previous_output=None, last_attempt=unsettled, rounds=rounds)
         return g
 
-    async def continue_on_request(self, g: Generation, res: Residence,
-                                  superseded: Callable[[], bool] = never) -> ContinueResult:
+    async def continue_on_request(
+        self, g: Generation, res: Residence, superseded: Callable[[], bool] = never
+    ) -> ContinueResult:
         """A moderator's request: at most one more segment for a cut output, where the standing allows."""
         cont = res.policy.continuation
         refused = truth.standing_refusal(cont.standing, res.name, g.id)
@@ -104,8 +131,11 @@ class Generator:
         await self._continue(g, res, superseded, max_new=1)
         added = g.text[before:]
         await self._settle(g, res, previous_output=previous if added else None)
-        if not added and g.continuation_ended in (ContinuationEnd.SEGMENT_LIMIT, ContinuationEnd.TOKEN_LIMIT,
-                                                  ContinuationEnd.SUPERSEDED):
+        if not added and g.continuation_ended in (
+            ContinuationEnd.SEGMENT_LIMIT,
+            ContinuationEnd.TOKEN_LIMIT,
+            ContinuationEnd.SUPERSEDED,
+        ):
             return ContinueResult(g, "", truth.Declined("stopped", res.name, g.id, g.continuation_ended))
         return ContinueResult(g, added)
 
@@ -127,26 +157,33 @@ class Generator:
             if superseded():
                 ended = ContinuationEnd.SUPERSEDED
                 break
-            request, stripped = continuation_request(without_tools(g.request), g.text,
-                                                     (cont.max_output_tokens or 0) - spent)
+            request, stripped = continuation_request(
+                without_tools(g.request), g.text, (cont.max_output_tokens or 0) - spent
+            )
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1
             if final.outcome not in ("completed", "truncated"):
                 ended = ContinuationEnd.ERROR
                 self._set_aside(g, final, truth.stump_cause(truth.status_of_outcome(final.outcome), final.stop_reason))
                 break
-            d = judge_segment(g.text, final.text, min_overlap=cont.min_overlap_chars,
-                              min_progress=cont.min_progress_chars or 1,
-                              similarity_abort=cont.similarity_abort if cont.similarity_abort is not None else 1.0,
-                              stripped_tail=stripped)
+            d = judge_segment(
+                g.text,
+                final.text,
+                min_overlap=cont.min_overlap_chars,
+                min_progress=cont.min_progress_chars or 1,
+                similarity_abort=cont.similarity_abort if cont.similarity_abort is not None else 1.0,
+                stripped_tail=stripped,
+            )
             if d.verdict != "append":
                 ended = ContinuationEnd(d.verdict)
                 self._set_aside(g, final, d.verdict)
-                log.info("continuation of %s ended: %s (overlap %d, %d new chars)", g.id, d.verdict, d.overlap,
-                         len(d.added))
+                log.info(
+                    "continuation of %s ended: %s (overlap %d, %d new chars)", g.id, d.verdict, d.overlap, len(d.added)
+                )
                 break
-            g.segments.append(Segment(len(g.segments) + 1, final.id, final.stop_reason, len(d.added),
-                                      final.output_tokens, d.overlap))
+            g.segments.append(
+                Segment(len(g.segments) + 1, final.id, final.stop_reason, len(d.added), final.output_tokens, d.overlap)
+            )
             g.text += d.added
             g.stop_reason = final.stop_reason
             g.status = truth.status_of_outcome(final.outcome)
@@ -164,8 +201,14 @@ class Generator:
             g.stumps.append(make_stump(g, a, cause, StumpScope.ATTEMPT))
         g.stumps += block_stumps(g, a, cause)
 
-    async def _settle(self, g: Generation, res: Residence, previous_output: Stump | None,
-                      last_attempt: Attempt | None = None, rounds: list[Attempt] | None = None) -> None:
+    async def _settle(
+        self,
+        g: Generation,
+        res: Residence,
+        previous_output: Stump | None,
+        last_attempt: Attempt | None = None,
+        rounds: list[Attempt] | None = None,
+    ) -> None:
         """`rounds`: a tool loop's last attempt of each round, whose tokens add up to the generation's."""
         g.output_tokens = provider_tokens(a.output_tokens for a in rounds) if rounds else g.segments_tokens()
         g.finished_at = time.time()
@@ -177,8 +220,12 @@ class Generator:
             previous_output.replaced_by = last
             replaced = (previous_output.id, last)
         final = next((a for a in g.attempts if g.segments and a.id == g.segments[-1].attempt_id), None)
-        if cause and g.text and final is not None and \
-                (previous_output is not None or not any(s.scope == "output" for s in g.stumps)):
+        if (
+            cause
+            and g.text
+            and final is not None
+            and (previous_output is not None or not any(s.scope == "output" for s in g.stumps))
+        ):
             out = make_stump(g, final, cause, StumpScope.OUTPUT)
             g.stumps.append(out)
             new.append(out)

@@ -7,6 +7,7 @@ of kind `recovered` with one receipt. A resident sees and acts only on its own s
 channel it is speaking in, so no text crosses channels through the tool. Every read of a text is
 recorded before the text is returned. Bad input is an error result (`is_error`), never an exception.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,8 +25,12 @@ log = logging.getLogger(__name__)
 
 LIST_LIMIT = 50  # stumps a `list` returns, newest first
 ACTIONS = ("list", "read", "set_access", "publish")
-KEYS = {"list": {"action"}, "read": {"action", "id"}, "set_access": {"action", "id", "access"},
-        "publish": {"action", "id"}}
+KEYS = {
+    "list": {"action"},
+    "read": {"action", "id"},
+    "set_access": {"action", "id", "access"},
+    "publish": {"action", "id"},
+}
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -42,7 +47,7 @@ Publisher = Callable[[dict[str, Any], str, Generation], Awaitable[dict[str, Any]
 
 
 def iso(ts: float | None) -> str | None:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else None
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else None
 
 
 def _error(message: str) -> tuple[dict[str, Any], bool]:
@@ -56,8 +61,7 @@ class StumpsTool:
         self.ledger, self.residence, self.channel, self.publish = ledger, residence, channel, publish
 
     def definitions(self) -> list[dict[str, Any]]:
-        return [{"name": truth.STUMPS_TOOL, "description": truth.STUMPS_TOOL_DESCRIPTION,
-                 "input_schema": INPUT_SCHEMA}]
+        return [{"name": truth.STUMPS_TOOL, "description": truth.STUMPS_TOOL_DESCRIPTION, "input_schema": INPUT_SCHEMA}]
 
     def moderators_may_read(self, access: str) -> bool:
         return self.residence.policy.stumps.moderators_read_text and access == "moderators"
@@ -90,15 +94,29 @@ class StumpsTool:
     async def _list(self) -> dict[str, Any]:
         rows, total = await acc.own_stumps(self.ledger, self.residence.name, self.channel, LIST_LIMIT)
         reads = await acc.reads_of(self.ledger, [r["id"] for r in rows])
-        return {"action": "list", "channel": self.channel, "total": total, "shown": len(rows),
-                "stumps": [self._describe(r, reads[r["id"]]) for r in rows]}
+        return {
+            "action": "list",
+            "channel": self.channel,
+            "total": total,
+            "shown": len(rows),
+            "stumps": [self._describe(r, reads[r["id"]]) for r in rows],
+        }
 
     def _describe(self, r: dict[str, Any], reads: list[dict[str, Any]]) -> dict[str, Any]:
-        out = {"id": r["id"], "cause": r["cause"], "scope": r["scope"], "chars": r["chars"],
-               "tokens": r["output_tokens"], "when": iso(r["created_at"]), "channel": r["channel"],
-               "access": r["access"], "moderators_may_read": self.moderators_may_read(r["access"]),
-               "published": bool(r["published"]), "generation": r["generation_id"],
-               "reads": [{"reader": x["reader"], "kind": x["kind"], "when": iso(x["at"])} for x in reads]}
+        out = {
+            "id": r["id"],
+            "cause": r["cause"],
+            "scope": r["scope"],
+            "chars": r["chars"],
+            "tokens": r["output_tokens"],
+            "when": iso(r["created_at"]),
+            "channel": r["channel"],
+            "access": r["access"],
+            "moderators_may_read": self.moderators_may_read(r["access"]),
+            "published": bool(r["published"]),
+            "generation": r["generation_id"],
+            "reads": [{"reader": x["reader"], "kind": x["kind"], "when": iso(x["at"])} for x in reads],
+        }
         if r["block_type"]:
             out["block_type"] = r["block_type"]
         return out
@@ -112,8 +130,12 @@ class StumpsTool:
         if access not in acc.ACCESS:
             return _error(f"set_access needs `access`: {' or '.join(map(repr, acc.ACCESS))}, not {access!r}")
         await acc.set_access(self.ledger, meta["id"], access, self.residence.name, g.id)
-        out: dict[str, Any] = {"action": "set_access", "id": meta["id"], "access": access,
-                               "moderators_may_read": self.moderators_may_read(access)}
+        out: dict[str, Any] = {
+            "action": "set_access",
+            "id": meta["id"],
+            "access": access,
+            "moderators_may_read": self.moderators_may_read(access),
+        }
         if access == "moderators" and not self.residence.policy.stumps.moderators_read_text:
             out["ceiling"] = "the operator's policy keeps stump text from moderators whatever the access"
         return out, False
@@ -124,8 +146,10 @@ class StumpsTool:
         if meta["scope"] == "output":
             if meta["cause"] == truth.REFUSAL:
                 return _error(f"stump {meta['id']} is a reply the provider declined (refusal); it is not published")
-            return _error(f"stump {meta['id']} is the text of reply {meta['generation_id']}, which is posted as that "
-                          "reply's own partial posts")
+            return _error(
+                f"stump {meta['id']} is the text of reply {meta['generation_id']}, which is posted as that "
+                "reply's own partial posts"
+            )
         if meta["published"] or await acc.publication_of(self.ledger, meta["id"]):
             return _error(f"stump {meta['id']} is already published")
         if self.publish is None:
@@ -134,5 +158,10 @@ class StumpsTool:
         if not text.strip():
             return _error(f"stump {meta['id']} holds only whitespace; there is nothing to publish")
         facts = await self.publish(meta, text, g)
-        return {"action": "publish", "id": meta["id"], "chars": meta["chars"], "channel": meta["channel"],
-                **facts}, False
+        return {
+            "action": "publish",
+            "id": meta["id"],
+            "chars": meta["chars"],
+            "channel": meta["channel"],
+            **facts,
+        }, False

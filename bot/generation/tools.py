@@ -9,6 +9,7 @@ The reply's text is every round's text, joined by a paragraph break, posted once
 Asking for one more round than `tools.max_rounds` allows ends the generation `incomplete`
 (`truth.TOOL_ROUND_LIMIT`), the last call not run. Continuation never carries tools.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
-from .attempts import AttemptRunner, AttemptWatch
 from ..records import TEXT_JOIN, Attempt, Block, Generation, ToolCall
+from .attempts import AttemptRunner, AttemptWatch
 
 log = logging.getLogger(__name__)
 
@@ -73,24 +74,39 @@ def assistant_turn(a: Attempt) -> dict[str, Any]:
         if b.type == "text" and b.content:
             content.append({"type": "text", "text": b.content})
         elif b.type == "thinking":
-            sig = next((x.get("signature") for x in b.extras if x.get("type") == "signature_delta"),
-                       start.get("signature"))
+            sig = next(
+                (x.get("signature") for x in b.extras if x.get("type") == "signature_delta"), start.get("signature")
+            )
             content.append({"type": "thinking", "thinking": b.content, **({"signature": sig} if sig else {})})
         elif b.type == "redacted_thinking":
             content.append({"type": "redacted_thinking", "data": b.content})
         elif b.type == "tool_use":
             value, problem = parse_input(b)
-            content.append({"type": "tool_use", "id": start.get("id", ""), "name": start.get("name", ""),
-                            "input": value if problem is None else {}})
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": start.get("id", ""),
+                    "name": start.get("name", ""),
+                    "input": value if problem is None else {},
+                }
+            )
     return {"role": "assistant", "content": content}
 
 
 def results_turn(calls: list[ToolCall]) -> dict[str, Any]:
     """The user turn with one `tool_result` block per call, each a JSON object."""
-    return {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": c.tool_use_id,
-         "content": json.dumps(c.result, ensure_ascii=False), **({"is_error": True} if c.is_error else {})}
-        for c in calls]}
+    return {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": c.tool_use_id,
+                "content": json.dumps(c.result, ensure_ascii=False),
+                **({"is_error": True} if c.is_error else {}),
+            }
+            for c in calls
+        ],
+    }
 
 
 def joined(finals: list[Attempt]) -> str:
@@ -112,13 +128,15 @@ class ToolLoop:
     def text(self) -> str:
         return joined(self.finals)
 
-    async def run(self, g: Generation, request: dict[str, Any], retries: Retries,
-                  watch: AttemptWatch | None = None) -> Attempt:
+    async def run(
+        self, g: Generation, request: dict[str, Any], retries: Retries, watch: AttemptWatch | None = None
+    ) -> Attempt:
         """The rounds, until an answer stops for a reason other than a tool call; returns the last
         round's last attempt, not yet settled (the generation's settlement writes it). `watch` sees
         the first round stream (a live reply)."""
-        final = await self.runner.run_segment(g, 1, request, retries, new_generation=True, settle_last=False,
-                                              tools=True, watch=watch)
+        final = await self.runner.run_segment(
+            g, 1, request, retries, new_generation=True, settle_last=False, tools=True, watch=watch
+        )
         self.finals = [final]
         while final.outcome == "completed" and final.stop_reason == truth.TOOL_USE:
             uses = tool_uses(final)
@@ -128,8 +146,13 @@ class ToolLoop:
             rnd = len(self.finals)
             if rnd >= self.max_rounds:
                 self.limit_reached = True
-                log.info("generation %s (%s): tool round limit %d reached; %d call(s) not run",
-                         g.id, g.residence, self.max_rounds, len(uses))
+                log.info(
+                    "generation %s (%s): tool round limit %d reached; %d call(s) not run",
+                    g.id,
+                    g.residence,
+                    self.max_rounds,
+                    len(uses),
+                )
                 break
             await self.ledger.finish_attempt(final)  # on disk before its calls run
             calls = [await self._call(g, rnd, pos, final, b) for pos, b in enumerate(uses)]
@@ -152,5 +175,13 @@ class ToolLoop:
             except Exception as e:  # a fault of this process, never the model's: an error result, logged once
                 log.error("generation %s: tool %s failed: %s: %s", g.id, name, type(e).__name__, e, exc_info=e)
                 result, is_error = {"error": FAILED}, True
-        return ToolCall(round=rnd, pos=pos, attempt_id=a.id, tool_use_id=tool_use_id, name=name, input=value,
-                        result=result, is_error=is_error)
+        return ToolCall(
+            round=rnd,
+            pos=pos,
+            attempt_id=a.id,
+            tool_use_id=tool_use_id,
+            name=name,
+            input=value,
+            result=result,
+            is_error=is_error,
+        )

@@ -33,6 +33,7 @@ transaction as the change it records (`Ledger._tx`), so a crash never leaves a r
 entry or an entry without its record. The INSERT reads the head itself, under the transaction's
 write lock; the hash is computed by `chain_hash`, a function `install` registers on the connection.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +41,10 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import aiosqlite
 
@@ -82,9 +84,11 @@ def export_line(seq: int, prev: str, body: str, digest: str) -> str:
     return f'{{"entry":{body},"hash":"{digest}","prev":"{prev}","seq":{int(seq)}}}'
 
 
-_APPEND = ("INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, ?, ?, p, b, chain_hash(n, p, b) FROM"
-           " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
-           " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), printf('%064d', 0)) AS p, ? AS b)")
+_APPEND = (
+    "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, ?, ?, p, b, chain_hash(n, p, b) FROM"
+    " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
+    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), printf('%064d', 0)) AS p, ? AS b)"
+)
 
 
 _IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
@@ -111,32 +115,80 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 # One builder per kind, used when a record is written, when old records are backfilled and when
 # `verify` rebuilds what each record's latest entry must say: the three can never disagree.
 
+
 def attempt_payload(a: Attempt) -> dict[str, Any]:
-    return {"id": a.id, "generation_id": a.generation_id, "segment": a.segment, "index": a.index, "outcome": a.outcome, "stop_reason": a.stop_reason,
-            "discard_reason": a.discard_reason, "error": a.error, "chars": a.chars, "output_tokens": a.output_tokens,
-            "text_sha256": sha256_text(a.text),
-            "blocks": [{"index": b.index, "type": b.type, "chars": b.chars, "sha256": sha256_text(b.content)}
-                       for b in a.content_blocks()]}
+    return {
+        "id": a.id,
+        "generation_id": a.generation_id,
+        "segment": a.segment,
+        "index": a.index,
+        "outcome": a.outcome,
+        "stop_reason": a.stop_reason,
+        "discard_reason": a.discard_reason,
+        "error": a.error,
+        "chars": a.chars,
+        "output_tokens": a.output_tokens,
+        "text_sha256": sha256_text(a.text),
+        "blocks": [
+            {"index": b.index, "type": b.type, "chars": b.chars, "sha256": sha256_text(b.content)}
+            for b in a.content_blocks()
+        ],
+    }
 
 
 def generation_payload(g: Generation) -> dict[str, Any]:
-    return {"id": g.id, "residence": g.residence, "channel": g.channel, "model": g.model, "status": g.status,
-            "stop_reason": g.stop_reason, "chars": g.chars, "output_tokens": g.output_tokens,
-            "text_sha256": sha256_text(g.text), "standing": g.standing, "continuation_ended": g.continuation_ended,
-            "segments": [{"index": s.index, "attempt_id": s.attempt_id, "stop_reason": s.stop_reason, "chars": s.chars,
-                          "output_tokens": s.output_tokens, "overlap_removed": s.overlap_removed}
-                         for s in sorted(g.segments, key=lambda s: s.index)]}
+    return {
+        "id": g.id,
+        "residence": g.residence,
+        "channel": g.channel,
+        "model": g.model,
+        "status": g.status,
+        "stop_reason": g.stop_reason,
+        "chars": g.chars,
+        "output_tokens": g.output_tokens,
+        "text_sha256": sha256_text(g.text),
+        "standing": g.standing,
+        "continuation_ended": g.continuation_ended,
+        "segments": [
+            {
+                "index": s.index,
+                "attempt_id": s.attempt_id,
+                "stop_reason": s.stop_reason,
+                "chars": s.chars,
+                "output_tokens": s.output_tokens,
+                "overlap_removed": s.overlap_removed,
+            }
+            for s in sorted(g.segments, key=lambda s: s.index)
+        ],
+    }
 
 
 def stump_payload(s: Stump) -> dict[str, Any]:
-    return {"id": s.id, "generation_id": s.generation_id, "attempt_id": s.attempt_id, "residence": s.residence,
-            "scope": s.scope, "cause": s.cause, "chars": s.chars, "output_tokens": s.output_tokens,
-            "text_sha256": sha256_text(s.text), "block": s.block, "block_type": s.block_type}
+    return {
+        "id": s.id,
+        "generation_id": s.generation_id,
+        "attempt_id": s.attempt_id,
+        "residence": s.residence,
+        "scope": s.scope,
+        "cause": s.cause,
+        "chars": s.chars,
+        "output_tokens": s.output_tokens,
+        "text_sha256": sha256_text(s.text),
+        "block": s.block,
+        "block_type": s.block_type,
+    }
 
 
 def post_payload(p: Post) -> dict[str, Any]:
-    out = {"id": p.id, "generation_id": p.generation_id, "channel": p.channel, "seq": p.seq, "post_kind": p.kind,
-           "chars": len(p.content), "content_sha256": sha256_text(p.content)}
+    out = {
+        "id": p.id,
+        "generation_id": p.generation_id,
+        "channel": p.channel,
+        "seq": p.seq,
+        "post_kind": p.kind,
+        "chars": len(p.content),
+        "content_sha256": sha256_text(p.content),
+    }
     sent = sent_sha256(p.content)
     if sent != out["content_sha256"]:
         out["sent_sha256"] = sent
@@ -197,6 +249,7 @@ def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
 
 # ---------------------------------------------------------------------- reading records back
 
+
 def _dec(blob: bytes | str | None) -> str:
     if blob is None:
         return ""
@@ -213,25 +266,63 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
     for b in await rows("SELECT attempt_id, idx, type, content FROM attempt_blocks ORDER BY attempt_id, pos"):
         blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
     out: list[tuple[str, str, dict[str, Any]]] = []
-    for a in await rows("SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
-                        " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"):
-        rec = Attempt(id=a[0], generation_id=a[1], segment=a[2], index=a[3], outcome=a[4], stop_reason=a[5],
-                      discard_reason=a[6], error=a[7], text=_dec(a[8]), output_tokens=a[9], blocks=blocks.get(a[0], []))
+    for a in await rows(
+        "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
+        " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"
+    ):
+        rec = Attempt(
+            id=a[0],
+            generation_id=a[1],
+            segment=a[2],
+            index=a[3],
+            outcome=a[4],
+            stop_reason=a[5],
+            discard_reason=a[6],
+            error=a[7],
+            text=_dec(a[8]),
+            output_tokens=a[9],
+            blocks=blocks.get(a[0], []),
+        )
         out.append(("attempt", rec.id, attempt_payload(rec)))
     segments: dict[str, list[Segment]] = defaultdict(list)
-    for s in await rows("SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed"
-                        " FROM segments"):
+    for s in await rows(
+        "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
+    ):
         segments[s[0]].append(Segment(s[1], s[2], s[3], s[4], s[5], s[6]))
-    for g in await rows("SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
-                        " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"):
-        rec = Generation(id=g[0], residence=g[1], channel=g[2], model=g[3], status=g[4], stop_reason=g[5],
-                         text=_dec(g[6]), output_tokens=g[7], standing=g[8], continuation_ended=g[9],
-                         segments=segments.get(g[0], []))
+    for g in await rows(
+        "SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
+        " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"
+    ):
+        rec = Generation(
+            id=g[0],
+            residence=g[1],
+            channel=g[2],
+            model=g[3],
+            status=g[4],
+            stop_reason=g[5],
+            text=_dec(g[6]),
+            output_tokens=g[7],
+            standing=g[8],
+            continuation_ended=g[9],
+            segments=segments.get(g[0], []),
+        )
         out.append(("generation", rec.id, generation_payload(rec)))
-    for s in await rows("SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
-                        " block_type FROM stumps ORDER BY rowid"):
-        stump = Stump(id=s[0], generation_id=s[1], attempt_id=s[2], residence=s[3], scope=s[4], cause=s[5],
-                      text=_dec(s[6]), output_tokens=s[7], block=s[8], block_type=s[9])
+    for s in await rows(
+        "SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
+        " block_type FROM stumps ORDER BY rowid"
+    ):
+        stump = Stump(
+            id=s[0],
+            generation_id=s[1],
+            attempt_id=s[2],
+            residence=s[3],
+            scope=s[4],
+            cause=s[5],
+            text=_dec(s[6]),
+            output_tokens=s[7],
+            block=s[8],
+            block_type=s[9],
+        )
         out.append(("stump", stump.id, stump_payload(stump)))
     delivered_: list[tuple[str, str, dict[str, Any]]] = []
     for p in await rows("SELECT id, generation_id, seq, kind, content, channel, message_id FROM posts ORDER BY rowid"):
@@ -241,10 +332,17 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
             delivered_.append(("delivered", post.id, delivered_payload(post.id, p[6])))
     # Access to stumps: each stump's latest choice and latest read must be what their latest entries say.
     for kind, sql, build in (
-            ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes"
-                             " ORDER BY rowid", stump_access_payload),
-            ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
-             stump_read_payload)):
+        (
+            "stump-access",
+            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes ORDER BY rowid",
+            stump_access_payload,
+        ),
+        (
+            "stump-read",
+            "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
+            stump_read_payload,
+        ),
+    ):
         latest = {r[0]: r for r in await rows(sql)}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
     return out + delivered_
@@ -255,8 +353,12 @@ async def backfill(db: aiosqlite.Connection) -> int:
     record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
     if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
         return 0
-    if not (await db.execute_fetchall("SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
-                                      " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"))[0][0]:
+    if not (
+        await db.execute_fetchall(
+            "SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
+            " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"
+        )
+    )[0][0]:
         return 0
     await db.execute("BEGIN IMMEDIATE")
     try:
@@ -277,9 +379,11 @@ async def backfill(db: aiosqlite.Connection) -> int:
 
 # ---------------------------------------------------------------------- checking
 
+
 @dataclass
 class ChainReport:
     """What `check` found: one line per problem, the first broken entry first; the head when whole."""
+
     violations: list[str] = field(default_factory=list)
     entries: int = 0
     head: str = GENESIS_PREV
@@ -302,8 +406,9 @@ class Entry:
 def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str | None:
     """Why entry `e` does not follow the entry (last_seq, last_hash), or does not hash to itself."""
     if e.seq != last_seq + 1:
-        return f"follows entry {last_seq}" + (f"; entries {last_seq + 1}..{e.seq - 1} are missing"
-                                              if e.seq > last_seq + 1 else "")
+        return f"follows entry {last_seq}" + (
+            f"; entries {last_seq + 1}..{e.seq - 1} are missing" if e.seq > last_seq + 1 else ""
+        )
     if e.prev != last_hash:
         return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
     try:
@@ -320,14 +425,20 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str | None:
 
 
 async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
-    return [Entry(*r) for r in await db.execute_fetchall(
-        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq >= ? ORDER BY seq", (since,))]
+    return [
+        Entry(*r)
+        for r in await db.execute_fetchall(
+            "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq >= ? ORDER BY seq", (since,)
+        )
+    ]
 
 
 async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:
     """The newest entry of `kind` for a record: the one a Provenance answer names."""
-    rows = await db.execute_fetchall("SELECT seq, kind, record, prev, body, hash FROM chain"
-                                     " WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1", (record, kind))
+    rows = await db.execute_fetchall(
+        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1",
+        (record, kind),
+    )
     return Entry(*rows[0]) if rows else None
 
 
@@ -364,8 +475,14 @@ async def check(db: aiosqlite.Connection) -> ChainReport:
     for e in await entries(db):
         problem = _link_problem(e, last_seq, last_hash)
         if problem:
-            found.append((e.seq, f"chain entry {e.seq}" + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
-                          + f": {problem}"))
+            found.append(
+                (
+                    e.seq,
+                    f"chain entry {e.seq}"
+                    + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
+                    + f": {problem}",
+                )
+            )
         if e.kind in RECORD_KINDS and e.record is not None:
             newest[(e.kind, e.record)] = e
         last_seq, last_hash = e.seq, e.hash
@@ -383,12 +500,18 @@ async def check(db: aiosqlite.Connection) -> ChainReport:
             continue  # already reported as a broken link
         diff = _differs(stated, payload)
         if diff:
-            found.append((e.seq, f"chain entry {e.seq} ({kind} {record}): the ledger no longer matches it: "
-                          + ", ".join(diff)))
+            found.append(
+                (e.seq, f"chain entry {e.seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff))
+            )
     for (kind, record), e in newest.items():
-        found.append((e.seq, f"chain entry {e.seq} ({kind} {record}): the record it attests is "
-                      + ("no longer delivered" if kind == "delivered" else "not in the ledger")
-                      + (" (or no longer settled)" if kind == "generation" else "")))
+        found.append(
+            (
+                e.seq,
+                f"chain entry {e.seq} ({kind} {record}): the record it attests is "
+                + ("no longer delivered" if kind == "delivered" else "not in the ledger")
+                + (" (or no longer settled)" if kind == "generation" else ""),
+            )
+        )
     rep.violations = [line for _, line in sorted(found, key=lambda f: f[0])]
     return rep
 
@@ -433,9 +556,16 @@ def check_export(data: bytes, name: str) -> ExportReport:
         except (UnicodeDecodeError, ValueError) as e:
             rep.problem = f"{where}: not a JSON line of the export ({type(e).__name__})"
             return rep
-        if not isinstance(obj, dict) or set(obj) != {"entry", "hash", "prev", "seq"} \
-                or not isinstance(obj["seq"], int) or isinstance(obj["seq"], bool) or obj["seq"] < 1 \
-                or not isinstance(obj["entry"], dict) or not _hex64(obj["prev"]) or not _hex64(obj["hash"]):
+        if (
+            not isinstance(obj, dict)
+            or set(obj) != {"entry", "hash", "prev", "seq"}
+            or not isinstance(obj["seq"], int)
+            or isinstance(obj["seq"], bool)
+            or obj["seq"] < 1
+            or not isinstance(obj["entry"], dict)
+            or not _hex64(obj["prev"])
+            or not _hex64(obj["hash"])
+        ):
             rep.problem = f"{where}: not an entry (keys entry, hash, prev, seq with their types)"
             return rep
         seq = obj["seq"]

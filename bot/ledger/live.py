@@ -5,6 +5,7 @@ reply settles it is either one of the reply's posts (`adopted`), the published t
 attempt (`set-aside`, its stump marked published), or — left in progress by a stopped process —
 `withdrawn` from the room at the next start, so the room ends as it would without live mode.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,10 +32,26 @@ class LiveMessage:
 async def add(ledger: Ledger, m: LiveMessage) -> None:
     """Before the send: a stop between the send and its answer leaves the message findable by nonce or content."""
     m.created_at = time.time()
-    await ledger._tx([("INSERT INTO live_messages (nonce, message_id, generation_id, attempt_id, idx, channel,"
-                       " residence, content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                       (m.nonce, m.message_id, m.generation_id, m.attempt_id, m.idx, m.channel, m.residence,
-                        enc(m.content), m.state, m.created_at))])
+    await ledger._tx(
+        [
+            (
+                "INSERT INTO live_messages (nonce, message_id, generation_id, attempt_id, idx, channel,"
+                " residence, content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    m.nonce,
+                    m.message_id,
+                    m.generation_id,
+                    m.attempt_id,
+                    m.idx,
+                    m.channel,
+                    m.residence,
+                    enc(m.content),
+                    m.state,
+                    m.created_at,
+                ),
+            )
+        ]
+    )
 
 
 async def sent(ledger: Ledger, nonce: str, message_id: str) -> None:
@@ -48,18 +65,27 @@ async def shown(ledger: Ledger, message_id: str, content: str) -> None:
 async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> None:
     """The live message is now post `post_id` of the settled reply (its message id recorded on the post)."""
     now = time.time()
-    await ledger._tx([
-        ("UPDATE live_messages SET state='adopted', post_id=?, content=? WHERE message_id=?",
-         (post_id, enc(content), message_id)),
-        ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, now, post_id)),
-        chain.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
-    ])
+    await ledger._tx(
+        [
+            (
+                "UPDATE live_messages SET state='adopted', post_id=?, content=? WHERE message_id=?",
+                (post_id, enc(content), message_id),
+            ),
+            ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, now, post_id)),
+            chain.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
+        ]
+    )
 
 
 async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None, contents: list[str]) -> None:
     """The messages of a retried attempt stay as shown; their text's stump is marked published."""
-    statements = [("UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
-                   (stump_id, enc(c), mid)) for mid, c in zip(message_ids, contents)]
+    statements = [
+        (
+            "UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
+            (stump_id, enc(c), mid),
+        )
+        for mid, c in zip(message_ids, contents, strict=False)
+    ]
     if stump_id is not None:
         statements.append(("UPDATE stumps SET published=1 WHERE id=?", (stump_id,)))
     await ledger._tx(statements)
@@ -67,20 +93,28 @@ async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None
 
 async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) -> None:
     """No longer in the room (or never reached it): `message_id` is what a stopped send turned out to be."""
-    await ledger._tx([("UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, ?)"
-                       " WHERE nonce=?", (message_id, nonce))])
+    await ledger._tx(
+        [
+            (
+                "UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, ?) WHERE nonce=?",
+                (message_id, nonce),
+            )
+        ]
+    )
 
 
 async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
     """Live messages a stopped process left in progress, oldest first."""
     rows = await ledger.db.execute_fetchall(
-        "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx", (residence,))
+        "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx", (residence,)
+    )
     return [_row(r) for r in rows]
 
 
 async def of_generation(ledger: Ledger, generation_id: str) -> list[LiveMessage]:
     rows = await ledger.db.execute_fetchall(
-        "SELECT * FROM live_messages WHERE generation_id=? ORDER BY created_at, idx", (generation_id,))
+        "SELECT * FROM live_messages WHERE generation_id=? ORDER BY created_at, idx", (generation_id,)
+    )
     return [_row(r) for r in rows]
 
 
@@ -89,11 +123,23 @@ async def by_message(ledger: Ledger, message_ids: list[str]) -> list[LiveMessage
     if not message_ids:
         return []
     marks = ",".join("?" * len(message_ids))
-    rows = await ledger.db.execute_fetchall(f"SELECT * FROM live_messages WHERE message_id IN ({marks})"
-                                            " AND state IN ('live', 'set-aside')", list(message_ids))
+    rows = await ledger.db.execute_fetchall(
+        f"SELECT * FROM live_messages WHERE message_id IN ({marks}) AND state IN ('live', 'set-aside')",
+        list(message_ids),
+    )
     return [_row(r) for r in rows]
 
 
 def _row(r) -> LiveMessage:  # type: ignore[no-untyped-def]
-    return LiveMessage(r["nonce"], r["message_id"], r["generation_id"], r["attempt_id"], r["idx"], r["channel"],
-                       r["residence"], dec(r["content"]), r["state"], r["created_at"])
+    return LiveMessage(
+        r["nonce"],
+        r["message_id"],
+        r["generation_id"],
+        r["attempt_id"],
+        r["idx"],
+        r["channel"],
+        r["residence"],
+        dec(r["content"]),
+        r["state"],
+        r["created_at"],
+    )

@@ -2,10 +2,12 @@
 
 A step is never edited after it ships; a change is a new step, so any old ledger file upgrades.
 """
+
 from __future__ import annotations
 
 import logging
 import time
+
 import aiosqlite
 
 log = logging.getLogger(__name__)
@@ -19,7 +21,9 @@ def step(name: str, sql: str) -> None:
 
 # Text columns are BLOBs of UTF-8 (surrogates passed through), so every emitted text is kept
 # byte-exact, even a lone surrogate a provider's JSON escapes can carry.
-step("m001_generations", """
+step(
+    "m001_generations",
+    """
 CREATE TABLE generations (
   id TEXT PRIMARY KEY,
   residence TEXT NOT NULL,
@@ -38,9 +42,12 @@ CREATE TABLE generations (
   finished_at REAL
 );
 CREATE INDEX generations_residence ON generations(residence, created_at);
-""")
+""",
+)
 
-step("m002_attempts", """
+step(
+    "m002_attempts",
+    """
 CREATE TABLE attempts (
   id TEXT PRIMARY KEY,
   generation_id TEXT NOT NULL REFERENCES generations(id),
@@ -65,9 +72,12 @@ CREATE TABLE attempt_chunks (
   text BLOB NOT NULL,
   PRIMARY KEY (attempt_id, seq)
 );
-""")
+""",
+)
 
-step("m003_segments", """
+step(
+    "m003_segments",
+    """
 CREATE TABLE segments (
   generation_id TEXT NOT NULL REFERENCES generations(id),
   idx INTEGER NOT NULL,
@@ -78,9 +88,12 @@ CREATE TABLE segments (
   overlap_removed INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (generation_id, idx)
 );
-""")
+""",
+)
 
-step("m004_stumps", """
+step(
+    "m004_stumps",
+    """
 CREATE TABLE stumps (
   id TEXT PRIMARY KEY,
   generation_id TEXT NOT NULL REFERENCES generations(id),
@@ -97,9 +110,12 @@ CREATE TABLE stumps (
 );
 CREATE INDEX stumps_residence ON stumps(residence, created_at);
 CREATE INDEX stumps_generation ON stumps(generation_id);
-""")
+""",
+)
 
-step("m005_posts", """
+step(
+    "m005_posts",
+    """
 CREATE TABLE posts (
   id TEXT PRIMARY KEY,
   generation_id TEXT REFERENCES generations(id),  -- NULL for a notice about no generation
@@ -112,34 +128,46 @@ CREATE TABLE posts (
   UNIQUE (generation_id, seq)
 );
 CREATE INDEX posts_message ON posts(message_id);
-""")
+""",
+)
 
-step("m006_attempt_stop_details", """
+step(
+    "m006_attempt_stop_details",
+    """
 ALTER TABLE attempts ADD COLUMN stop_details TEXT;  -- the provider's JSON, e.g. a refusal's category
-""")
+""",
+)
 
-step("m007_generation_seen_upto", """
+step(
+    "m007_generation_seen_upto",
+    """
 ALTER TABLE generations ADD COLUMN seen_upto TEXT;  -- the newest room message the request was compiled from
-""")
+""",
+)
 
 # A stump's `published` is a fact about delivery: the moment a text post of its generation gets a
 # message id, the generation's standing output stump reached the room. The schema keeps it so, in
 # the same statement as the delivery itself.
-step("m008_published_on_delivery", """
+step(
+    "m008_published_on_delivery",
+    """
 CREATE TRIGGER posts_published AFTER UPDATE OF message_id ON posts
 WHEN NEW.message_id IS NOT NULL AND NEW.kind IN ('partial', 'speech')
 BEGIN
   UPDATE stumps SET published = 1
    WHERE generation_id = NEW.generation_id AND scope = 'output' AND replaced_by IS NULL AND published = 0;
 END;
-""")
+""",
+)
 
 # Every content block of every attempt, in order (`pos`), with the provider's index and declared
 # type and its exact content; a text block's `text_offset` is where its text begins in the attempt's
 # text (text blocks joined by a paragraph break). While an attempt streams, its chunks name their
 # block, so recovery can rebuild the blocks from what reached disk. A stump of scope 'block' is the
 # content of a non-text block an output stopped in.
-step("m009_blocks", """
+step(
+    "m009_blocks",
+    """
 CREATE TABLE attempt_blocks (
   attempt_id TEXT NOT NULL REFERENCES attempts(id),
   pos INTEGER NOT NULL,
@@ -157,23 +185,32 @@ ALTER TABLE attempt_chunks ADD COLUMN block_type TEXT;
 ALTER TABLE attempt_chunks ADD COLUMN block_start TEXT;     -- on a block's first chunk
 ALTER TABLE stumps ADD COLUMN block INTEGER;                -- scope 'block': the block's provider index
 ALTER TABLE stumps ADD COLUMN block_type TEXT;
-""")
+""",
+)
 
-step("m009_request_replacements", """
+step(
+    "m009_request_replacements",
+    """
 ALTER TABLE attempts ADD COLUMN request_replacements INTEGER NOT NULL DEFAULT 0;  -- lone surrogates sent as U+FFFD
-""")
+""",
+)
 
 # Content goes to the room as valid Unicode (`bot.text.outbound`): the post keeps its exact text, and
 # this says how many lone surrogates the room got as U+FFFD instead. NULL: recorded before the count.
-step("m013_post_replacements", """
+step(
+    "m013_post_replacements",
+    """
 ALTER TABLE posts ADD COLUMN replacements INTEGER;
-""")
+""",
+)
 
 # Why each post exists (`bot.records.PostReason`), so `ledger verify` reads meaning from a column and
 # never from a post's wording. Rows recorded before this step are derived once, here: a text post
 # from its kind, a receipt from its kind, a notice from the wording `bot.truth` gave it when it was
 # written (frozen here as it was then); any other notice was an output's no-text line.
-step("m016_post_reason", """
+step(
+    "m016_post_reason",
+    """
 ALTER TABLE posts ADD COLUMN reason TEXT NOT NULL DEFAULT 'unknown';
 UPDATE posts SET reason = CASE
   WHEN kind IN ('speech', 'partial') THEN 'text'
@@ -183,7 +220,8 @@ UPDATE posts SET reason = CASE
   WHEN CAST(content AS TEXT) LIKE '-# Provider rejected the API key%' THEN 'key-rejected'
   WHEN CAST(content AS TEXT) LIKE '-# Provider declined this reply%' THEN 'refusal'
   ELSE 'no-text' END;
-""")
+""",
+)
 
 
 # The resident decides who may read its stumps' text (`stumps` tool, `set_access`): `access` is
@@ -191,7 +229,9 @@ UPDATE posts SET reason = CASE
 # `stump_access_defaults` (written by the generator) and applied by the trigger in the same insert,
 # so no stump is ever readable by moderators for a moment against the policy. Each change the
 # resident makes is kept in `stump_access_changes`, with the generation whose tool call made it.
-step("m020_stump_access", """
+step(
+    "m020_stump_access",
+    """
 ALTER TABLE stumps ADD COLUMN access TEXT NOT NULL DEFAULT 'moderators';
 CREATE TABLE stump_access_defaults (
   residence TEXT PRIMARY KEY,
@@ -211,10 +251,13 @@ CREATE TABLE stump_access_changes (
   set_at REAL NOT NULL
 );
 CREATE INDEX stump_access_changes_stump ON stump_access_changes(stump_id, set_at);
-""")
+""",
+)
 
 # Every read of a stump's text, by its resident's tool or a moderator's /stumps show.
-step("m021_stump_reads", """
+step(
+    "m021_stump_reads",
+    """
 CREATE TABLE stump_reads (
   stump_id TEXT NOT NULL REFERENCES stumps(id),
   reader TEXT NOT NULL,          -- the residence, or the moderator (name and Discord id)
@@ -223,11 +266,14 @@ CREATE TABLE stump_reads (
   read_at REAL NOT NULL
 );
 CREATE INDEX stump_reads_stump ON stump_reads(stump_id, read_at);
-""")
+""",
+)
 
 # The tool loop: each tool call a generation made, by round (the request it answered) and position
 # in that round, with the attempt that made it, its input as parsed (JSON) and the result sent back.
-step("m022_tool_calls", """
+step(
+    "m022_tool_calls",
+    """
 CREATE TABLE tool_calls (
   generation_id TEXT NOT NULL REFERENCES generations(id),
   round INTEGER NOT NULL,
@@ -241,12 +287,15 @@ CREATE TABLE tool_calls (
   created_at REAL NOT NULL,
   PRIMARY KEY (generation_id, round, pos)
 );
-""")
+""",
+)
 
 # A stump published at its resident's request: posts of kind 'recovered' (its text) and the one
 # receipt after them name the stump; they belong to the stump's generation. Delivering a recovered
 # post marks the stump published, as m008 does for a generation's own text.
-step("m023_recovered_posts", """
+step(
+    "m023_recovered_posts",
+    """
 ALTER TABLE posts ADD COLUMN stump_id TEXT;
 CREATE INDEX posts_stump ON posts(stump_id) WHERE stump_id IS NOT NULL;
 CREATE TRIGGER posts_recovered_published AFTER UPDATE OF message_id ON posts
@@ -254,12 +303,15 @@ WHEN NEW.message_id IS NOT NULL AND NEW.kind = 'recovered' AND NEW.stump_id IS N
 BEGIN
   UPDATE stumps SET published = 1 WHERE id = NEW.stump_id AND published = 0;
 END;
-""")
+""",
+)
 # The hash chain (`bot.ledger.chain`): every settled generation, stump, post and delivery appended as
 # an entry whose hash covers the entry before it, in the same transaction as the change it records.
 # `kind` and `record` repeat the entry's own fields, for lookups. Append-only: an UPDATE or DELETE is
 # refused here (a determined editor can drop the triggers, which `ledger verify` then shows).
-step("m025_chain", """
+step(
+    "m025_chain",
+    """
 CREATE TABLE chain (
   seq INTEGER PRIMARY KEY,      -- 1, 2, 3 ... in the order appended
   kind TEXT NOT NULL,           -- generation | stump | post | delivered | genesis | ...
@@ -271,13 +323,16 @@ CREATE TABLE chain (
 CREATE INDEX chain_record ON chain(record, seq);
 CREATE TRIGGER chain_no_update BEFORE UPDATE ON chain BEGIN SELECT RAISE(ABORT, 'the chain is append-only'); END;
 CREATE TRIGGER chain_no_delete BEFORE DELETE ON chain BEGIN SELECT RAISE(ABORT, 'the chain is append-only'); END;
-""")
+""",
+)
 
 # A reply shown live (policy `delivery.live`): every message created while it was generated, with
 # what it showed last (without the in-progress marker). `state`: live (in progress), adopted (became
 # post `post_id` of the settled reply), set-aside (the text of a retried attempt: a published stump),
 # withdrawn (left in progress by a stopped process; removed from the room at the next start).
-step("m030_live_messages", """
+step(
+    "m030_live_messages",
+    """
 CREATE TABLE live_messages (
   nonce TEXT PRIMARY KEY,           -- recorded before the message is sent: a stop mid-send leaves it findable
   message_id TEXT UNIQUE,           -- NULL until the room answered the send
@@ -294,8 +349,8 @@ CREATE TABLE live_messages (
   UNIQUE (attempt_id, idx)
 );
 CREATE INDEX live_messages_generation ON live_messages(generation_id);
-""")
-
+""",
+)
 
 
 async def apply(db: aiosqlite.Connection) -> list[str]:

@@ -3,6 +3,7 @@
 Writes are serialised behind one lock and each logical change is one transaction, so a crash leaves
 either the old or the new state of a record, and streaming text reaches disk in bounded chunks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -11,14 +12,27 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Generator, Iterable
 from pathlib import Path
-from collections.abc import Collection, Generator
-from typing import Any, Iterable
+from typing import Any
 
 import aiosqlite
 
-from ..records import (Attempt, Block, ContinuationEnd, Generation, Outcome, Post, PostKind, PostReason, Segment,
-                       Status, Stump, StumpScope, join_text)
+from ..records import (
+    Attempt,
+    Block,
+    ContinuationEnd,
+    Generation,
+    Outcome,
+    Post,
+    PostKind,
+    PostReason,
+    Segment,
+    Status,
+    Stump,
+    StumpScope,
+    join_text,
+)
 from ..text import outbound
 from . import chain, migrations
 
@@ -108,44 +122,76 @@ class Ledger:
 
     @staticmethod
     def _generation_insert(g: Generation) -> tuple[str, tuple[Any, ...]]:
-        return (("INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-                         " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
-                         " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                         (g.id, g.residence, g.channel, g.model, g.status, g.stop_reason, enc(g.text), g.chars,
-                          g.output_tokens, g.standing, g.continuation_ended, g.trigger,
-                          enc(json.dumps(g.request)) if g.request is not None else None, g.created_at, g.seen_upto)))
+        return (
+            "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+            " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                g.id,
+                g.residence,
+                g.channel,
+                g.model,
+                g.status,
+                g.stop_reason,
+                enc(g.text),
+                g.chars,
+                g.output_tokens,
+                g.standing,
+                g.continuation_ended,
+                g.trigger,
+                enc(json.dumps(g.request)) if g.request is not None else None,
+                g.created_at,
+                g.seen_upto,
+            ),
+        )
 
-    async def start_attempt(self, a: Attempt, new_generation: Generation | None = None,
-                            replaces: Attempt | None = None) -> None:
+    async def start_attempt(
+        self, a: Attempt, new_generation: Generation | None = None, replaces: Attempt | None = None
+    ) -> None:
         """Record an attempt before its stream starts, with its generation when that is new too, and
         the link from the attempt it replaces: one transaction, one trip."""
         stmts = [self._generation_insert(new_generation)] if new_generation is not None else []
-        stmts.append(("INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at)"
-                      " VALUES (?,?,?,?,?,?)", (a.id, a.generation_id, a.segment, a.index, a.outcome,
-                                                a.started_at)))
+        stmts.append(
+            (
+                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
+            )
+        )
         if replaces is not None:
             stmts += self._replaced(replaces.id, a.id)
         await self._tx(stmts)
 
-    async def add_chunk(self, attempt_id: str, seq: int, text: str, block: int | None = None,
-                        block_type: str | None = None, block_start: str | None = None) -> None:
+    async def add_chunk(
+        self,
+        attempt_id: str,
+        seq: int,
+        text: str,
+        block: int | None = None,
+        block_type: str | None = None,
+        block_start: str | None = None,
+    ) -> None:
         """Streaming content, flushed in pieces so a crash loses at most the unflushed tail.
 
         `block`: the content block the piece belongs to (None: the attempt's text, as before blocks)."""
         await self.add_chunks(attempt_id, [(seq, block, block_type, text, block_start)])
 
-    _CHUNK = ("INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start)"
-              " VALUES (?,?,?,?,?,?)")
+    _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
 
-    async def add_chunks(self, attempt_id: str, rows: list[tuple[int, int | None, str | None, str, str | None]]) -> None:
+    async def add_chunks(
+        self, attempt_id: str, rows: list[tuple[int, int | None, str | None, str, str | None]]
+    ) -> None:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
         if len(rows) == 1:  # the common case: one statement, one trip, no transaction around it
             seq, block, btype, text, start = rows[0]
             async with self._lock:
                 await self.db.execute(self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
             return
-        await self._tx([(self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
-                        for seq, block, btype, text, start in rows])
+        await self._tx(
+            [
+                (self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
+                for seq, block, btype, text, start in rows
+            ]
+        )
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
         stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps] + chain.stumps(stumps)
@@ -158,30 +204,65 @@ class Ledger:
         meanwhile alone (its blocks are written only while it is still streaming, before the update)."""
         guard = " AND outcome='streaming'" if only_if_streaming else ""
         if only_if_streaming:
-            block_sql = ("INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                         " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
-                         " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')")
+            block_sql = (
+                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
+                " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
+            )
         else:
-            block_sql = ("INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                         " start, extras) VALUES (?,?,?,?,?,?,?,?,?)")
-        stmts = [(block_sql, (a.id, pos, b.index, b.type, enc(b.content), b.chars, b.offset,
-                              json.dumps(b.start, ensure_ascii=False) if b.start else None,
-                              json.dumps(b.extras, ensure_ascii=False) if b.extras else None)
-                  + ((a.id,) if only_if_streaming else ()))
-                 for pos, b in enumerate(a.content_blocks())]
-        return stmts + [chain.attempt(a, only_if_streaming=only_if_streaming),
-                ("UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                 " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
-                 " WHERE id=?" + guard,
-                 (a.outcome, a.stop_reason, a.discard_reason, a.error, enc(a.text), a.chars, a.output_tokens,
-                  a.request_id, a.replaced_by, a.ended_at,
-                  json.dumps(a.stop_details) if a.stop_details is not None else None, a.request_replacements, a.id)),
-                ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,))]
+            block_sql = (
+                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                " start, extras) VALUES (?,?,?,?,?,?,?,?,?)"
+            )
+        stmts = [
+            (
+                block_sql,
+                (
+                    a.id,
+                    pos,
+                    b.index,
+                    b.type,
+                    enc(b.content),
+                    b.chars,
+                    b.offset,
+                    json.dumps(b.start, ensure_ascii=False) if b.start else None,
+                    json.dumps(b.extras, ensure_ascii=False) if b.extras else None,
+                )
+                + ((a.id,) if only_if_streaming else ()),
+            )
+            for pos, b in enumerate(a.content_blocks())
+        ]
+        return stmts + [
+            chain.attempt(a, only_if_streaming=only_if_streaming),
+            (
+                "UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
+                " WHERE id=?" + guard,
+                (
+                    a.outcome,
+                    a.stop_reason,
+                    a.discard_reason,
+                    a.error,
+                    enc(a.text),
+                    a.chars,
+                    a.output_tokens,
+                    a.request_id,
+                    a.replaced_by,
+                    a.ended_at,
+                    json.dumps(a.stop_details) if a.stop_details is not None else None,
+                    a.request_replacements,
+                    a.id,
+                ),
+            ),
+            ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,)),
+        ]
 
     @staticmethod
     def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
-        return [("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
-                ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id))]
+        return [
+            ("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
+            ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id)),
+        ]
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
         if stumps:
@@ -190,15 +271,35 @@ class Ledger:
 
     @staticmethod
     def _stump_insert(s: Stump) -> tuple[str, tuple[Any, ...]]:
-        return ("INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
-                " output_tokens, published, replaced_by, created_at, block, block_type)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, enc(s.text), s.chars,
-                 s.output_tokens, int(s.published), s.replaced_by, s.created_at, s.block, s.block_type))
+        return (
+            "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
+            " output_tokens, published, replaced_by, created_at, block, block_type)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                s.id,
+                s.generation_id,
+                s.attempt_id,
+                s.residence,
+                s.scope,
+                s.cause,
+                enc(s.text),
+                s.chars,
+                s.output_tokens,
+                int(s.published),
+                s.replaced_by,
+                s.created_at,
+                s.block,
+                s.block_type,
+            ),
+        )
 
-    async def finish_generation(self, g: Generation, new_stumps: list[Stump],
-                                replaced_output: tuple[str, str] | None = None,
-                                last_attempt: Attempt | None = None) -> None:
+    async def finish_generation(
+        self,
+        g: Generation,
+        new_stumps: list[Stump],
+        replaced_output: tuple[str, str] | None = None,
+        last_attempt: Attempt | None = None,
+    ) -> None:
         """Settle a generation: its status, canonical text, segments and the stumps it leaves.
 
         `last_attempt`, when given, is settled in the same transaction: the attempt and the outcome it
@@ -219,15 +320,20 @@ class Ledger:
 
     async def next_post_seq(self, generation_id: str) -> int:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
-        rows = await self.db.execute_fetchall("SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?",
-                                              (generation_id,))
+        rows = await self.db.execute_fetchall(
+            "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+        )
         return int(rows[0][0])
 
     async def mark_delivered(self, post: Post, message_id: str) -> None:
         post.message_id, post.delivered_at = message_id, time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.
-        await self._tx([("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?",
-                         (message_id, post.delivered_at, post.id)), chain.delivered(post.id, message_id)])
+        await self._tx(
+            [
+                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id)),
+                chain.delivered(post.id, message_id),
+            ]
+        )
 
     # ------------------------------------------------------------------ reads
 
@@ -240,48 +346,99 @@ class Ledger:
 
     async def _generation(self, r: aiosqlite.Row) -> Generation:
         cols = _cols(r)
-        g = Generation(id=cols["id"], residence=cols["residence"], channel=cols["channel"], model=cols["model"],
-                       status=Status(cols["status"]), stop_reason=cols["stop_reason"], text=dec(cols["text"]),
-                       output_tokens=cols["output_tokens"], standing=cols["standing"],
-                       continuation_ended=ContinuationEnd(cols["continuation_ended"]), trigger=cols["trigger"],
-                       seen_upto=cols["seen_upto"],
-                       request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
-                       created_at=cols["created_at"], finished_at=cols["finished_at"])
+        g = Generation(
+            id=cols["id"],
+            residence=cols["residence"],
+            channel=cols["channel"],
+            model=cols["model"],
+            status=Status(cols["status"]),
+            stop_reason=cols["stop_reason"],
+            text=dec(cols["text"]),
+            output_tokens=cols["output_tokens"],
+            standing=cols["standing"],
+            continuation_ended=ContinuationEnd(cols["continuation_ended"]),
+            trigger=cols["trigger"],
+            seen_upto=cols["seen_upto"],
+            request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
+            created_at=cols["created_at"],
+            finished_at=cols["finished_at"],
+        )
         g.attempts = await self._attempts(g.id)
-        g.segments = [Segment(index=s["idx"], attempt_id=s["attempt_id"], stop_reason=s["stop_reason"], chars=s["chars"],
-                              output_tokens=s["output_tokens"], overlap_removed=s["overlap_removed"])
-                      for s in map(_cols, await self.db.execute_fetchall(
-                          "SELECT * FROM segments WHERE generation_id=? ORDER BY idx", (g.id,)))]
-        g.stumps = [_stump(s) for s in await self.db.execute_fetchall(
-            "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid", (g.id,))]
-        g.posts = [_post(p) for p in await self.db.execute_fetchall(
-            "SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))]
+        g.segments = [
+            Segment(
+                index=s["idx"],
+                attempt_id=s["attempt_id"],
+                stop_reason=s["stop_reason"],
+                chars=s["chars"],
+                output_tokens=s["output_tokens"],
+                overlap_removed=s["overlap_removed"],
+            )
+            for s in map(
+                _cols,
+                await self.db.execute_fetchall("SELECT * FROM segments WHERE generation_id=? ORDER BY idx", (g.id,)),
+            )
+        ]
+        g.stumps = [
+            _stump(s)
+            for s in await self.db.execute_fetchall(
+                "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid", (g.id,)
+            )
+        ]
+        g.posts = [
+            _post(p)
+            for p in await self.db.execute_fetchall("SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))
+        ]
         return g
 
     async def _attempts(self, gid: str) -> list[Attempt]:
         blocks: dict[str, list[Block]] = {}
         for r in await self.db.execute_fetchall(
-                "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
-                " ORDER BY b.attempt_id, b.pos", (gid,)):
+            "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
+            " ORDER BY b.attempt_id, b.pos",
+            (gid,),
+        ):
             b = _cols(r)
             blocks.setdefault(b["attempt_id"], []).append(
-                Block(b["idx"], b["type"], dec(b["content"]), json.loads(b["start"]) if b["start"] else None,
-                      json.loads(b["extras"]) if b["extras"] else [], b["text_offset"]))
+                Block(
+                    b["idx"],
+                    b["type"],
+                    dec(b["content"]),
+                    json.loads(b["start"]) if b["start"] else None,
+                    json.loads(b["extras"]) if b["extras"] else [],
+                    b["text_offset"],
+                )
+            )
         out = []
-        for r in await self.db.execute_fetchall("SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid",
-                                                (gid,)):
+        for r in await self.db.execute_fetchall(
+            "SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid", (gid,)
+        ):
             a = _cols(r)
             text = dec(a["text"])
             own = blocks.get(a["id"], [])
             if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
                 own = await self.streamed_blocks(a["id"])
                 text = join_text(own)
-            out.append(Attempt(id=a["id"], generation_id=gid, segment=a["segment"], index=a["idx"], text=text,
-                               outcome=Outcome(a["outcome"]), stop_reason=a["stop_reason"], discard_reason=a["discard_reason"],
-                               error=a["error"], output_tokens=a["output_tokens"], request_id=a["request_id"],
-                               replaced_by=a["replaced_by"], started_at=a["started_at"], ended_at=a["ended_at"],
-                               stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
-                               blocks=own, request_replacements=a["request_replacements"]))
+            out.append(
+                Attempt(
+                    id=a["id"],
+                    generation_id=gid,
+                    segment=a["segment"],
+                    index=a["idx"],
+                    text=text,
+                    outcome=Outcome(a["outcome"]),
+                    stop_reason=a["stop_reason"],
+                    discard_reason=a["discard_reason"],
+                    error=a["error"],
+                    output_tokens=a["output_tokens"],
+                    request_id=a["request_id"],
+                    replaced_by=a["replaced_by"],
+                    started_at=a["started_at"],
+                    ended_at=a["ended_at"],
+                    stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
+                    blocks=own,
+                    request_replacements=a["request_replacements"],
+                )
+            )
         return out
 
     async def streamed_blocks(self, attempt_id: str) -> list[Block]:
@@ -290,7 +447,8 @@ class Ledger:
         Chunks written before blocks were kept (no block named) are the attempt's one text block."""
         rows = await self.db.execute_fetchall(
             "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
-            (attempt_id,))
+            (attempt_id,),
+        )
         parts: dict[int, list[str]] = {}
         out: dict[int, Block] = {}
         for block, btype, start, text in rows:
@@ -310,9 +468,11 @@ class Ledger:
         return join_text(await self.streamed_blocks(attempt_id))
 
     async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        sql = ("SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended,"
-               " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
-               " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g")
+        sql = (
+            "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended,"
+            " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
+            " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
+        )
         params: tuple[Any, ...] = ()
         if residence:
             sql += " WHERE residence=?"
@@ -320,8 +480,7 @@ class Ledger:
         sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
         return [_cols(r) for r in await self.db.execute_fetchall(sql, params + (limit,))]
 
-    async def list_stumps(self, residence: str | None = None, cause: str | None = None,
-                          limit: int = 50) -> list[Stump]:
+    async def list_stumps(self, residence: str | None = None, cause: str | None = None, limit: int = 50) -> list[Stump]:
         sql, params = "SELECT * FROM stumps WHERE 1=1", []
         if residence:
             sql += " AND residence=?"
@@ -333,15 +492,24 @@ class Ledger:
         params.append(limit)
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
-    async def list_stump_meta(self, residence: str | None = None, cause: str | None = None, *, limit: int = 50,
-                              before: str | None = None, channels: Iterable[str] | None = None) -> list[Stump]:
+    async def list_stump_meta(
+        self,
+        residence: str | None = None,
+        cause: str | None = None,
+        *,
+        limit: int = 50,
+        before: str | None = None,
+        channels: Iterable[str] | None = None,
+    ) -> list[Stump]:
         """Stumps newest first, without reading their text (each with text "" and its stored chars).
 
         `before` pages on: only stumps older than that stump (none if it does not exist); `channels`
         keeps only stumps of generations in those channels (an empty collection: none).
         """
-        sql = ("SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
-               " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s")
+        sql = (
+            "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+            " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
+        )
         where: list[str] = []
         params: list[Any] = []
         if channels is not None:
@@ -375,7 +543,7 @@ class Ledger:
         out: dict[str, Post] = {}
         ids = [m for m in message_ids if m]
         for i in range(0, len(ids), 500):
-            part = ids[i:i + 500]
+            part = ids[i : i + 500]
             marks = ",".join("?" * len(part))
             for r in await self.db.execute_fetchall(f"SELECT * FROM posts WHERE message_id IN ({marks})", tuple(part)):
                 p = _post(r)
@@ -400,32 +568,50 @@ class Ledger:
         return await self.get_generation(rows[0][0]) if rows else None
 
     async def unsettled_generations(self) -> list[str]:
-        return [r[0] for r in await self.db.execute_fetchall(
-            "SELECT id FROM generations WHERE status='pending' ORDER BY created_at")]
+        return [
+            r[0]
+            for r in await self.db.execute_fetchall(
+                "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
+            )
+        ]
 
     # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
 
     async def streaming_generations(self) -> list[str]:
         """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
-        return [r[0] for r in await self.db.execute_fetchall(
-            "SELECT DISTINCT g.id FROM generations g JOIN attempts a ON a.generation_id = g.id"
-            " WHERE g.status != 'pending' AND a.outcome = 'streaming' ORDER BY g.created_at, g.rowid")]
+        return [
+            r[0]
+            for r in await self.db.execute_fetchall(
+                "SELECT DISTINCT g.id FROM generations g JOIN attempts a ON a.generation_id = g.id"
+                " WHERE g.status != 'pending' AND a.outcome = 'streaming' ORDER BY g.created_at, g.rowid"
+            )
+        ]
 
     async def generations_without_posts(self) -> list[str]:
         """Settled generations with no post planned: the process stopped between settling and planning."""
-        return [r[0] for r in await self.db.execute_fetchall(
-            "SELECT id FROM generations g WHERE status != 'pending'"
-            " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
-            " ORDER BY created_at, rowid")]
+        return [
+            r[0]
+            for r in await self.db.execute_fetchall(
+                "SELECT id FROM generations g WHERE status != 'pending'"
+                " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
+                " ORDER BY created_at, rowid"
+            )
+        ]
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
-        return [_post(r) for r in await self.db.execute_fetchall(
-            "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
-            " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq", (residence,))]
+        return [
+            _post(r)
+            for r in await self.db.execute_fetchall(
+                "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
+                " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq",
+                (residence,),
+            )
+        ]
 
-    async def recover_generation(self, g: Generation, settled: list[Attempt], new_stumps: list[Stump],
-                                 posts: list[Post]) -> None:
+    async def recover_generation(
+        self, g: Generation, settled: list[Attempt], new_stumps: list[Stump], posts: list[Post]
+    ) -> None:
         """Settle what a stopped process left open, in one transaction: attempts, generation, stumps, posts.
 
         One transaction so a crash during recovery leaves the record as it was, to be recovered again.
@@ -442,22 +628,39 @@ class Ledger:
 
     @staticmethod
     def _generation_settle(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
-        return [("UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
-                 " continuation_ended=?, finished_at=? WHERE id=?",
-                 (g.status, g.stop_reason, enc(g.text), g.chars, g.output_tokens, g.continuation_ended,
-                  g.finished_at, g.id)),
-                ("DELETE FROM segments WHERE generation_id=?", (g.id,))] + [
-                ("INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
-                 (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed))
-                for s in g.segments]
+        return [
+            (
+                "UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
+                " continuation_ended=?, finished_at=? WHERE id=?",
+                (
+                    g.status,
+                    g.stop_reason,
+                    enc(g.text),
+                    g.chars,
+                    g.output_tokens,
+                    g.continuation_ended,
+                    g.finished_at,
+                    g.id,
+                ),
+            ),
+            ("DELETE FROM segments WHERE generation_id=?", (g.id,)),
+        ] + [
+            (
+                "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed),
+            )
+            for s in g.segments
+        ]
 
     @staticmethod
     def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
         if p.replacements is None:
             p.replacements = outbound(p.content)[1]
-        return ("INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
-                " VALUES (?,?,?,?,?,?,?,?,?)", (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel,
-                                                 p.replacements, p.stump_id, p.reason))
+        return (
+            "INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
+            " VALUES (?,?,?,?,?,?,?,?,?)",
+            (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel, p.replacements, p.stump_id, p.reason),
+        )
 
 
 def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
@@ -508,18 +711,39 @@ def _stored(stumps: Iterable[Stump]) -> None:
 def _stump(r: Any) -> Stump:
     """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
     s = _cols(r)
-    return Stump(id=s["id"], generation_id=s["generation_id"], attempt_id=s["attempt_id"], cause=s["cause"],
-                 text=dec(s.get("text")), output_tokens=s["output_tokens"], scope=StumpScope(s["scope"]),
-                 published=bool(s["published"]), replaced_by=s["replaced_by"], created_at=s["created_at"],
-                 residence=s["residence"], stored=True, known_chars=None if "text" in s else s["chars"],
-                 block=s.get("block"), block_type=s.get("block_type"))
+    return Stump(
+        id=s["id"],
+        generation_id=s["generation_id"],
+        attempt_id=s["attempt_id"],
+        cause=s["cause"],
+        text=dec(s.get("text")),
+        output_tokens=s["output_tokens"],
+        scope=StumpScope(s["scope"]),
+        published=bool(s["published"]),
+        replaced_by=s["replaced_by"],
+        created_at=s["created_at"],
+        residence=s["residence"],
+        stored=True,
+        known_chars=None if "text" in s else s["chars"],
+        block=s.get("block"),
+        block_type=s.get("block_type"),
+    )
 
 
 def _post(r: Any) -> Post:
     p = _cols(r)
     content = dec(p["content"])
     replacements = p.get("replacements")
-    return Post(id=p["id"], generation_id=p["generation_id"], seq=p["seq"], kind=PostKind(p["kind"]), content=content,
-                channel=p["channel"], message_id=p["message_id"], delivered_at=p["delivered_at"],
-                replacements=outbound(content)[1] if replacements is None else replacements,
-                stump_id=p.get("stump_id"), reason=PostReason(p["reason"]))
+    return Post(
+        id=p["id"],
+        generation_id=p["generation_id"],
+        seq=p["seq"],
+        kind=PostKind(p["kind"]),
+        content=content,
+        channel=p["channel"],
+        message_id=p["message_id"],
+        delivered_at=p["delivered_at"],
+        replacements=outbound(content)[1] if replacements is None else replacements,
+        stump_id=p.get("stump_id"),
+        reason=PostReason(p["reason"]),
+    )

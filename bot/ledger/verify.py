@@ -5,6 +5,7 @@ records) and checks what the project promises about it: every emitted text kept 
 surfaced once, posts covering each text exactly once, nothing uncompleted posted as speech. It is
 what a load or crash test runs afterwards, and what an operator runs on a production file.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,7 +21,6 @@ from . import chain
 from .store import Ledger, dec
 from .verify_tools import check_tool_calls, joined_upto, round_finals
 
-
 CUT = frozenset({"truncated", "failed", "incomplete"})
 SETTLED = frozenset({"completed", "truncated", "refused", "failed", "incomplete"})
 TEXT_KINDS = frozenset({"speech", "partial"})
@@ -29,14 +29,19 @@ _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 # Room lines that are not a generation's boundary line: the optional retry notice, a declined
 # /continue, a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A post records why it exists (`posts.reason`); its wording is never parsed here.
-_SIDE_NOTICES = frozenset({PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE,
-                           PostReason.KEY_REJECTED})
+_SIDE_NOTICES = frozenset(
+    {PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE, PostReason.KEY_REJECTED}
+)
 # The kinds each reason may be posted as.
 _REASON_KINDS: dict[str, frozenset[str]] = {
-    PostReason.TEXT: TEXT_KINDS, PostReason.RECEIPT: frozenset({"receipt"}),
-    PostReason.NO_TEXT: frozenset({"receipt", "notice"}), PostReason.REFUSAL: frozenset({"notice"}),
-    PostReason.DECLINED_CONTINUE: frozenset({"notice"}), PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
-    PostReason.KEY_REJECTED: frozenset({"notice"}), PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
+    PostReason.TEXT: TEXT_KINDS,
+    PostReason.RECEIPT: frozenset({"receipt"}),
+    PostReason.NO_TEXT: frozenset({"receipt", "notice"}),
+    PostReason.REFUSAL: frozenset({"notice"}),
+    PostReason.DECLINED_CONTINUE: frozenset({"notice"}),
+    PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
+    PostReason.KEY_REJECTED: frozenset({"notice"}),
+    PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 
@@ -44,6 +49,7 @@ _REASON_KINDS: dict[str, frozenset[str]] = {
 @dataclass
 class Report:
     """What `verify` found: violations, plus facts that are not violations by themselves."""
+
     violations: list[str] = field(default_factory=list)
     unsettled: list[str] = field(default_factory=list)  # generations still `pending`
     generations: int = 0
@@ -70,8 +76,12 @@ async def check(ledger: Ledger) -> Report:
     rows = lambda sql: db.execute_fetchall(sql)  # noqa: E731 - a short local alias
     gens = [dict(r) for r in await rows("SELECT * FROM generations ORDER BY created_at, rowid")]
     by_gen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for table, order in (("attempts", "segment, idx, started_at"), ("segments", "idx"),
-                         ("stumps", "created_at, rowid"), ("posts", "seq")):
+    for table, order in (
+        ("attempts", "segment, idx, started_at"),
+        ("segments", "idx"),
+        ("stumps", "created_at, rowid"),
+        ("posts", "seq"),
+    ):
         for r in await rows(f"SELECT * FROM {table} ORDER BY generation_id, {order}"):
             d = dict(r)
             by_gen[d["generation_id"]][table].append(d)
@@ -84,8 +94,10 @@ async def check(ledger: Ledger) -> Report:
     for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
         blocks[r["attempt_id"]].append(dict(r))
     calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in await rows("SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
-                        " ORDER BY generation_id, round, pos"):
+    for r in await rows(
+        "SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
+        " ORDER BY generation_id, round, pos"
+    ):
         calls[r["generation_id"]].append(dict(r))
     rep = Report(generations=len(gens))
     v = rep.violations
@@ -117,9 +129,17 @@ async def check(ledger: Ledger) -> Report:
     return rep
 
 
-def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], attempts: list[dict[str, Any]],
-                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]],
-                      chunks: dict[str, int], rounds: list[str] | None = None) -> None:
+def _check_generation(
+    v: list[str],
+    unsettled: list[str],
+    g: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
+    chunks: dict[str, int],
+    rounds: list[str] | None = None,
+) -> None:
     """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
     gid, status = g["id"], g["status"]
     text = dec(g["text"])
@@ -128,8 +148,10 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
         a["text"] = dec(a["text"])
         if a["outcome"] != "streaming":
             if chunks.get(a["id"]):
-                v.append(f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
-                         "chunk(s) left in attempt_chunks")
+                v.append(
+                    f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
+                    "chunk(s) left in attempt_chunks"
+                )
             if a["chars"] != len(a["text"]):
                 v.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
     for s in stumps:
@@ -148,8 +170,11 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
         v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
     # The status follows from the stop reason by bot.truth's rule (a tool stop the loop did not go on
     # from, or the tool round limit, is incomplete); a failed generation stopped for no reason of the model's.
-    expected = "failed" if status == "failed" and g["stop_reason"] is None else \
-        truth.status_of_outcome(truth.outcome_of_stop(g["stop_reason"]))
+    expected = (
+        "failed"
+        if status == "failed" and g["stop_reason"] is None
+        else truth.status_of_outcome(truth.outcome_of_stop(g["stop_reason"]))
+    )
     if status != expected:
         v.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
     for a in attempts:
@@ -160,8 +185,14 @@ def _check_generation(v: list[str], unsettled: list[str], g: dict[str, Any], att
     _check_posts(v, where, g, text, attempts, segments, stumps, posts, rounds)
 
 
-def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], segments: list[dict[str, Any]],
-                  stumps: list[dict[str, Any]], blocks: dict[str, list[dict[str, Any]]]) -> None:
+def _check_blocks(
+    v: list[str],
+    g: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    blocks: dict[str, list[dict[str, Any]]],
+) -> None:
     """An attempt's text is its text blocks joined; a block stump is its block's content; the non-text
     block a cut attempt stopped in is kept as a stump."""
     where = f"generation {g['id']}"
@@ -171,15 +202,17 @@ def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
         recs = [Block(b["idx"], b["type"], dec(b["content"])) for b in own]
-        for b, rec in zip(own, recs):
+        for b, rec in zip(own, recs, strict=False):
             if b["chars"] != rec.chars:
                 v.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
         if join_text(recs) != a["text"]:
             v.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
-        for b, rec in zip(own, recs):
+        for b, rec in zip(own, recs, strict=False):
             if rec.is_text and b["text_offset"] != rec.offset:
-                v.append(f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
-                         f"not {rec.offset}")
+                v.append(
+                    f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
+                    f"not {rec.offset}"
+                )
         cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
         due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
         held = [s for s in stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
@@ -188,13 +221,22 @@ def _check_blocks(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]
             if not match or match[0].content != s["text"]:
                 v.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
         if cut is not None and due and not any(s["block"] == cut.index for s in held):
-            v.append(f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
-                     f"({cut.chars} characters), which is kept as no stump")
+            v.append(
+                f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
+                f"({cut.chars} characters), which is kept as no stump"
+            )
 
 
-def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, attempts: list[dict[str, Any]],
-                      segments: list[dict[str, Any]], stumps: list[dict[str, Any]],
-                      rounds: list[str] | None = None) -> None:
+def _check_texts_kept(
+    v: list[str],
+    where: str,
+    text: str,
+    g_stop: str | None,
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    rounds: list[str] | None = None,
+) -> None:
     """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly.
 
     With tool `rounds`, the one segment is the rounds' text joined, up to its attempt's round."""
@@ -207,11 +249,11 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
             v.append(f"{where}: segment {s['idx']} names unknown attempt {s['attempt_id']}")
             continue
         in_segment.add(a["id"])
-        added = a["text"][s["overlap_removed"]:]
+        added = a["text"][s["overlap_removed"] :]
         if rounds and s["idx"] == 1:
             added, used = joined_upto(attempts, rounds, a["id"])
             in_segment |= used
-        if s["chars"] != len(added) or text[offset:offset + s["chars"]] != added:
+        if s["chars"] != len(added) or text[offset : offset + s["chars"]] != added:
             v.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
         offset += s["chars"]
     if segments and offset != len(text):
@@ -232,29 +274,38 @@ def _check_texts_kept(v: list[str], where: str, text: str, g_stop: str | None, a
         if a["outcome"] == "abandoned":
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
-                v.append(f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
-                         f"{len(match)} retry-abandoned stumps")
+                v.append(
+                    f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
+                    f"{len(match)} retry-abandoned stumps"
+                )
             for s in match:
                 if s["text"] != a["text"]:
                     v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if s["published"] and not s.get("recovered") and not s.get("shown_live"):  # published only at its resident's request, or shown live
+                if (
+                    s["published"] and not s.get("recovered") and not s.get("shown_live")
+                ):  # published only at its resident's request, or shown live
                     v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
                 if s.get("shown_live") and not s["published"]:
                     v.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
-            v.append(f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
-                     "nor kept as a stump")
+            v.append(
+                f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
+                "nor kept as a stump"
+            )
 
 
-def _check_output_stump(v: list[str], where: str, g: dict[str, Any], text: str, stumps: list[dict[str, Any]],
-                        posts: list[dict[str, Any]]) -> None:
+def _check_output_stump(
+    v: list[str], where: str, g: dict[str, Any], text: str, stumps: list[dict[str, Any]], posts: list[dict[str, Any]]
+) -> None:
     """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
     standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
     cause = truth.stump_cause(g["status"], g["stop_reason"])
     if cause is None or not text:
         if standing:
-            v.append(f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
-                     f"{len(standing)} standing output stump(s)")
+            v.append(
+                f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
+                f"{len(standing)} standing output stump(s)"
+            )
         return
     if len(standing) != 1:
         v.append(f"{where}: {g['status']} text of {len(text)} characters has {len(standing)} standing output stumps")
@@ -273,14 +324,25 @@ def _check_output_stump(v: list[str], where: str, g: dict[str, Any], text: str, 
         v.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
 
 
-def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempts: list[dict[str, Any]],
-                 segments: list[dict[str, Any]], stumps: list[dict[str, Any]], posts: list[dict[str, Any]],
-                 rounds: list[str] | None = None) -> None:
+def _check_posts(
+    v: list[str],
+    where: str,
+    g: dict[str, Any],
+    text: str,
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
+    rounds: list[str] | None = None,
+) -> None:
     status = g["status"]
     # Each /continue that reached the provider is one more settlement with its own posts and receipt;
     # bounded continuation happens inside the first settlement. Tool rounds are never continued.
-    calls = sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1) \
-        if g["standing"] == "on-request" and not rounds else 0
+    calls = (
+        sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1)
+        if g["standing"] == "on-request" and not rounds
+        else 0
+    )
     seqs = [p["seq"] for p in posts]
     if len(set(seqs)) != len(seqs):
         v.append(f"{where}: duplicate post seq numbers")
@@ -306,7 +368,7 @@ def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempt
         v.append(f"{where}: text posts do not cover the text exactly once: {problem}")
     # The first settlement's boundary line: a receipt after posted text; where no text could be posted
     # (none, or only whitespace) the line still stands, alone. Each /continue adds one receipt.
-    first_text = text[:segments[0]["chars"]] if calls and segments else text
+    first_text = text[: segments[0]["chars"]] if calls and segments else text
     first_status = "truncated" if calls else status
     due = first_status in CUT or (first_status == "completed" and len(segments) > 1)
     visible = bool(first_text.strip())
@@ -314,15 +376,27 @@ def _check_posts(v: list[str], where: str, g: dict[str, Any], text: str, attempt
     found = len(receipts) + len(boundary_notices)
     # A refused provider key: the room hears of it at most once per channel per window (delivery.keys),
     # so such a failure with nothing to post may stand with no line at all.
-    withheld = status == "failed" and not visible and not calls and not receipts and not boundary_notices \
-        and bool(attempts) and truth.key_rejected(attempts[-1]["error"])
+    withheld = (
+        status == "failed"
+        and not visible
+        and not calls
+        and not receipts
+        and not boundary_notices
+        and bool(attempts)
+        and truth.key_rejected(attempts[-1]["error"])
+    )
     # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
-    keyless = sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed"
-                  and truth.key_rejected(a["error"])) if calls else 0
+    keyless = (
+        sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed" and truth.key_rejected(a["error"]))
+        if calls
+        else 0
+    )
     if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
-        v.append(f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
-                 f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)")
+        v.append(
+            f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
+            f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)"
+        )
     elif visible and boundary_notices:
         v.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
 
@@ -333,7 +407,7 @@ def _check_line(v: list[str], who: str, p: dict[str, Any]) -> None:
     if len(content) > LIMIT:
         v.append(f"{who}: {len(content)} characters, over the {LIMIT:,} limit")
     if p["kind"] in ("receipt", "notice"):
-        line = content[len(RECEIPT_PREFIX):] if content.startswith(RECEIPT_PREFIX) else content
+        line = content[len(RECEIPT_PREFIX) :] if content.startswith(RECEIPT_PREFIX) else content
         if len(line) > truth.MAX_LINE:
             v.append(f"{who}: {p['kind']} of {len(line)} characters, over {truth.MAX_LINE}")
         if _SECOND_PERSON.search(line):
@@ -397,8 +471,12 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
     for k, ch in enumerate(body):
         if i < n and text[i] == ch:
             i += 1
-        elif ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1) \
-                and text.startswith("-# ", i):
+        elif (
+            ch == "\\"
+            and (k == 0 or body[k - 1] == "\n")
+            and body.startswith("-# ", k + 1)
+            and text.startswith("-# ", i)
+        ):
             continue
         else:
             return None

@@ -4,6 +4,7 @@ Read cold from raw rows, like the rest of `verify`: each recorded tool call was 
 attempt of its round, which stopped at `tool_use`, and was answered by a next round; a generation
 with tool calls has one segment, whose text is its rounds' text joined by a paragraph break.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,9 @@ def joined_upto(attempts: list[dict[str, Any]], rounds: list[str], attempt_id: s
     return TEXT_JOIN.join(dec(a["text"]) for a in used if dec(a["text"])), {a["id"] for a in used}
 
 
-def check_tool_calls(v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]],
-                     calls: list[dict[str, Any]]) -> None:
+def check_tool_calls(
+    v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], calls: list[dict[str, Any]]
+) -> None:
     """Each call was made by its round's last attempt, stopped at tool_use, and a next round answered it."""
     if not calls or g["status"] == "pending":
         return
@@ -47,10 +49,14 @@ def check_tool_calls(v: list[str], g: dict[str, Any], attempts: list[dict[str, A
             v.append(f"{where}: tool call {c['round']}.{c['pos']} names unknown attempt {c['attempt_id']}")
             continue
         if a["segment"] != c["round"] or a["id"] not in rounds:
-            v.append(f"{where}: tool call {c['round']}.{c['pos']} was not made by the last attempt of round {c['round']}")
+            v.append(
+                f"{where}: tool call {c['round']}.{c['pos']} was not made by the last attempt of round {c['round']}"
+            )
         if a["stop_reason"] != truth.TOOL_USE or a["outcome"] != "completed":
-            v.append(f"{where}: tool call {c['round']}.{c['pos']} made by attempt {a['id']}, which is "
-                     f"{a['outcome']} ({a['stop_reason']}), not a completed tool_use round")
+            v.append(
+                f"{where}: tool call {c['round']}.{c['pos']} made by attempt {a['id']}, which is "
+                f"{a['outcome']} ({a['stop_reason']}), not a completed tool_use round"
+            )
         if c["round"] + 1 not in segments and g["stop_reason"] != truth.INTERRUPTED:
             v.append(f"{where}: tool call {c['round']}.{c['pos']} was never answered by a round {c['round'] + 1}")
     called = sorted({c["round"] for c in calls})

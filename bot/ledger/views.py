@@ -1,4 +1,5 @@
 """Readable forms of ledger records, shared by the CLI and the moderators' slash commands."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +11,6 @@ from .. import truth
 from ..records import Block, Generation, Post, Stump, ToolCall
 from . import chain
 from .chain import Entry
-
 
 # A Discord message link: https://discord.com/channels/GUILD/CHANNEL/MESSAGE (or @me for a DM).
 MESSAGE_LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
@@ -24,7 +24,7 @@ def message_id_of(ref: str) -> str | None:
 
 
 def when(ts: float | None) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
 def tokens(n: int | None) -> str:
@@ -34,21 +34,27 @@ def tokens(n: int | None) -> str:
 def generation_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no generations"
-    head = f"{'id':<15} {'when (UTC)':<19} {'residence':<12} {'status':<10} {'stop':<14} {'chars':>8} {'tokens':>8} " \
-           f"{'att':>3} {'stumps':>6}  continuation"
+    head = (
+        f"{'id':<15} {'when (UTC)':<19} {'residence':<12} {'status':<10} {'stop':<14} {'chars':>8} {'tokens':>8} "
+        f"{'att':>3} {'stumps':>6}  continuation"
+    )
     lines = [head]
     for r in rows:
-        lines.append(f"{r['id']:<15} {when(r['created_at']):<19} {r['residence'][:12]:<12} {r['status']:<10} "
-                     f"{(r['stop_reason'] or '-')[:14]:<14} {r['chars']:>8,} {tokens(r['output_tokens']):>8} "
-                     f"{r['attempts']:>3} {r['stumps']:>6}  {r['continuation_ended']}")
+        lines.append(
+            f"{r['id']:<15} {when(r['created_at']):<19} {r['residence'][:12]:<12} {r['status']:<10} "
+            f"{(r['stop_reason'] or '-')[:14]:<14} {r['chars']:>8,} {tokens(r['output_tokens']):>8} "
+            f"{r['attempts']:>3} {r['stumps']:>6}  {r['continuation_ended']}"
+        )
     return "\n".join(lines)
 
 
 def stump_line(s: Stump) -> str:
-    return (f"{s.id}  {s.cause:<16} {s.chars:>7,} chars  {tokens(s.output_tokens):>7} tokens  "
-            + (f"{s.block_type} block #{s.block}  " if s.scope == "block" else "")
-            + f"{'published' if s.published else 'unpublished':<11}  {when(s.created_at)}  {s.residence}"
-            + (f"  replaced by {s.replaced_by}" if s.replaced_by else ""))
+    return (
+        f"{s.id}  {s.cause:<16} {s.chars:>7,} chars  {tokens(s.output_tokens):>7} tokens  "
+        + (f"{s.block_type} block #{s.block}  " if s.scope == "block" else "")
+        + f"{'published' if s.published else 'unpublished':<11}  {when(s.created_at)}  {s.residence}"
+        + (f"  replaced by {s.replaced_by}" if s.replaced_by else "")
+    )
 
 
 def stump_table(stumps: list[Stump]) -> str:
@@ -57,41 +63,56 @@ def stump_table(stumps: list[Stump]) -> str:
 
 def block_list(blocks: list[Block]) -> str:
     """An attempt's content blocks by index, type and size (and a text block's span), never their content."""
-    return " · ".join(f"#{b.index} {b.type} {b.chars:,} chars"
-                      + (f" [{b.offset:,}–{b.offset + b.chars:,}]" if b.offset is not None and b.is_text else "")
-                      for b in blocks)
+    return " · ".join(
+        f"#{b.index} {b.type} {b.chars:,} chars"
+        + (f" [{b.offset:,}–{b.offset + b.chars:,}]" if b.offset is not None and b.is_text else "")
+        for b in blocks
+    )
 
 
 def tool_round_line(c: ToolCall) -> str:
     """One tool call by round, name, action and verdict: never its result (a `read` result is stump text)."""
     action = c.input.get("action") if isinstance(c.input, dict) else None
-    return (f"  round {c.round}.{c.pos + 1} {c.name}" + (f" {action}" if isinstance(action, str) else "")
-            + f" by {c.attempt_id}: {'error' if c.is_error else 'ok'}")
+    return (
+        f"  round {c.round}.{c.pos + 1} {c.name}"
+        + (f" {action}" if isinstance(action, str) else "")
+        + f" by {c.attempt_id}: {'error' if c.is_error else 'ok'}"
+    )
 
 
 def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     """A generation's provenance without any of its text: what moderators and operators inspect first."""
-    lines = [f"generation {g.id} · {g.residence} · {g.model}",
-             f"status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · {tokens(g.output_tokens)} tokens",
-             f"continuation: standing {g.standing}, ended {truth.continuation_ended_words(g.continuation_ended, g.standing)}",
-             f"created {when(g.created_at)} UTC, settled {when(g.finished_at)} UTC",
-             "attempts:"]
+    lines = [
+        f"generation {g.id} · {g.residence} · {g.model}",
+        f"status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · {tokens(g.output_tokens)} tokens",
+        f"continuation: standing {g.standing}, ended {truth.continuation_ended_words(g.continuation_ended, g.standing)}",
+        f"created {when(g.created_at)} UTC, settled {when(g.finished_at)} UTC",
+        "attempts:",
+    ]
     for a in g.attempts:
         why = a.stop_reason or a.discard_reason or a.error or "-"
-        lines.append(f"  {a.id} seg {a.segment} #{a.index} {a.outcome:<10} {why:<16} {a.chars:>7,} chars "
-                     f"{tokens(a.output_tokens):>7} tokens" + (f" error {a.error}" if a.error and a.error != why else "")
-                     + (f" → {a.replaced_by}" if a.replaced_by else "")
-                     + (f" ({a.stop_details.get('category')})" if a.stop_details and a.stop_details.get("category") else "")
-                     + (f" · request: {a.request_replacements} lone surrogate(s) sent as U+FFFD"
-                        if a.request_replacements else ""))
+        lines.append(
+            f"  {a.id} seg {a.segment} #{a.index} {a.outcome:<10} {why:<16} {a.chars:>7,} chars "
+            f"{tokens(a.output_tokens):>7} tokens"
+            + (f" error {a.error}" if a.error and a.error != why else "")
+            + (f" → {a.replaced_by}" if a.replaced_by else "")
+            + (f" ({a.stop_details.get('category')})" if a.stop_details and a.stop_details.get("category") else "")
+            + (
+                f" · request: {a.request_replacements} lone surrogate(s) sent as U+FFFD"
+                if a.request_replacements
+                else ""
+            )
+        )
         blocks = a.content_blocks()
         if len(blocks) > 1 or any(not b.is_text for b in blocks):
             lines.append("    blocks: " + block_list(blocks))
     if g.segments:
         lines.append("segments:")
         for s in g.segments:
-            lines.append(f"  {s.index}: {s.attempt_id} stop {s.stop_reason or 'none'} +{s.chars:,} chars "
-                         f"{tokens(s.output_tokens)} tokens, overlap removed {s.overlap_removed}")
+            lines.append(
+                f"  {s.index}: {s.attempt_id} stop {s.stop_reason or 'none'} +{s.chars:,} chars "
+                f"{tokens(s.output_tokens)} tokens, overlap removed {s.overlap_removed}"
+            )
     if calls:
         lines.append("tool rounds:")
         lines += [tool_round_line(c) for c in calls]
@@ -122,19 +143,28 @@ def _entry_line(entry: Entry | None, now: dict[str, Any]) -> list[str]:
     return lines
 
 
-def post_provenance(message_id: str, post: Post, g: Generation | None, closes: list[Post],
-                    entries: dict[tuple[str, str], Entry], head: tuple[int, str]) -> list[str]:
+def post_provenance(
+    message_id: str,
+    post: Post,
+    g: Generation | None,
+    closes: list[Post],
+    entries: dict[tuple[str, str], Entry],
+    head: tuple[int, str],
+) -> list[str]:
     """What any witness of a post may know of it: metadata and hashes, never any text (no stump, no reasoning).
 
     `entries` maps (kind, record id) to the latest chain entry of that record; `closes` are the text posts
     a receipt closes (`chain.closed_by`); `head` is the chain's last entry (sequence number, hash).
     """
+
     def post_lines(p: Post, label: str, indent: str = "  ") -> list[str]:
         now = chain.post_payload(p)
         out = [f"sha256 {chain.sent_sha256(p.content)}"]
         if "sent_sha256" in now:
-            out.append(f"sha256 of the exact text in the ledger {now['content_sha256']} "
-                       f"({p.replacements} lone surrogate(s) posted as U+FFFD)")
+            out.append(
+                f"sha256 of the exact text in the ledger {now['content_sha256']} "
+                f"({p.replacements} lone surrogate(s) posted as U+FFFD)"
+            )
         out += [line.strip() for line in _entry_line(entries.get(("post", p.id)), now)]
         sent = entries.get(("delivered", p.id))
         if sent is not None:
@@ -146,21 +176,28 @@ def post_provenance(message_id: str, post: Post, g: Generation | None, closes: l
     if post.kind == "receipt":
         lines.append(truth.provenance_closes(len(closes)))
         for p in closes:
-            lines += post_lines(p, f"  {p.kind} post {p.seq} · message {p.message_id or 'not delivered'} · "
-                                   f"{len(p.content):,} chars", indent="    ")
+            lines += post_lines(
+                p,
+                f"  {p.kind} post {p.seq} · message {p.message_id or 'not delivered'} · {len(p.content):,} chars",
+                indent="    ",
+            )
     if g is not None:
-        lines += [f"generation {g.id} · {g.residence} · {g.model}",
-                  f"  status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · "
-                  f"{tokens(g.output_tokens)} tokens",
-                  f"  canonical text sha256 {chain.sha256_text(g.text)}"]
+        lines += [
+            f"generation {g.id} · {g.residence} · {g.model}",
+            f"  status {g.status} · stop {g.stop_reason or 'none'} · {g.chars:,} chars · "
+            f"{tokens(g.output_tokens)} tokens",
+            f"  canonical text sha256 {chain.sha256_text(g.text)}",
+        ]
         lines += _entry_line(entries.get(("generation", g.id)), chain.generation_payload(g))
         lines.append(f"attempts ({len(g.attempts)}):")
         for a in g.attempts:
             cause = a.stop_reason or a.discard_reason or "-"
             entry = entries.get(("attempt", a.id))
-            lines.append(f"  {a.id} seg {a.segment} #{a.index} {a.outcome} · {cause}"
-                         + (f" ({a.error})" if a.error and a.error != cause else "")
-                         + f" · {a.chars:,} chars · {tokens(a.output_tokens)} tokens"
-                         + (f" · entry {entry.seq}" if entry is not None else ""))
+            lines.append(
+                f"  {a.id} seg {a.segment} #{a.index} {a.outcome} · {cause}"
+                + (f" ({a.error})" if a.error and a.error != cause else "")
+                + f" · {a.chars:,} chars · {tokens(a.output_tokens)} tokens"
+                + (f" · entry {entry.seq}" if entry is not None else "")
+            )
     lines += [f"ledger chain: {head[0]:,} entries, head {head[1]}", truth.PROVENANCE_HASHES]
     return lines

@@ -7,6 +7,7 @@ Like the real API it can demand a key (`api_keys`: any other key is answered 401
 models at `GET /v1/models`; with `models=False` that endpoint is missing (404), as on servers
 that only speak `POST /v1/messages`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +20,20 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
-               500: "api_error", 502: "api_error", 503: "api_error", 504: "timeout_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "api_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 
 
 def error_body(status: int, message: str | None = None) -> dict[str, Any]:
@@ -33,6 +44,7 @@ def error_body(status: int, message: str | None = None) -> dict[str, Any]:
 @dataclass
 class Call:
     """One recorded provider answer."""
+
     sse: bytes | None = None
     end: Literal["clean", "drop", "stall"] = "clean"
     status: int | None = None
@@ -47,8 +59,14 @@ Responder = Callable[[dict[str, Any]], Call | None]
 
 
 class ProviderServer:
-    def __init__(self, responder: Responder | None = None, *, api_keys: set[str] | None = None,
-                 models: bool = True, reject_status: int = 401) -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        api_keys: set[str] | None = None,
+        models: bool = True,
+        reject_status: int = 401,
+    ) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
         self.responder = responder
@@ -100,15 +118,22 @@ class ProviderServer:
         if call.status is not None and call.status != 200:
             payload = call.body if call.body is not None else error_body(call.status)
             return _json(call.status, payload, {"request-id": rid, **call.headers})
-        resp = web.StreamResponse(status=200, headers={"content-type": "text/event-stream", "request-id": rid,
-                                                       "cache-control": "no-cache", **call.headers})
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                "content-type": "text/event-stream",
+                "request-id": rid,
+                "cache-control": "no-cache",
+                **call.headers,
+            },
+        )
         await resp.prepare(request)
         data = call.sse or b""
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
                 if i and call.chunk_delay > 0:
                     await asyncio.sleep(call.chunk_delay)
-                await resp.write(data[i:i + call.chunk_bytes])
+                await resp.write(data[i : i + call.chunk_bytes])
         elif data:
             await resp.write(data)
         if call.end == "stall":
@@ -133,8 +158,11 @@ class ProviderServer:
     def _reject(self) -> web.Response:
         self.rejected += 1
         message = "invalid x-api-key" if self.reject_status == 401 else "this key has no permission for this request"
-        return _json(self.reject_status, error_body(self.reject_status, message),
-                     {"request-id": f"req_local_{uuid.uuid4().hex[:16]}"})
+        return _json(
+            self.reject_status,
+            error_body(self.reject_status, message),
+            {"request-id": f"req_local_{uuid.uuid4().hex[:16]}"},
+        )
 
     async def _models(self, request: web.Request) -> web.Response:
         """`GET /v1/models`: one page of the models list, as the real API pages it; 404 with models=False."""
@@ -143,8 +171,14 @@ class ProviderServer:
             return _json(404, error_body(404, "Not found"))
         if not self._key_accepted(request):
             return self._reject()
-        data = [{"type": "model", "id": "claude-sonnet-4-5", "display_name": "Claude Sonnet 4.5",
-                 "created_at": "2025-09-29T00:00:00Z"}]
+        data = [
+            {
+                "type": "model",
+                "id": "claude-sonnet-4-5",
+                "display_name": "Claude Sonnet 4.5",
+                "created_at": "2025-09-29T00:00:00Z",
+            }
+        ]
         try:
             limit = max(1, min(1000, int(request.query.get("limit", "20"))))
         except ValueError:
@@ -154,5 +188,8 @@ class ProviderServer:
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps(payload).encode(),
-                        headers={"content-type": "application/json", **(headers or {})})
+    return web.Response(
+        status=status,
+        body=json.dumps(payload).encode(),
+        headers={"content-type": "application/json", **(headers or {})},
+    )

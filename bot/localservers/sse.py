@@ -1,4 +1,5 @@
 """Anthropic's streaming wire format, written out: for scripted replies and fault fixtures."""
+
 from __future__ import annotations
 
 import json
@@ -14,25 +15,43 @@ def event(name: str, data: dict[str, Any]) -> bytes:
 
 
 def head(model: str, input_tokens: int = 10, message_id: str = "msg_local") -> bytes:
-    return (event("message_start", {"type": "message_start", "message": {
-        "id": message_id, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 1}}})
-        + event("content_block_start", {"type": "content_block_start", "index": 0,
-                                        "content_block": {"type": "text", "text": ""}}))
+    return event(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+            },
+        },
+    ) + event(
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    )
 
 
 def delta(text: str) -> bytes:
-    return event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                         "delta": {"type": "text_delta", "text": text}})
+    return event(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+    )
 
 
 def tail(stop_reason: str | None, output_tokens: int, stop_details: dict[str, Any] | None = None) -> bytes:
     d: dict[str, Any] = {"stop_reason": stop_reason, "stop_sequence": None}
     if stop_details is not None:
         d["stop_details"] = stop_details
-    return (event("content_block_stop", {"type": "content_block_stop", "index": 0})
-            + event("message_delta", {"type": "message_delta", "delta": d, "usage": {"output_tokens": output_tokens}})
-            + event("message_stop", {"type": "message_stop"}))
+    return (
+        event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        + event("message_delta", {"type": "message_delta", "delta": d, "usage": {"output_tokens": output_tokens}})
+        + event("message_stop", {"type": "message_stop"})
+    )
 
 
 def error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
@@ -40,11 +59,17 @@ def error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
 
 
 def pieces(text: str, size: int = 12) -> list[str]:
-    return [text[i:i + size] for i in range(0, len(text), size)] or []
+    return [text[i : i + size] for i in range(0, len(text), size)] or []
 
 
-def stream(text: str, stop_reason: str | None = "end_turn", output_tokens: int | None = None,
-           model: str = "claude-3-opus-20240229", size: int = 12, finish: bool = True) -> bytes:
+def stream(
+    text: str,
+    stop_reason: str | None = "end_turn",
+    output_tokens: int | None = None,
+    model: str = "claude-3-opus-20240229",
+    size: int = 12,
+    finish: bool = True,
+) -> bytes:
     """A whole recorded-style stream for `text`; `finish=False` leaves out the stop events."""
     body = head(model) + b"".join(delta(p) for p in pieces(text, size))
     if finish:
@@ -62,25 +87,49 @@ def text_of(raw: bytes) -> str:
                     d = json.loads(line[6:])
                 except ValueError:
                     continue
-                if isinstance(d, dict) and d.get("type") == "content_block_delta" \
-                        and d.get("delta", {}).get("type") == "text_delta":
+                if (
+                    isinstance(d, dict)
+                    and d.get("type") == "content_block_delta"
+                    and d.get("delta", {}).get("type") == "text_delta"
+                ):
                     out.append(d["delta"]["text"])
     return "".join(out)
 
 
-def tool_use_stream(text: str, tool_id: str, name: str, input_json: str, output_tokens: int = 40,
-                    model: str = "claude-3-opus-20240229", stop_reason: str | None = "tool_use", size: int = 12) -> bytes:
+def tool_use_stream(
+    text: str,
+    tool_id: str,
+    name: str,
+    input_json: str,
+    output_tokens: int = 40,
+    model: str = "claude-3-opus-20240229",
+    stop_reason: str | None = "tool_use",
+    size: int = 12,
+) -> bytes:
     """A recorded-style answer that says `text` (if any), then calls tool `name` with `input_json` as streamed."""
     body = head(model) + b"".join(delta(p) for p in pieces(text, size)) if text else head(model)
     body += event("content_block_stop", {"type": "content_block_stop", "index": 0})
-    body += event("content_block_start", {"type": "content_block_start", "index": 1, "content_block": {
-        "type": "tool_use", "id": tool_id, "name": name, "input": {}}})
+    body += event(
+        "content_block_start",
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": tool_id, "name": name, "input": {}},
+        },
+    )
     for p in [""] + pieces(input_json, size):
-        body += event("content_block_delta", {"type": "content_block_delta", "index": 1,
-                                              "delta": {"type": "input_json_delta", "partial_json": p}})
+        body += event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": p}},
+        )
     body += event("content_block_stop", {"type": "content_block_stop", "index": 1})
     if stop_reason is not None or output_tokens:
-        body += event("message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
-                                                                          "stop_sequence": None},
-                                        "usage": {"output_tokens": output_tokens}})
+        body += event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            },
+        )
     return body + event("message_stop", {"type": "message_stop"})

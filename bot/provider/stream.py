@@ -8,6 +8,7 @@ Every content block is kept, in order, with its declared type: only a block whos
 `text` is reply text, whatever deltas other blocks carry. What leaves in the request body is valid
 UTF-8 (`bot.text.outbound`).
 """
+
 from __future__ import annotations
 
 import email.utils
@@ -95,6 +96,7 @@ def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | N
 
 class _Open:
     """A content block while it streams: its content in the pieces it arrived in."""
+
     __slots__ = ("index", "type", "start", "parts", "extras", "feeds", "written", "on_disk")
 
     def __init__(self, index: int, btype: str, start: dict[str, Any] | None) -> None:
@@ -171,8 +173,9 @@ class ListSink(BlockSink):
 
 def make_client(base_url: str | None, api_key: str | None, timeout: float = 600.0) -> anthropic.AsyncAnthropic:
     """The SDK client with its hidden retries off: each provider call must be an attempt we record."""
-    return anthropic.AsyncAnthropic(base_url=base_url, api_key=api_key or "local", max_retries=0,
-                                    timeout=call_timeout(timeout))
+    return anthropic.AsyncAnthropic(
+        base_url=base_url, api_key=api_key or "local", max_retries=0, timeout=call_timeout(timeout)
+    )
 
 
 def call_timeout(seconds: float) -> httpx2.Timeout:
@@ -180,8 +183,9 @@ def call_timeout(seconds: float) -> httpx2.Timeout:
     return httpx2.Timeout(seconds, connect=min(seconds, 10.0))
 
 
-async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: BlockSink,
-                      timeout: float | None = None) -> StreamEnd:
+async def stream_once(
+    client: anthropic.AsyncAnthropic, request: dict[str, Any], sink: BlockSink, timeout: float | None = None
+) -> StreamEnd:
     """One call; `timeout` (the residence's `retries.timeout_seconds`) overrides the client's for this call."""
     end = StreamEnd()
     try:
@@ -190,7 +194,9 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
             log.warning("request body carried %d lone surrogate(s); sent as U+FFFD", end.request_replacements)
         # Sampling settings the installed SDK's signature may not name travel in the body as they are.
         params = {k: v for k, v in request.items() if k != "temperature"}
-        extra: dict[str, Any] = {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
+        extra: dict[str, Any] = (
+            {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
+        )
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)
         stream = await client.messages.create(**params, **extra, stream=True)
@@ -251,8 +257,11 @@ async def stream_once(client: anthropic.AsyncAnthropic, request: dict[str, Any],
                 else:
                     continue
             except (AttributeError, TypeError, KeyError, ValueError) as e:
-                what = "an event whose data is not a JSON object" if not hasattr(ev, "type") else \
-                    f"a {getattr(ev, 'type', '?')} event of the wrong shape"
+                what = (
+                    "an event whose data is not a JSON object"
+                    if not hasattr(ev, "type")
+                    else f"a {getattr(ev, 'type', '?')} event of the wrong shape"
+                )
                 raise MalformedEvent(f"{what}: {e}") from None
             await sink.flush()
     except Exception as e:

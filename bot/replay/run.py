@@ -4,28 +4,27 @@ The real SDK talks to the local provider server; generation, ledger and delivery
 bot's own code. The one difference from production is the room: posts are collected, and the
 room's history is the scenario's turns.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from .. import truth
 from ..context import RoomMessage
 from ..context.compile import notes_after
 from ..generation.attempts import AttemptRunner
-from ..records import Post
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..ledger.access import tool_calls_of
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
+from ..records import Post
 from ..resident import Resident
 from ..text import outbound
 from .scenario import Scenario
-
 
 CHANNEL = "replay"
 
@@ -88,21 +87,36 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                         gj = {**g.as_json(), "tool_rounds": [c.as_json() for c in await tool_calls_of(ledger, g.id)]}
                     new = [a.id for a in g.attempts if a.id not in made] if g is not None else []
                     made.update(new)
-                    turns.append({
-                        "generation": gj,
-                        "attempts_this_turn": len(new),
-                        # what the resident's next request shows after this output (its words are shown as posted)
-                        "resident_sees": notes_after(g, sc.residence.policy.stumps.resident_reads_own) if g is not None else [],
-                        "posts": [{"kind": p.kind, "content": p.content, "id": p.id, "message_id": p.message_id,
-                                   "replacements": p.replacements}
-                                  for p in room.sent[first:]],
-                        "requests": list(server.requests),
-                        "provider_calls": len(server.requests),
-                        **({"declined": reply.declined} if reply.declined else {}),
-                    })
+                    turns.append(
+                        {
+                            "generation": gj,
+                            "attempts_this_turn": len(new),
+                            # what the resident's next request shows after this output (its words are shown as posted)
+                            "resident_sees": notes_after(g, sc.residence.policy.stumps.resident_reads_own)
+                            if g is not None
+                            else [],
+                            "posts": [
+                                {
+                                    "kind": p.kind,
+                                    "content": p.content,
+                                    "id": p.id,
+                                    "message_id": p.message_id,
+                                    "replacements": p.replacements,
+                                }
+                                for p in room.sent[first:]
+                            ],
+                            "requests": list(server.requests),
+                            "provider_calls": len(server.requests),
+                            **({"declined": reply.declined} if reply.declined else {}),
+                        }
+                    )
                 stumps = [{**s.meta(), "text": s.text} for s in await ledger.list_stumps(limit=1_000_000)]
-                return {"residence": sc.residence.name, "db": None if tmp else db_path, "turns": turns,
-                        "stumps": stumps}
+                return {
+                    "residence": sc.residence.name,
+                    "db": None if tmp else db_path,
+                    "turns": turns,
+                    "stumps": stumps,
+                }
             finally:
                 await client.close()
     finally:
@@ -118,7 +132,7 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
 def transcript(result: dict[str, Any], sc: Scenario) -> str:
     """The readable form: the room as people would read it, and one line per generation."""
     lines: list[str] = []
-    for t, turn in zip(sc.turns, result["turns"]):
+    for t, turn in zip(sc.turns, result["turns"], strict=False):
         if t.say is not None:
             lines.append(f"[{t.say.author}] {t.say.content}")
         else:
@@ -132,24 +146,31 @@ def transcript(result: dict[str, Any], sc: Scenario) -> str:
             n, total = turn["attempts_this_turn"], len(g["attempts"])
             attempts = f"{n} attempt(s)" + (f" this turn ({total} in all)" if n != total else "")
             ended = truth.continuation_ended_words(g["continuation"]["ended"], g["continuation"]["standing"])
-            lines.append(f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
-                         f"{attempts}, {len(g['segments'])} segment(s), continuation {ended}; "
-                         f"provider calls {turn['provider_calls']}")
+            lines.append(
+                f"  ↳ generation {g['id']}: {g['status']} ({stop}), {g['chars']:,} chars, {tok}, "
+                f"{attempts}, {len(g['segments'])} segment(s), continuation {ended}; "
+                f"provider calls {turn['provider_calls']}"
+            )
             for note in turn["resident_sees"]:
                 lines.append(f"  ↳ {result['residence']} sees after it next time: {note}")
             for c in g.get("tool_rounds", []):
                 verdict = "error" if c["is_error"] else "ok"
-                lines.append(f"    tool round {c['round']}: {c['name']} {json.dumps(c['input'], ensure_ascii=False)}"
-                             f" → {verdict}")
+                lines.append(
+                    f"    tool round {c['round']}: {c['name']} {json.dumps(c['input'], ensure_ascii=False)} → {verdict}"
+                )
             for a in g["attempts"]:
                 blocks = a.get("blocks") or []
                 if len(blocks) > 1 or any(b["type"] != "text" for b in blocks):
-                    lines.append(f"    attempt {a['id']} blocks: " + " · ".join(
-                        f"#{b['index']} {b['type']} {b['chars']:,} chars" for b in blocks))
+                    lines.append(
+                        f"    attempt {a['id']} blocks: "
+                        + " · ".join(f"#{b['index']} {b['type']} {b['chars']:,} chars" for b in blocks)
+                    )
         lines.append("")
     if result["stumps"]:
         lines.append("stumps:")
         for s in result["stumps"]:
-            lines.append(f"  {s['id']} {s['cause']} {s['chars']:,} chars, "
-                         f"{'published' if s['published'] else 'not published'} (generation {s['generation_id']})")
+            lines.append(
+                f"  {s['id']} {s['cause']} {s['chars']:,} chars, "
+                f"{'published' if s['published'] else 'not published'} (generation {s['generation_id']})"
+            )
     return "\n".join(lines)

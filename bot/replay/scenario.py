@@ -2,6 +2,7 @@
 
 Everything is checked before anything runs, so a bad scenario exits 2 with nothing in the ledger.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ class CallSpec(Strict):
         return data
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "CallSpec":
+    def _one_kind(self) -> CallSpec:
         if (self.sse is None) == (self.status is None):
             raise ValueError("a call needs exactly one of `sse` (a recorded stream) or `status` (an HTTP error)")
         return self
@@ -48,7 +49,7 @@ class Turn(Strict):
     calls: list[CallSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _one_action(self) -> "Turn":
+    def _one_action(self) -> Turn:
         if (self.say is None) == (not self.continue_):
             raise ValueError("a turn needs exactly one of `say` or `continue: true`")
         return self
@@ -109,12 +110,14 @@ def _residence(res_data: Any, path: Path, node: Any, base: Path) -> Residence:
     """The scenario's residence: a name under residences/ or an inline mapping."""
     if isinstance(res_data, str):
         from ..config import load_residence
+
         try:
             return load_residence(res_data, base)
         except ConfigError as e:
             if e.message == "file not found":
-                raise ConfigError(path, "residence", f"no residence named {res_data!r} ({e.file})",
-                                  line_of(node, ("residence",))) from None
+                raise ConfigError(
+                    path, "residence", f"no residence named {res_data!r} ({e.file})", line_of(node, ("residence",))
+                ) from None
             raise
     return build_residence(res_data, path, node, base, prefix=("residence",))
 
@@ -126,6 +129,8 @@ def _call(c: CallSpec, path: Path, node: Any, loc: tuple) -> Call:
             raw = sse_path.read_bytes()
         except OSError as e:
             reason = "file not found" if isinstance(e, FileNotFoundError) else f"cannot be read ({e.strerror})"
-            raise ConfigError(path, dotted(loc + ("sse",)), f"{reason}: {sse_path}", line_of(node, loc + ("sse",))) from None
+            raise ConfigError(
+                path, dotted(loc + ("sse",)), f"{reason}: {sse_path}", line_of(node, loc + ("sse",))
+            ) from None
         return Call(sse=raw, end=c.end, headers=dict(c.headers or {}))
     return Call(status=c.status, headers=dict(c.headers or {}), body=c.body, end=c.end)

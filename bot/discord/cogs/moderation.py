@@ -9,6 +9,7 @@ lets moderators read stumps and its resident left the stump's access at `moderat
 is recorded as a read, and the text never reaches the room from here. Failures are answered by the
 tree's error handler (`checks.on_app_command_error`).
 """
+
 from __future__ import annotations
 
 import re
@@ -20,14 +21,13 @@ from discord.ext import commands
 
 from ... import truth
 from ...delivery import split_text
-from ...records import Generation
 from ...ledger import views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
+from ...records import Generation
 from ...text import outbound
 from ..app import ResidentBot, names_channel
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
-
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
@@ -49,12 +49,24 @@ def stump_pages(head: list[str], text: str | None) -> list[str]:
 
 
 class Moderation(commands.Cog):
-    stumps = app_commands.Group(name="stumps", description="Texts that exist but were not published as speech",
-                                default_permissions=discord.Permissions(manage_messages=True), guild_only=True)
-    generation = app_commands.Group(name="generation", description="Provenance of a resident's output",
-                                    default_permissions=discord.Permissions(manage_messages=True), guild_only=True)
-    policy = app_commands.Group(name="policy", description="A resident's policy",
-                                default_permissions=discord.Permissions(manage_messages=True), guild_only=True)
+    stumps = app_commands.Group(
+        name="stumps",
+        description="Texts that exist but were not published as speech",
+        default_permissions=discord.Permissions(manage_messages=True),
+        guild_only=True,
+    )
+    generation = app_commands.Group(
+        name="generation",
+        description="Provenance of a resident's output",
+        default_permissions=discord.Permissions(manage_messages=True),
+        guild_only=True,
+    )
+    policy = app_commands.Group(
+        name="policy",
+        description="A resident's policy",
+        default_permissions=discord.Permissions(manage_messages=True),
+        guild_only=True,
+    )
 
     def __init__(self, bot: ResidentBot) -> None:
         self.bot = bot
@@ -73,8 +85,9 @@ class Moderation(commands.Cog):
             await interaction.followup.send(page, ephemeral=True, allowed_mentions=discord.AllowedMentions.none())
 
     async def _say(self, interaction: discord.Interaction, text: str) -> None:
-        await interaction.response.send_message(outbound(text)[0], ephemeral=True,
-                                                allowed_mentions=discord.AllowedMentions.none())
+        await interaction.response.send_message(
+            outbound(text)[0], ephemeral=True, allowed_mentions=discord.AllowedMentions.none()
+        )
 
     async def _generation(self, gid: str, scope: Scope) -> Generation | None:
         """The generation, if it was made in a channel of the scope; None as for one that does not exist."""
@@ -82,17 +95,31 @@ class Moderation(commands.Cog):
         return g if g is not None and g.channel in scope else None
 
     @stumps.command(name="list", description="Stumps of a resident, newest first (metadata only)")
-    @app_commands.describe(resident="resident name (default: every resident)", cause="e.g. max_tokens, retry-abandoned",
-                           page=f"page of {STUMPS_PER_PAGE}, newest first (default 1)")
-    async def stumps_list(self, interaction: discord.Interaction, resident: str | None = None,
-                          cause: str | None = None, page: app_commands.Range[int, 1, 1000] = 1) -> None:
+    @app_commands.describe(
+        resident="resident name (default: every resident)",
+        cause="e.g. max_tokens, retry-abandoned",
+        page=f"page of {STUMPS_PER_PAGE}, newest first (default 1)",
+    )
+    async def stumps_list(
+        self,
+        interaction: discord.Interaction,
+        resident: str | None = None,
+        cause: str | None = None,
+        page: app_commands.Range[int, 1, 1000] = 1,
+    ) -> None:
         name = resident.strip() if resident else None
-        found = await self.ledger.list_stump_meta(name, cause, limit=page * STUMPS_PER_PAGE + 1,
-                                                  channels=moderation_scope(interaction).ids)
-        shown = found[(page - 1) * STUMPS_PER_PAGE:page * STUMPS_PER_PAGE]
+        found = await self.ledger.list_stump_meta(
+            name, cause, limit=page * STUMPS_PER_PAGE + 1, channels=moderation_scope(interaction).ids
+        )
+        shown = found[(page - 1) * STUMPS_PER_PAGE : page * STUMPS_PER_PAGE]
         if not shown:
-            await self._say(interaction, f"No stumps for {name or 'any resident'}" + (f" with cause {cause}" if cause else "")
-                            + (f" on page {page}" if page > 1 else "") + ".")
+            await self._say(
+                interaction,
+                f"No stumps for {name or 'any resident'}"
+                + (f" with cause {cause}" if cause else "")
+                + (f" on page {page}" if page > 1 else "")
+                + ".",
+            )
             return
         more = len(found) > page * STUMPS_PER_PAGE
         head = f"page {page}, newest first" + (f"; older: page:{page + 1}" if more else "")
@@ -108,15 +135,23 @@ class Moderation(commands.Cog):
         owner = self.bot.registry.get(s.residence)
         readable = owner is not None and owner.residence.policy.stumps.moderators_read_text
         access = await access_of(self.ledger, s.id) or "moderators"
-        head.append(f"access: {access} (the resident's choice: "
-                    + ("moderators may read its text)" if access == "moderators" else "moderators may not read its text)"))
+        head.append(
+            f"access: {access} (the resident's choice: "
+            + ("moderators may read its text)" if access == "moderators" else "moderators may not read its text)")
+        )
         shown = readable and access == "moderators"
         if shown:  # recorded before the text is sent
             user = interaction.user
             await record_read(self.ledger, s.id, f"{user.name} ({user.id})", "moderator")
         reads = (await reads_of(self.ledger, [s.id]))[s.id]
-        head.append("text read by: " + ("; ".join(f"{r['reader']}, {r['kind']}, {views.when(r['at'])} UTC"
-                                                   for r in reads) if reads else "no one"))
+        head.append(
+            "text read by: "
+            + (
+                "; ".join(f"{r['reader']}, {r['kind']}, {views.when(r['at'])} UTC" for r in reads)
+                if reads
+                else "no one"
+            )
+        )
         if not readable:
             head.append("Text withheld: the residence's policy does not let moderators read stumps.")
         elif not shown:
@@ -147,9 +182,15 @@ class Moderation(commands.Cog):
         # unless its residence names channels; another resident must name one of them).
         if r is not None:
             entries = r.residence.discord.channels if r.residence.discord else []
-            here = any(names_channel(e, c) for e in entries for c in scope.channels) if entries else \
-                (bool(scope.channels) and name in self.bot.peers
-                 and self.bot.peers[name].get_guild(interaction.guild_id or 0) is not None)
+            here = (
+                any(names_channel(e, c) for e in entries for c in scope.channels)
+                if entries
+                else (
+                    bool(scope.channels)
+                    and name in self.bot.peers
+                    and self.bot.peers[name].get_guild(interaction.guild_id or 0) is not None
+                )
+            )
             r = r if here else None
         if r is None:
             await self._say(interaction, f"No resident {name} here.")
@@ -186,7 +227,9 @@ class Moderation(commands.Cog):
         assert reply.generation is not None
         await interaction.followup.send(
             f"Continued {g.id}: now {reply.generation.status}, {len(reply.generation.segments)} segment(s), "
-            f"continuation {reply.generation.continuation_ended}.", ephemeral=True)
+            f"continuation {reply.generation.continuation_ended}.",
+            ephemeral=True,
+        )
 
 
 async def setup(bot: ResidentBot) -> None:

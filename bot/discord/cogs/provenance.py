@@ -9,6 +9,7 @@ each with its hash. Scope: the invoking guild, channels there the member can vie
 else gets the answer of a message no resident posted. Failures are answered by the tree's one
 error handler (`checks.on_app_command_error`).
 """
+
 from __future__ import annotations
 
 import logging

@@ -10,6 +10,7 @@ The room may be unreachable when a turn starts: reading the channel waits with t
 (a turn asked for during an outage is taken once Discord is back), and the typing indicator is
 skipped. The reply's posts go out through the outbox, behind anything still undelivered.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,9 @@ from collections.abc import AsyncIterator
 import discord
 from discord.ext import commands
 
+from ...delivery.outbox import Backoff
 from ..app import ResidentBot
 from ..floor import Floor, replies, shared_floor, since_person
-from ...delivery.outbox import Backoff
 from ..room import ROOM_ERRORS, SEND_TIMEOUT, DiscordRoom, as_room_message
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,13 @@ class ResidentCog(commands.Cog):
             try:
                 message = await asyncio.wait_for(channel.fetch_message(int(mid)), timeout=SEND_TIMEOUT)
             except ROOM_ERRORS as e:
-                log.warning("%s: a settled live message %s could not be read: %s: %s", self.bot.residence.name,
-                            mid, type(e).__name__, e)
+                log.warning(
+                    "%s: a settled live message %s could not be read: %s: %s",
+                    self.bot.residence.name,
+                    mid,
+                    type(e).__name__,
+                    e,
+                )
                 continue
             if message.author.id != getattr(self.bot.user, "id", None):
                 await self.on_message(message)
@@ -127,6 +133,7 @@ class ResidentCog(commands.Cog):
 
     async def _history(self, channel: discord.abc.Messageable, limit: int) -> list[discord.Message] | None:
         """The channel's recent messages, oldest first, waiting with backoff while Discord cannot be reached."""
+
         async def read() -> list[discord.Message]:
             return [m async for m in channel.history(limit=limit)]
 
@@ -138,22 +145,39 @@ class ResidentCog(commands.Cog):
                 failures += 1
                 waited = time.monotonic() - since
                 if waited >= self.backoff.alarm:
-                    log.error("%s: a turn in %s is dropped: the channel could not be read for %.0fs (%s: %s)",
-                              self.bot.residence.name, getattr(channel, "id", "?"), waited, type(e).__name__, e)
+                    log.error(
+                        "%s: a turn in %s is dropped: the channel could not be read for %.0fs (%s: %s)",
+                        self.bot.residence.name,
+                        getattr(channel, "id", "?"),
+                        waited,
+                        type(e).__name__,
+                        e,
+                    )
                     return None
                 if failures == 1:
-                    log.warning("%s: the channel %s cannot be read (%s: %s); the turn waits for Discord",
-                                self.bot.residence.name, getattr(channel, "id", "?"), type(e).__name__, e)
+                    log.warning(
+                        "%s: the channel %s cannot be read (%s: %s); the turn waits for Discord",
+                        self.bot.residence.name,
+                        getattr(channel, "id", "?"),
+                        type(e).__name__,
+                        e,
+                    )
                 await asyncio.sleep(self.backoff.delay(failures))
                 continue
             if failures:
-                log.warning("%s: the channel %s can be read again after %d failed tr%s", self.bot.residence.name,
-                            getattr(channel, "id", "?"), failures, "y" if failures == 1 else "ies")
+                log.warning(
+                    "%s: the channel %s can be read again after %d failed tr%s",
+                    self.bot.residence.name,
+                    getattr(channel, "id", "?"),
+                    failures,
+                    "y" if failures == 1 else "ies",
+                )
             history.reverse()
             return history
 
-    async def _floor(self, message: discord.Message, shared: Floor,
-                     me: int) -> tuple[list[discord.Message], int] | None:
+    async def _floor(
+        self, message: discord.Message, shared: Floor, me: int
+    ) -> tuple[list[discord.Message], int] | None:
         """The channel's history and the resident replies since a person spoke, claimed and waiting ones included.
 
         A reply moves from claimed (being generated) to waiting in the outbox to the room's history;
@@ -163,8 +187,10 @@ class ResidentCog(commands.Cog):
         outbox = self.bot.resident.outbox
 
         def moving() -> tuple[frozenset[int], frozenset[str]]:
-            return (frozenset(shared.generating[ch] - {me}),
-                    frozenset(outbox.pending(str(ch)) if outbox is not None else ()))
+            return (
+                frozenset(shared.generating[ch] - {me}),
+                frozenset(outbox.pending(str(ch)) if outbox is not None else ()),
+            )
 
         claims: set[int] = set()
         waiting: set[str] = set()
@@ -200,24 +226,39 @@ class ResidentCog(commands.Cog):
                 return
             history, count = seen
             if count >= floor.max_resident_run:
-                log.info("%s stays quiet in %s: %d resident replies since a person spoke (claimed and waiting "
-                         "included)", self.bot.residence.name, ch, count)
+                log.info(
+                    "%s stays quiet in %s: %d resident replies since a person spoke (claimed and waiting included)",
+                    self.bot.residence.name,
+                    ch,
+                    count,
+                )
                 return
             shared.generating[ch].add(me.id)
         room = [as_room_message(m, me.id) for m in history]
         try:
             async with typing(message.channel):
                 # The claim ends as the posts enter the outbox: from there on they count as waiting.
-                reply = await self.bot.resident.respond(DiscordRoom(message.channel), str(ch), room,
-                                                        trigger=str(message.id), superseded=lambda: self.moved_on[ch],
-                                                        queued=lambda _posts: shared.generating[ch].discard(me.id))
+                reply = await self.bot.resident.respond(
+                    DiscordRoom(message.channel),
+                    str(ch),
+                    room,
+                    trigger=str(message.id),
+                    superseded=lambda: self.moved_on[ch],
+                    queued=lambda _posts: shared.generating[ch].discard(me.id),
+                )
         finally:
             shared.generating[ch].discard(me.id)
         self.last_reply[ch] = time.monotonic()
         g = reply.generation
         if g is not None:
-            log.info("%s replied in %s: generation %s %s, %d post(s)", self.bot.residence.name, ch, g.id, g.status,
-                     len(reply.posts))
+            log.info(
+                "%s replied in %s: generation %s %s, %d post(s)",
+                self.bot.residence.name,
+                ch,
+                g.id,
+                g.status,
+                len(reply.posts),
+            )
 
 
 async def setup(bot: ResidentBot) -> None:

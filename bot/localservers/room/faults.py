@@ -36,9 +36,16 @@ class MessageFault:
     seen: int = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"status": self.status, "nth": self.nth, "times": self.times, "retry_after": self.retry_after,
-                "global": self.is_global, "after_create": self.after_create, "refuse_seconds": self.refuse_seconds,
-                "seen": self.seen}
+        return {
+            "status": self.status,
+            "nth": self.nth,
+            "times": self.times,
+            "retry_after": self.retry_after,
+            "global": self.is_global,
+            "after_create": self.after_create,
+            "refuse_seconds": self.refuse_seconds,
+            "seen": self.seen,
+        }
 
     def response(self) -> web.Response:
         if self.status == 429:
@@ -54,8 +61,17 @@ class FaultPlan:
         self.hits = 0  # how many responses were faked
         self.refuse: Callable[[float], Awaitable[None]] | None = None  # the server's `refuse_connections`
 
-    def add(self, status: int, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
-            is_global: bool = False, after_create: bool = False, refuse_seconds: float | None = None) -> MessageFault:
+    def add(
+        self,
+        status: int,
+        *,
+        nth: int = 1,
+        times: int = 1,
+        retry_after: float = 0.05,
+        is_global: bool = False,
+        after_create: bool = False,
+        refuse_seconds: float | None = None,
+    ) -> MessageFault:
         if refuse_seconds is not None:
             if not 0 < refuse_seconds <= 600:
                 raise ApiError(400, 50035, "refuse_seconds must be between 0 and 600")
@@ -66,8 +82,15 @@ class FaultPlan:
             raise ApiError(400, 50035, "nth and times must be at least 1")
         if after_create and status == 429 and refuse_seconds is None:
             raise ApiError(400, 50035, "after_create only makes sense with a 5xx status")
-        fault = MessageFault(status=status, nth=nth, times=times, retry_after=retry_after, is_global=is_global,
-                             after_create=after_create, refuse_seconds=refuse_seconds)
+        fault = MessageFault(
+            status=status,
+            nth=nth,
+            times=times,
+            retry_after=retry_after,
+            is_global=is_global,
+            after_create=after_create,
+            refuse_seconds=refuse_seconds,
+        )
         self.pending.append(fault)
         return fault
 
@@ -96,9 +119,11 @@ class FaultPlan:
         if fired.times <= 0:
             self.pending.remove(fired)
         self.hits += 1
-        log.info("fault injection: answering a message POST with %s%s",
-                 f"an outage of {fired.refuse_seconds}s" if fired.refuse_seconds is not None else fired.status,
-                 " after creating it" if fired.after_create else "")
+        log.info(
+            "fault injection: answering a message POST with %s%s",
+            f"an outage of {fired.refuse_seconds}s" if fired.refuse_seconds is not None else fired.status,
+            " after creating it" if fired.after_create else "",
+        )
         return fired
 
 
@@ -184,8 +209,9 @@ class ConnectionOutage:
         try:
             await self.end()
         except OSError as e:  # the port was taken meanwhile: say so, the room stays unreachable
-            log.error("fault injection: could not listen again on port %s: %s",
-                      self._address[1] if self._address else "?", e)
+            log.error(
+                "fault injection: could not listen again on port %s: %s", self._address[1] if self._address else "?", e
+            )
 
     async def end(self) -> None:
         """Listen again now (also what clearing the faults does)."""
@@ -210,5 +236,9 @@ class ConnectionOutage:
         left = None
         if self.until is not None:
             left = max(0.0, self.until - asyncio.get_running_loop().time())
-        return {"refusing": self.refusing, "seconds_left": left, "outages": self.outages,
-                "refused_requests": self.refused_requests}
+        return {
+            "refusing": self.refusing,
+            "seconds_left": left,
+            "outages": self.outages,
+            "refused_requests": self.refused_requests,
+        }

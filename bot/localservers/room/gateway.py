@@ -76,7 +76,7 @@ class Connection:
             self._queue.put_nowait(None)
             try:
                 await asyncio.wait_for(asyncio.shield(self._writer), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         self._writer.cancel()
         try:
@@ -168,8 +168,9 @@ class Gateway:
             if not self._open.is_set():
                 log.debug("gateway held: delaying HELLO")
                 await self._open.wait()
-            conn.send_json({"op": OP_HELLO, "d": {"heartbeat_interval": self.heartbeat_interval_ms,
-                                                   "_trace": ["residents-room"]}})
+            conn.send_json(
+                {"op": OP_HELLO, "d": {"heartbeat_interval": self.heartbeat_interval_ms, "_trace": ["residents-room"]}}
+            )
             async for msg in ws:
                 if msg.type == WSMsgType.TEXT:
                     await self._on_frame(conn, msg.data)
@@ -235,15 +236,26 @@ class Gateway:
         self.identifies += 1
         ready: dict[str, Any] = {
             "v": 10,
-            "user": {**payloads.user(bot), "verified": True, "mfa_enabled": False, "email": None, "flags": 0,
-                     "locale": "en-US"},
+            "user": {
+                **payloads.user(bot),
+                "verified": True,
+                "mfa_enabled": False,
+                "email": None,
+                "flags": 0,
+                "locale": "en-US",
+            },
             "guilds": [{"id": str(g.id), "unavailable": True} for g in self.state.guilds.values()],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.gateway_url(),
             "application": {"id": str(bot.application_id), "flags": APPLICATION_FLAGS},
-            "private_channels": [], "relationships": [], "presences": [], "guild_join_requests": [],
-            "geo_ordered_rtc_regions": [], "user_settings": {}, "_trace": ["residents-room"],
+            "private_channels": [],
+            "relationships": [],
+            "presences": [],
+            "guild_join_requests": [],
+            "geo_ordered_rtc_regions": [],
+            "user_settings": {},
+            "_trace": ["residents-room"],
         }
         if session.shard is not None:
             ready["shard"] = session.shard
@@ -278,8 +290,9 @@ class Gateway:
                 replayed += 1
         session.dispatch("RESUMED", {"_trace": ["residents-room"]})
         self.resumes += 1
-        log.info("bot %s resumed session %s at seq %s (%d event(s) replayed)",
-                 session.bot.name, session.id, seq, replayed)
+        log.info(
+            "bot %s resumed session %s at seq %s (%d event(s) replayed)", session.bot.name, session.id, seq, replayed
+        )
 
     # ----- room events -> dispatches --------------------------------------------------------
 
@@ -288,8 +301,11 @@ class Gateway:
         sessions = self.live_sessions()
         msg = event.message
         if event.kind in ("message_create", "message_update", "message_delete") and msg is not None:
-            seeing = [s for s in sessions if s.wants(INTENT_GUILD_MESSAGES)
-                      and state.permissions(s.bot, msg.channel).view_channel]
+            seeing = [
+                s
+                for s in sessions
+                if s.wants(INTENT_GUILD_MESSAGES) and state.permissions(s.bot, msg.channel).view_channel
+            ]
             if event.kind == "message_delete":
                 data = {"id": str(msg.id), "channel_id": str(msg.channel.id), "guild_id": str(msg.guild.id)}
                 for session in seeing:
@@ -300,11 +316,19 @@ class Gateway:
                 session.dispatch(name, payloads.visible(msg, session.bot))
         elif event.kind == "typing" and event.user is not None and event.channel is not None:
             guild = event.channel.guild
-            data = {"channel_id": str(event.channel.id), "guild_id": str(guild.id), "user_id": str(event.user.id),
-                    "timestamp": int(time.time()), "member": payloads.member(guild.members[event.user.id])}
+            data = {
+                "channel_id": str(event.channel.id),
+                "guild_id": str(guild.id),
+                "user_id": str(event.user.id),
+                "timestamp": int(time.time()),
+                "member": payloads.member(guild.members[event.user.id]),
+            }
             for session in sessions:
-                if session.wants(INTENT_GUILD_MESSAGE_TYPING) and session.bot.id != event.user.id \
-                        and state.permissions(session.bot, event.channel).view_channel:
+                if (
+                    session.wants(INTENT_GUILD_MESSAGE_TYPING)
+                    and session.bot.id != event.user.id
+                    and state.permissions(session.bot, event.channel).view_channel
+                ):
                     session.dispatch("TYPING_START", data)
         elif event.kind in ("member_add", "member_update") and event.user is not None and event.guild is not None:
             name = "GUILD_MEMBER_ADD" if event.kind == "member_add" else "GUILD_MEMBER_UPDATE"

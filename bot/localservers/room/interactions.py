@@ -12,10 +12,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import payloads
-from .model import FLAG_EPHEMERAL, FLAG_LOADING, ApiError, Channel, Command, Interaction, \
-    Message, RoomEvent, form_error, unknown
+from .model import (
+    FLAG_EPHEMERAL,
+    FLAG_LOADING,
+    ApiError,
+    Channel,
+    Command,
+    Interaction,
+    Message,
+    RoomEvent,
+    form_error,
+    unknown,
+)
 from .state import RoomState, Upload
-
 
 FOLLOWUP_WINDOW_S = 15 * 60.0  # interaction tokens stay valid 15 minutes
 USER_OPTIONS = (6, 9)  # USER, MENTIONABLE
@@ -25,8 +34,16 @@ class Interactions:
     def __init__(self, state: RoomState) -> None:
         self.state = state
 
-    def create(self, channel: Channel, member: str, command: Command, options: list[dict[str, Any]] | None, *,
-               moderator: bool | None, target: str | None = None) -> Interaction:
+    def create(
+        self,
+        channel: Channel,
+        member: str,
+        command: Command,
+        options: list[dict[str, Any]] | None,
+        *,
+        moderator: bool | None,
+        target: str | None = None,
+    ) -> Interaction:
         """`member` runs `command` in `channel`; dispatched to the command's bot as INTERACTION_CREATE.
 
         A message command (type 3) runs on `target`, a message of `channel`, sent resolved as on Discord."""
@@ -44,13 +61,22 @@ class Interactions:
             opts: list[dict[str, Any]] = []
         else:
             opts = self._typed(list(options or []), command.data.get("options") or [])
-        inter = Interaction(id=state.ids.next(), token=secrets.token_urlsafe(32).replace("-", "x").replace("_", "y"),
-                            bot=bot, channel=channel, user=user, command=command, options=opts, target=message)
+        inter = Interaction(
+            id=state.ids.next(),
+            token=secrets.token_urlsafe(32).replace("-", "x").replace("_", "y"),
+            bot=bot,
+            channel=channel,
+            user=user,
+            command=command,
+            options=opts,
+            target=message,
+        )
         resolved = self._resolved(channel, opts)
         if message is not None:
             resolved["messages"] = {str(message.id): payloads.message(message)}
-        inter.payload = payloads.interaction(inter, channel.guild.members[user.id], perms,
-                                             state.permissions(bot, channel), resolved)
+        inter.payload = payloads.interaction(
+            inter, channel.guild.members[user.id], perms, state.permissions(bot, channel), resolved
+        )
         state.interactions[inter.id] = inter
         state.emit(RoomEvent("interaction_create", interaction=inter, channel=channel))
         return inter
@@ -90,7 +116,8 @@ class Interactions:
                     member = guild.members.get(user.id)
                     if member is not None:
                         resolved.setdefault("members", {})[str(user.id)] = payloads.member(
-                            member, with_user=False, permissions=self.state.permissions(user, channel))
+                            member, with_user=False, permissions=self.state.permissions(user, channel)
+                        )
 
         walk(options)
         return resolved
@@ -118,10 +145,12 @@ class Interactions:
                 return inter
         raise unknown("Webhook", 10015)
 
-    def record(self, inter: Interaction, kind: str, *, ctype: int | None = None,
-               message: Message | None = None) -> dict[str, Any]:
+    def record(
+        self, inter: Interaction, kind: str, *, ctype: int | None = None, message: Message | None = None
+    ) -> dict[str, Any]:
         entry: dict[str, Any] = {
-            "kind": kind, "type": ctype,
+            "kind": kind,
+            "type": ctype,
             "content": message.content if message is not None else None,
             "ephemeral": bool(message.flags & FLAG_EPHEMERAL) if message is not None else False,
             "embeds": list(message.embeds) if message is not None else [],
@@ -140,32 +169,58 @@ class Interactions:
         data = body.get("data") or {}
         state = self.state
         if ctype == 4:
-            message = state.create_message(inter.channel, inter.bot, data, attachments=attachments,
-                                           mtype=inter.message_type, interaction=inter, allow_ephemeral=True)
+            message = state.create_message(
+                inter.channel,
+                inter.bot,
+                data,
+                attachments=attachments,
+                mtype=inter.message_type,
+                interaction=inter,
+                allow_ephemeral=True,
+            )
         elif ctype == 5:
-            message = state.create_message(inter.channel, inter.bot, {"content": ""}, mtype=inter.message_type,
-                                           interaction=inter, allow_empty=True, store=False)
+            message = state.create_message(
+                inter.channel,
+                inter.bot,
+                {"content": ""},
+                mtype=inter.message_type,
+                interaction=inter,
+                allow_empty=True,
+                store=False,
+            )
             message.flags = FLAG_LOADING | (int(data.get("flags") or 0) & FLAG_EPHEMERAL)
             if not message.ephemeral:
                 state.store(message)
             inter.deferred_pending = True
         else:
-            raise form_error(["type"], "INTERACTION_RESPONSE_TYPE_INVALID",
-                             f"Interaction response type {ctype} is not valid for an application command")
+            raise form_error(
+                ["type"],
+                "INTERACTION_RESPONSE_TYPE_INVALID",
+                f"Interaction response type {ctype} is not valid for an application command",
+            )
         inter.callback_type = ctype
         inter.original = message
         self.record(inter, "callback", ctype=ctype, message=message)
-        return {"interaction": payloads.callback_interaction(inter, message),
-                "resource": {"type": ctype, "message": payloads.message(message)}}
+        return {
+            "interaction": payloads.callback_interaction(inter, message),
+            "resource": {"type": ctype, "message": payloads.message(message)},
+        }
 
     def followup(self, inter: Interaction, body: dict[str, Any], attachments: Sequence[Upload] = ()) -> Message:
         """A follow-up; the first one after a defer replaces the "thinking" message, as on Discord."""
         state = self.state
         if inter.deferred_pending and inter.original is not None:
             original = inter.original
-            probe = state.create_message(inter.channel, inter.bot, body, attachments=attachments, allow_ephemeral=True,
-                                         mtype=inter.message_type, interaction=inter,
-                                         store=False)  # validates like a new message
+            probe = state.create_message(
+                inter.channel,
+                inter.bot,
+                body,
+                attachments=attachments,
+                allow_ephemeral=True,
+                mtype=inter.message_type,
+                interaction=inter,
+                store=False,
+            )  # validates like a new message
             inter.deferred_pending = False
             original.flags &= ~FLAG_LOADING
             original.content, original.embeds, original.components = probe.content, probe.embeds, probe.components
@@ -176,8 +231,15 @@ class Interactions:
                 state.emit(RoomEvent("message_update", message=original))
             self.record(inter, "followup", message=original)
             return original
-        msg = state.create_message(inter.channel, inter.bot, body, attachments=attachments, allow_ephemeral=True,
-                                   mtype=inter.message_type, interaction=inter)
+        msg = state.create_message(
+            inter.channel,
+            inter.bot,
+            body,
+            attachments=attachments,
+            allow_ephemeral=True,
+            mtype=inter.message_type,
+            interaction=inter,
+        )
         inter.followups.append(msg)
         self.record(inter, "followup", message=msg)
         return msg

@@ -74,8 +74,12 @@ async def read_body(request: web.Request) -> tuple[Any, list[Upload]]:
 
 def require_dict(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise ApiError(400, 50035, "Invalid Form Body", {"_errors": [
-            {"code": "DICT_TYPE_CONVERT", "message": "Only dictionaries may be used in a DictType"}]})
+        raise ApiError(
+            400,
+            50035,
+            "Invalid Form Body",
+            {"_errors": [{"code": "DICT_TYPE_CONVERT", "message": "Only dictionaries may be used in a DictType"}]},
+        )
     return body
 
 
@@ -86,8 +90,12 @@ def query_int(request: web.Request, name: str, default: int | None = None) -> in
     try:
         return int(value)
     except ValueError:
-        raise ApiError(400, 50035, "Invalid Form Body", {name: {"_errors": [
-            {"code": "NUMBER_TYPE_COERCE", "message": f"Value \"{value}\" is not int."}]}}) from None
+        raise ApiError(
+            400,
+            50035,
+            "Invalid Form Body",
+            {name: {"_errors": [{"code": "NUMBER_TYPE_COERCE", "message": f'Value "{value}" is not int.'}]}},
+        ) from None
 
 
 def truthy(value: str | None) -> bool:

@@ -24,7 +24,6 @@ import yaml
 
 from .model import MODERATOR_PERMS, MODERATOR_ROLE
 
-
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 PERSON = re.compile(r"^[^\s/@#:`]{1,32}$")
 EVERYONE_TARGETS = ("@everyone", "everyone")
@@ -127,8 +126,11 @@ class _Parser:
         names = self.names(value, loc, "permission names")
         for i, name in enumerate(names):
             if name not in discord.Permissions.VALID_FLAGS:
-                raise self.fail(loc + (i,), f"unknown permission {name!r} (discord.Permissions names, "
-                                            "e.g. view_channel, manage_messages, administrator)")
+                raise self.fail(
+                    loc + (i,),
+                    f"unknown permission {name!r} (discord.Permissions names, "
+                    "e.g. view_channel, manage_messages, administrator)",
+                )
         return tuple(names)
 
     def layout(self, data: Any) -> Layout:
@@ -160,8 +162,9 @@ class _Parser:
             raise self.fail(loc + ("channels",), "required: at least one channel")
         for i, ch in enumerate(channels):
             if not NAME.match(ch) or ch.isdigit():
-                raise self.fail(loc + ("channels", i), f"{ch!r} is not a channel name (letters, digits, `_.-`, "
-                                                       "not only digits)")
+                raise self.fail(
+                    loc + ("channels", i), f"{ch!r} is not a channel name (letters, digits, `_.-`, not only digits)"
+                )
             if ch in channels[:i]:
                 raise self.fail(loc + ("channels", i), f"a second channel named {ch!r}")
         roles: dict[str, tuple[str, ...]] = {}
@@ -190,9 +193,13 @@ class _Parser:
                 spec = self.mapping(rule, where, "allow/deny")
                 if set(spec) - {"allow", "deny"}:
                     raise self.fail(where + (sorted(set(spec) - {"allow", "deny"})[0],), "unknown key (allow, deny)")
-                found.append(ChannelOverwrite("@everyone" if target in EVERYONE_TARGETS else target,
-                                              self.permissions(spec.get("allow"), where + ("allow",)),
-                                              self.permissions(spec.get("deny"), where + ("deny",))))
+                found.append(
+                    ChannelOverwrite(
+                        "@everyone" if target in EVERYONE_TARGETS else target,
+                        self.permissions(spec.get("allow"), where + ("allow",)),
+                        self.permissions(spec.get("deny"), where + ("deny",)),
+                    )
+                )
             overwrites[ch] = tuple(found)
         return GuildLayout(name, tuple(channels), roles, members, overwrites)
 

@@ -16,15 +16,24 @@ from typing import Any
 
 import discord
 
-
 # What every member may do (Discord's defaults for a new server's @everyone, trimmed to text).
 EVERYONE_PERMS = discord.Permissions(
-    create_instant_invite=True, add_reactions=True, view_channel=True, send_messages=True, embed_links=True,
-    attach_files=True, read_message_history=True, use_external_emojis=True, change_nickname=True,
-    use_application_commands=True, send_messages_in_threads=True)
+    create_instant_invite=True,
+    add_reactions=True,
+    view_channel=True,
+    send_messages=True,
+    embed_links=True,
+    attach_files=True,
+    read_message_history=True,
+    use_external_emojis=True,
+    change_nickname=True,
+    use_application_commands=True,
+    send_messages_in_threads=True,
+)
 # The default room's `moderator` role, which the /_room/ `moderator` flag gives or takes.
-MODERATOR_PERMS = discord.Permissions(manage_messages=True, mention_everyone=True, manage_threads=True,
-                                      moderate_members=True)
+MODERATOR_PERMS = discord.Permissions(
+    manage_messages=True, mention_everyone=True, manage_threads=True, moderate_members=True
+)
 # Every bot gets the `bots` role; it may ping @everyone, so a resident that forgets allowed_mentions is caught.
 BOT_PERMS = discord.Permissions(manage_messages=True, mention_everyone=True, embed_links=True, attach_files=True)
 
@@ -84,7 +93,7 @@ class Snowflakes:
 
 
 def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(eq=False)

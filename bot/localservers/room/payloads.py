@@ -10,9 +10,19 @@ from typing import Any
 
 import discord
 
-from .model import FLAG_EPHEMERAL, FLAG_LOADING, Attachment, Channel, Command, Guild, Interaction, Member, \
-    Message, Role, User
-
+from .model import (
+    FLAG_EPHEMERAL,
+    FLAG_LOADING,
+    Attachment,
+    Channel,
+    Command,
+    Guild,
+    Interaction,
+    Member,
+    Message,
+    Role,
+    User,
+)
 
 ATTACHMENT_LIMIT = 10 * 1024 * 1024
 INTENT_MESSAGE_CONTENT = 1 << 15
@@ -24,16 +34,30 @@ def iso(when: Any) -> str:
 
 def user(u: User) -> dict[str, Any]:
     return {
-        "id": str(u.id), "username": u.name, "global_name": None if u.bot else u.name, "discriminator": "0",
-        "avatar": None, "bot": u.bot, "public_flags": 0, "banner": None, "accent_color": None,
+        "id": str(u.id),
+        "username": u.name,
+        "global_name": None if u.bot else u.name,
+        "discriminator": "0",
+        "avatar": None,
+        "bot": u.bot,
+        "public_flags": 0,
+        "banner": None,
+        "accent_color": None,
         "avatar_decoration_data": None,
     }
 
 
 def member(m: Member, *, with_user: bool = True, permissions: discord.Permissions | None = None) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "roles": [str(r.id) for r in m.roles], "joined_at": iso(m.joined_at), "nick": None, "avatar": None,
-        "premium_since": None, "deaf": False, "mute": False, "pending": False, "flags": 0,
+        "roles": [str(r.id) for r in m.roles],
+        "joined_at": iso(m.joined_at),
+        "nick": None,
+        "avatar": None,
+        "premium_since": None,
+        "deaf": False,
+        "mute": False,
+        "pending": False,
+        "flags": 0,
         "communication_disabled_until": None,
     }
     if with_user:
@@ -45,9 +69,17 @@ def member(m: Member, *, with_user: bool = True, permissions: discord.Permission
 
 def role(r: Role) -> dict[str, Any]:
     return {
-        "id": str(r.id), "name": r.name, "permissions": str(r.permissions.value), "position": r.position,
-        "color": 0, "colors": {"primary_color": 0, "secondary_color": None, "tertiary_color": None},
-        "hoist": False, "managed": False, "mentionable": r.mentionable, "icon": None, "unicode_emoji": None,
+        "id": str(r.id),
+        "name": r.name,
+        "permissions": str(r.permissions.value),
+        "position": r.position,
+        "color": 0,
+        "colors": {"primary_color": 0, "secondary_color": None, "tertiary_color": None},
+        "hoist": False,
+        "managed": False,
+        "mentionable": r.mentionable,
+        "icon": None,
+        "unicode_emoji": None,
         "flags": 0,
     }
 
@@ -55,11 +87,21 @@ def role(r: Role) -> dict[str, Any]:
 def channel(c: Channel) -> dict[str, Any]:
     last = c.last_message_id
     return {
-        "id": str(c.id), "type": 0, "guild_id": str(c.guild.id), "name": c.name, "position": c.position,
-        "permission_overwrites": [{"id": str(o.id), "type": o.type, "allow": str(o.allow.value),
-                                   "deny": str(o.deny.value)} for o in c.overwrites],
-        "topic": None, "nsfw": False, "last_message_id": str(last) if last else None, "rate_limit_per_user": 0,
-        "parent_id": None, "flags": 0,
+        "id": str(c.id),
+        "type": 0,
+        "guild_id": str(c.guild.id),
+        "name": c.name,
+        "position": c.position,
+        "permission_overwrites": [
+            {"id": str(o.id), "type": o.type, "allow": str(o.allow.value), "deny": str(o.deny.value)}
+            for o in c.overwrites
+        ],
+        "topic": None,
+        "nsfw": False,
+        "last_message_id": str(last) if last else None,
+        "rate_limit_per_user": 0,
+        "parent_id": None,
+        "flags": 0,
     }
 
 
@@ -68,38 +110,84 @@ def guild(g: Guild) -> dict[str, Any]:
     members = list(g.members.values())
     first = next(iter(g.channels.values()))
     return {
-        "id": str(g.id), "name": g.name, "icon": None, "splash": None, "discovery_splash": None, "banner": None,
-        "description": None, "owner_id": str(g.owner_id), "afk_channel_id": None, "afk_timeout": 300,
-        "verification_level": 0, "default_message_notifications": 1, "explicit_content_filter": 0,
-        "mfa_level": 0, "nsfw_level": 0, "premium_tier": 0, "premium_subscription_count": 0,
-        "preferred_locale": "en-US", "system_channel_id": str(first.id), "system_channel_flags": 0,
-        "rules_channel_id": None, "public_updates_channel_id": None, "safety_alerts_channel_id": None,
-        "vanity_url_code": None, "features": [], "roles": [role(r) for r in g.roles.values()], "emojis": [],
-        "stickers": [], "joined_at": iso(g.created), "large": False, "unavailable": False,
-        "member_count": len(members), "members": [member(m) for m in members],
-        "channels": [channel(c) for c in g.channels.values()], "threads": [], "presences": [], "voice_states": [],
-        "stage_instances": [], "guild_scheduled_events": [], "soundboard_sounds": [], "application_id": None,
-        "max_members": 500000, "premium_progress_bar_enabled": False, "widget_enabled": False,
+        "id": str(g.id),
+        "name": g.name,
+        "icon": None,
+        "splash": None,
+        "discovery_splash": None,
+        "banner": None,
+        "description": None,
+        "owner_id": str(g.owner_id),
+        "afk_channel_id": None,
+        "afk_timeout": 300,
+        "verification_level": 0,
+        "default_message_notifications": 1,
+        "explicit_content_filter": 0,
+        "mfa_level": 0,
+        "nsfw_level": 0,
+        "premium_tier": 0,
+        "premium_subscription_count": 0,
+        "preferred_locale": "en-US",
+        "system_channel_id": str(first.id),
+        "system_channel_flags": 0,
+        "rules_channel_id": None,
+        "public_updates_channel_id": None,
+        "safety_alerts_channel_id": None,
+        "vanity_url_code": None,
+        "features": [],
+        "roles": [role(r) for r in g.roles.values()],
+        "emojis": [],
+        "stickers": [],
+        "joined_at": iso(g.created),
+        "large": False,
+        "unavailable": False,
+        "member_count": len(members),
+        "members": [member(m) for m in members],
+        "channels": [channel(c) for c in g.channels.values()],
+        "threads": [],
+        "presences": [],
+        "voice_states": [],
+        "stage_instances": [],
+        "guild_scheduled_events": [],
+        "soundboard_sounds": [],
+        "application_id": None,
+        "max_members": 500000,
+        "premium_progress_bar_enabled": False,
+        "widget_enabled": False,
     }
 
 
 def attachment(a: Attachment) -> dict[str, Any]:
-    return {"id": str(a.id), "filename": a.filename, "size": len(a.data), "url": a.url, "proxy_url": a.url,
-            "content_type": a.content_type}
+    return {
+        "id": str(a.id),
+        "filename": a.filename,
+        "size": len(a.data),
+        "url": a.url,
+        "proxy_url": a.url,
+        "content_type": a.content_type,
+    }
 
 
 def message(msg: Message, *, nested: bool = False) -> dict[str, Any]:
     g = msg.guild
     data: dict[str, Any] = {
-        "id": str(msg.id), "type": msg.type, "channel_id": str(msg.channel.id), "guild_id": str(g.id),
-        "author": user(msg.author), "content": msg.content,
+        "id": str(msg.id),
+        "type": msg.type,
+        "channel_id": str(msg.channel.id),
+        "guild_id": str(g.id),
+        "author": user(msg.author),
+        "content": msg.content,
         "timestamp": iso(discord.utils.snowflake_time(msg.id)),
-        "edited_timestamp": iso(msg.edited_at) if msg.edited_at else None, "tts": msg.tts,
+        "edited_timestamp": iso(msg.edited_at) if msg.edited_at else None,
+        "tts": msg.tts,
         "mention_everyone": msg.mention_everyone,
         "mentions": [_mention(g, u) for u in msg.mention_users],
         "mention_roles": [str(r.id) for r in msg.mention_roles],
-        "attachments": [attachment(a) for a in msg.attachments], "embeds": msg.embeds,
-        "components": msg.components, "pinned": False, "flags": msg.flags,
+        "attachments": [attachment(a) for a in msg.attachments],
+        "embeds": msg.embeds,
+        "components": msg.components,
+        "pinned": False,
+        "flags": msg.flags,
     }
     author = g.members.get(msg.author.id)
     if msg.webhook_id is not None:
@@ -112,12 +200,21 @@ def message(msg: Message, *, nested: bool = False) -> dict[str, Any]:
         data["nonce"] = msg.nonce
     if msg.interaction is not None:
         inter = msg.interaction
-        data["interaction_metadata"] = {"id": str(inter.id), "type": 2, "name": inter.command.name,
-                                        "user": user(inter.user), "authorizing_integration_owners": {"0": str(g.id)}}
+        data["interaction_metadata"] = {
+            "id": str(inter.id),
+            "type": 2,
+            "name": inter.command.name,
+            "user": user(inter.user),
+            "authorizing_integration_owners": {"0": str(g.id)},
+        }
         data["interaction"] = {"id": str(inter.id), "type": 2, "name": inter.command.name, "user": user(inter.user)}
     if msg.reference is not None:
-        data["message_reference"] = {"type": 0, "message_id": str(msg.reference.id),
-                                     "channel_id": str(msg.channel.id), "guild_id": str(g.id)}
+        data["message_reference"] = {
+            "type": 0,
+            "message_id": str(msg.reference.id),
+            "channel_id": str(msg.channel.id),
+            "guild_id": str(g.id),
+        }
         if not nested:
             ref = msg.reference
             data["referenced_message"] = None if ref.deleted else message(ref, nested=True)
@@ -151,20 +248,38 @@ def visible(msg: Message, viewer: User) -> dict[str, Any]:
 
 
 def command(c: Command) -> dict[str, Any]:
-    body = {"type": 1, "description": "", "options": [], "default_member_permissions": None, "dm_permission": True,
-            "nsfw": False, "contexts": None, "integration_types": [0], **c.data}
+    body = {
+        "type": 1,
+        "description": "",
+        "options": [],
+        "default_member_permissions": None,
+        "dm_permission": True,
+        "nsfw": False,
+        "contexts": None,
+        "integration_types": [0],
+        **c.data,
+    }
     body.update(id=str(c.id), application_id=str(c.application_id), version=str(c.version))
     if c.guild_id is not None:
         body["guild_id"] = str(c.guild_id)
     return body
 
 
-def interaction(inter: Interaction, who: Member, perms: discord.Permissions, app_perms: discord.Permissions,
-                resolved: dict[str, Any]) -> dict[str, Any]:
+def interaction(
+    inter: Interaction,
+    who: Member,
+    perms: discord.Permissions,
+    app_perms: discord.Permissions,
+    resolved: dict[str, Any],
+) -> dict[str, Any]:
     """INTERACTION_CREATE: `member.permissions` is the invoker's permissions in the channel, overwrites applied."""
     g = inter.channel.guild
-    data: dict[str, Any] = {"id": str(inter.command.id), "name": inter.command.name, "type": inter.command.type,
-                            "resolved": resolved}
+    data: dict[str, Any] = {
+        "id": str(inter.command.id),
+        "name": inter.command.name,
+        "type": inter.command.type,
+        "resolved": resolved,
+    }
     if inter.target is not None:
         data["target_id"] = str(inter.target.id)
     else:
@@ -172,37 +287,70 @@ def interaction(inter: Interaction, who: Member, perms: discord.Permissions, app
     if inter.command.guild_id is not None:
         data["guild_id"] = str(inter.command.guild_id)
     return {
-        "id": str(inter.id), "application_id": str(inter.bot.application_id), "type": 2, "data": data,
-        "guild_id": str(g.id), "guild": {"id": str(g.id), "locale": "en-US", "features": []},
-        "channel_id": str(inter.channel.id), "channel": {**channel(inter.channel), "permissions": str(perms.value)},
-        "member": member(who, permissions=perms), "token": inter.token, "version": 1,
-        "app_permissions": str(app_perms.value), "locale": "en-US", "guild_locale": "en-US", "entitlements": [],
-        "authorizing_integration_owners": {"0": str(g.id)}, "context": 0,
+        "id": str(inter.id),
+        "application_id": str(inter.bot.application_id),
+        "type": 2,
+        "data": data,
+        "guild_id": str(g.id),
+        "guild": {"id": str(g.id), "locale": "en-US", "features": []},
+        "channel_id": str(inter.channel.id),
+        "channel": {**channel(inter.channel), "permissions": str(perms.value)},
+        "member": member(who, permissions=perms),
+        "token": inter.token,
+        "version": 1,
+        "app_permissions": str(app_perms.value),
+        "locale": "en-US",
+        "guild_locale": "en-US",
+        "entitlements": [],
+        "authorizing_integration_owners": {"0": str(g.id)},
+        "context": 0,
         "attachment_size_limit": ATTACHMENT_LIMIT,
     }
 
 
 def callback_interaction(inter: Interaction, msg: Message | None) -> dict[str, Any]:
-    return {"id": str(inter.id), "type": 2, "activity_instance_id": None,
-            "response_message_id": str(msg.id) if msg else None,
-            "response_message_loading": bool(msg and msg.flags & FLAG_LOADING),
-            "response_message_ephemeral": bool(msg and msg.ephemeral)}
+    return {
+        "id": str(inter.id),
+        "type": 2,
+        "activity_instance_id": None,
+        "response_message_id": str(msg.id) if msg else None,
+        "response_message_loading": bool(msg and msg.flags & FLAG_LOADING),
+        "response_message_ephemeral": bool(msg and msg.ephemeral),
+    }
 
 
 def room_view(msg: Message) -> dict[str, Any]:
     """The /_room/ rendering: names instead of payloads, and who actually gets pinged."""
     return {
-        "id": str(msg.id), "channel_id": str(msg.channel.id), "channel": msg.channel.name,
-        "guild": msg.guild.name, "author": msg.author.name, "author_id": str(msg.author.id), "bot": msg.author.bot,
-        "content": msg.content, "timestamp": iso(discord.utils.snowflake_time(msg.id)),
-        "edited_timestamp": iso(msg.edited_at) if msg.edited_at else None, "type": msg.type,
-        "reply_to": str(msg.reference.id) if msg.reference else None, "allowed_mentions": msg.allowed_mentions,
-        "pings": {"users": [u.name for u in msg.mention_users], "user_ids": [str(u.id) for u in msg.mention_users],
-                  "roles": [r.name for r in msg.mention_roles], "everyone": msg.mention_everyone},
+        "id": str(msg.id),
+        "channel_id": str(msg.channel.id),
+        "channel": msg.channel.name,
+        "guild": msg.guild.name,
+        "author": msg.author.name,
+        "author_id": str(msg.author.id),
+        "bot": msg.author.bot,
+        "content": msg.content,
+        "timestamp": iso(discord.utils.snowflake_time(msg.id)),
+        "edited_timestamp": iso(msg.edited_at) if msg.edited_at else None,
+        "type": msg.type,
+        "reply_to": str(msg.reference.id) if msg.reference else None,
+        "allowed_mentions": msg.allowed_mentions,
+        "pings": {
+            "users": [u.name for u in msg.mention_users],
+            "user_ids": [str(u.id) for u in msg.mention_users],
+            "roles": [r.name for r in msg.mention_roles],
+            "everyone": msg.mention_everyone,
+        },
         "embeds": msg.embeds,
         "attachments": [{"filename": a.filename, "size": len(a.data), "url": a.url} for a in msg.attachments],
-        "flags": msg.flags, "ephemeral": bool(msg.flags & FLAG_EPHEMERAL), "loading": bool(msg.flags & FLAG_LOADING),
-        "interaction": ({"name": msg.interaction.command.name, "user": msg.interaction.user.name,
-                         "id": str(msg.interaction.id)} if msg.interaction else None),
-        "nonce": msg.nonce, "deleted": msg.deleted,
+        "flags": msg.flags,
+        "ephemeral": bool(msg.flags & FLAG_EPHEMERAL),
+        "loading": bool(msg.flags & FLAG_LOADING),
+        "interaction": (
+            {"name": msg.interaction.command.name, "user": msg.interaction.user.name, "id": str(msg.interaction.id)}
+            if msg.interaction
+            else None
+        ),
+        "nonce": msg.nonce,
+        "deleted": msg.deleted,
     }

@@ -52,7 +52,7 @@ class DiscordRest:
         header = request.headers.get("Authorization", "")
         if not header.startswith("Bot "):
             raise ApiError(401, 0, "401: Unauthorized")
-        return self.state.bot_for_token(header[len("Bot "):])
+        return self.state.bot_for_token(header[len("Bot ") :])
 
     def channel(self, request: web.Request, bot: User) -> Channel:
         return self.state.visible_channel(bot, request.match_info["channel_id"])
@@ -65,20 +65,40 @@ class DiscordRest:
 
     async def me(self, request: web.Request) -> web.Response:
         bot = self.auth(request)
-        return json_response({**payloads.user(bot), "verified": True, "mfa_enabled": False, "email": None,
-                              "flags": 0, "locale": "en-US"})
+        return json_response(
+            {**payloads.user(bot), "verified": True, "mfa_enabled": False, "email": None, "flags": 0, "locale": "en-US"}
+        )
 
     async def application(self, request: web.Request) -> web.Response:
         bot = self.auth(request)
-        return json_response({
-            "id": str(bot.application_id), "name": bot.name, "icon": None, "description": "",
-            "bot_public": False, "bot_require_code_grant": False, "verify_key": "0" * 64,
-            "owner": {"id": str(self.state.owner_id), "username": "room-owner", "global_name": None,
-                      "discriminator": "0", "avatar": None, "public_flags": 0},
-            "team": None, "flags": 1 << 18 | 1 << 14 | 1 << 12, "bot": payloads.user(bot), "summary": "",
-            "approximate_guild_count": len(self.state.guilds), "interactions_endpoint_url": None,
-            "redirect_uris": [], "tags": [], "integration_types_config": {"0": {}},
-        })
+        return json_response(
+            {
+                "id": str(bot.application_id),
+                "name": bot.name,
+                "icon": None,
+                "description": "",
+                "bot_public": False,
+                "bot_require_code_grant": False,
+                "verify_key": "0" * 64,
+                "owner": {
+                    "id": str(self.state.owner_id),
+                    "username": "room-owner",
+                    "global_name": None,
+                    "discriminator": "0",
+                    "avatar": None,
+                    "public_flags": 0,
+                },
+                "team": None,
+                "flags": 1 << 18 | 1 << 14 | 1 << 12,
+                "bot": payloads.user(bot),
+                "summary": "",
+                "approximate_guild_count": len(self.state.guilds),
+                "interactions_endpoint_url": None,
+                "redirect_uris": [],
+                "tags": [],
+                "integration_types_config": {"0": {}},
+            }
+        )
 
     async def gateway(self, request: web.Request) -> web.Response:
         return json_response({"url": self.gateway_url()})
@@ -90,8 +110,12 @@ class DiscordRest:
 
     async def list_messages(self, request: web.Request) -> web.Response:
         bot = self.auth(request)
-        msgs = self.state.history(self.channel(request, bot), limit=query_int(request, "limit", 50) or 50,
-                                  before=query_int(request, "before"), after=query_int(request, "after"))
+        msgs = self.state.history(
+            self.channel(request, bot),
+            limit=query_int(request, "limit", 50) or 50,
+            before=query_int(request, "before"),
+            after=query_int(request, "after"),
+        )
         return json_response([payloads.visible(m, bot) for m in msgs])
 
     async def create_message(self, request: web.Request) -> web.Response:
@@ -137,8 +161,9 @@ class DiscordRest:
         bot = self.auth(request)
         if request.match_info["app_id"] != str(bot.application_id):
             raise ApiError(403, 50001, "Missing Access")
-        guild_id = self.state.guild_by_id(request.match_info["guild_id"]).id if "guild_id" in request.match_info \
-            else None
+        guild_id = (
+            self.state.guild_by_id(request.match_info["guild_id"]).id if "guild_id" in request.match_info else None
+        )
         body, _ = await read_body(request)
         cmds = self.state.overwrite_commands(bot, guild_id, body)
         log.info("bot %s synced %d %s command(s)", bot.name, len(cmds), "guild" if guild_id else "global")

@@ -40,16 +40,42 @@ class Room(Protocol):
 
     def snapshot(self) -> dict[str, Any]: ...
     def messages(self, channel: str = ..., member: str | None = ...) -> list[dict[str, Any]]: ...
-    def post(self, channel: str, author: str, content: str, *, reply_to: int | str | None = ...,
-             mentions: Iterable[str] = ..., moderator: bool | None = ...,
-             allowed_mentions: dict[str, Any] | None = ...) -> dict[str, Any]: ...
-    async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = ...,
-                             options: list[dict[str, Any]] | None = ..., moderator: bool | None = ...,
-                             timeout: float = ..., settle: float = ..., target: str | None = ...) -> dict[str, Any]: ...
+    def post(
+        self,
+        channel: str,
+        author: str,
+        content: str,
+        *,
+        reply_to: int | str | None = ...,
+        mentions: Iterable[str] = ...,
+        moderator: bool | None = ...,
+        allowed_mentions: dict[str, Any] | None = ...,
+    ) -> dict[str, Any]: ...
+    async def invoke_command(
+        self,
+        channel: str,
+        member: str,
+        name: str,
+        *,
+        bot: str | None = ...,
+        options: list[dict[str, Any]] | None = ...,
+        moderator: bool | None = ...,
+        timeout: float = ...,
+        settle: float = ...,
+        target: str | None = ...,
+    ) -> dict[str, Any]: ...
     async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
     def faults_view(self) -> dict[str, Any]: ...
-    def fail_message_posts(self, status: int = ..., *, nth: int = ..., times: int = ..., retry_after: float = ...,
-                           is_global: bool = ..., after_create: bool = ...) -> None: ...
+    def fail_message_posts(
+        self,
+        status: int = ...,
+        *,
+        nth: int = ...,
+        times: int = ...,
+        retry_after: float = ...,
+        is_global: bool = ...,
+        after_create: bool = ...,
+    ) -> None: ...
     async def drop_gateway(self, *, hold: bool = ...) -> int: ...
     def release_gateway(self) -> None: ...
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
@@ -90,11 +116,15 @@ class RoomApi:
         body = require_dict((await read_body(request))[0])
         author = body.get("author")
         if not isinstance(author, str):
-            raise ApiError(400, 50035, "\"author\" (a person's name) is required")
+            raise ApiError(400, 50035, '"author" (a person\'s name) is required')
         view = self.server.post(
-            request.match_info["channel"], author, str(body.get("content") or ""),
-            reply_to=body.get("reply_to"), mentions=list(body.get("mentions") or []),
-            moderator=body.get("moderator"), allowed_mentions=body.get("allowed_mentions"),
+            request.match_info["channel"],
+            author,
+            str(body.get("content") or ""),
+            reply_to=body.get("reply_to"),
+            mentions=list(body.get("mentions") or []),
+            moderator=body.get("moderator"),
+            allowed_mentions=body.get("allowed_mentions"),
         )
         return json_response(view, status=201)
 
@@ -103,14 +133,19 @@ class RoomApi:
         body = require_dict((await read_body(request))[0])
         channel = body.get("channel") or body.get("channel_id")  # an id, a name or guild/channel
         if not channel:
-            raise ApiError(400, 50035, "\"channel\" (an id, a name or guild/channel) is required")
+            raise ApiError(400, 50035, '"channel" (an id, a name or guild/channel) is required')
         for key in ("member", "name"):
             if not body.get(key):
-                raise ApiError(400, 50035, f"\"{key}\" is required")
+                raise ApiError(400, 50035, f'"{key}" is required')
         result = await self.server.invoke_command(
-            str(channel), str(body["member"]), str(body["name"]), bot=body.get("bot"),
-            options=body.get("options"), moderator=body.get("moderator"),
-            timeout=float(body.get("timeout", 10.0)), settle=float(body.get("settle", 0.25)),
+            str(channel),
+            str(body["member"]),
+            str(body["name"]),
+            bot=body.get("bot"),
+            options=body.get("options"),
+            moderator=body.get("moderator"),
+            timeout=float(body.get("timeout", 10.0)),
+            settle=float(body.get("settle", 0.25)),
             target=str(body["target_id"]) if body.get("target_id") is not None else None,
         )
         return json_response(result)
@@ -151,10 +186,14 @@ class RoomApi:
         if post is not None:
             post = require_dict(post)
             self.server.fail_message_posts(
-                int(post.get("status", 500)), nth=int(post.get("nth", 1)), times=int(post.get("times", 1)),
-                retry_after=float(post.get("retry_after", 0.05)), is_global=bool(post.get("global", False)),
+                int(post.get("status", 500)),
+                nth=int(post.get("nth", 1)),
+                times=int(post.get("times", 1)),
+                retry_after=float(post.get("retry_after", 0.05)),
+                is_global=bool(post.get("global", False)),
                 after_create=bool(post.get("after_create", False)),
-                refuse_seconds=float(post["refuse_seconds"]) if post.get("refuse_seconds") is not None else None)
+                refuse_seconds=float(post["refuse_seconds"]) if post.get("refuse_seconds") is not None else None,
+            )
         if body.get("drop_gateway"):
             await self.server.drop_gateway(hold=bool(body.get("hold", False)))
         if body.get("release_gateway"):
@@ -187,7 +226,9 @@ class RoomApi:
         finally:
             self.server.unsubscribe_events(queue)
 
-    async def _events_sse(self, request: web.Request, queue: asyncio.Queue[dict[str, Any] | None]) -> web.StreamResponse:
+    async def _events_sse(
+        self, request: web.Request, queue: asyncio.Queue[dict[str, Any] | None]
+    ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
@@ -195,7 +236,7 @@ class RoomApi:
             while True:
                 try:
                     item = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await resp.write(b": keep-alive\n\n")
                     continue
                 if item is None:

@@ -45,10 +45,17 @@ class Show(Protocol):
 class RoomServer:
     """Guilds with text channels; any bot token logs in (and joins every guild), people post through /_room/."""
 
-    def __init__(self, channels: Sequence[str] = ("general",), guild_name: str = "residents", *,
-                 layout: Layout | None = None, interaction_deadline: float = 3.0) -> None:
-        self.state = RoomState(layout or default_layout(list(channels), guild_name),
-                               interaction_deadline=interaction_deadline)
+    def __init__(
+        self,
+        channels: Sequence[str] = ("general",),
+        guild_name: str = "residents",
+        *,
+        layout: Layout | None = None,
+        interaction_deadline: float = 3.0,
+    ) -> None:
+        self.state = RoomState(
+            layout or default_layout(list(channels), guild_name), interaction_deadline=interaction_deadline
+        )
         self.desk = Interactions(self.state)
         self.faults = FaultPlan()
         self.outage = ConnectionOutage()
@@ -83,8 +90,13 @@ class RoomServer:
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{shown}:{bound[1]}"
         self.state.base_url = self.url
-        log.info("local Discord room listening on %s (%s)", self.url, "; ".join(
-            f"{g.name}: {', '.join(c.name for c in g.channels.values())}" for g in self.state.guilds.values()))
+        log.info(
+            "local Discord room listening on %s (%s)",
+            self.url,
+            "; ".join(
+                f"{g.name}: {', '.join(c.name for c in g.channels.values())}" for g in self.state.guilds.values()
+            ),
+        )
         return self.url
 
     async def stop(self) -> None:
@@ -120,26 +132,48 @@ class RoomServer:
             "url": self.url,
             "gateway_url": self.gateway_url(),
             "guild": {"id": str(state.guild_id), "name": state.guild_name},
-            "guilds": [{
-                "id": str(g.id), "name": g.name,
-                "channels": [{"id": str(c.id), "name": c.name, "ref": c.ref} for c in g.channels.values()],
-                "roles": [{"id": str(r.id), "name": r.name, "permissions": [n for n, on in r.permissions if on]}
-                          for r in g.roles.values()],
-                "members": [{"name": m.user.name, "bot": m.user.bot, "roles": [r.name for r in m.roles]}
-                            for m in g.members.values()],
-            } for g in guilds],
-            "channels": [{"id": str(c.id), "name": c.name, "guild": c.guild.name, "ref": c.ref}
-                         for c in state.channels.values()],
-            "bots": [{"id": str(b.id), "name": b.name, "application_id": str(b.application_id),
-                      "connected": self.gateway.connected(b),
-                      "commands": sorted({c.name for c in state.commands.values()
-                                          if c.application_id == b.application_id}),
-                      # in how many guilds it has put its command list (an empty one included)
-                      "synced": sum(1 for app, _g in state.synced if app == b.application_id)}
-                     for b in state.bots()],
-            "people": [{"id": str(p.id), "name": p.name, "moderator": state.is_moderator(p),
-                        "guilds": {g.name: [r.name for r in g.members[p.id].roles] for g in guilds if p.id in g.members}}
-                       for p in state.people_by_name.values()],
+            "guilds": [
+                {
+                    "id": str(g.id),
+                    "name": g.name,
+                    "channels": [{"id": str(c.id), "name": c.name, "ref": c.ref} for c in g.channels.values()],
+                    "roles": [
+                        {"id": str(r.id), "name": r.name, "permissions": [n for n, on in r.permissions if on]}
+                        for r in g.roles.values()
+                    ],
+                    "members": [
+                        {"name": m.user.name, "bot": m.user.bot, "roles": [r.name for r in m.roles]}
+                        for m in g.members.values()
+                    ],
+                }
+                for g in guilds
+            ],
+            "channels": [
+                {"id": str(c.id), "name": c.name, "guild": c.guild.name, "ref": c.ref} for c in state.channels.values()
+            ],
+            "bots": [
+                {
+                    "id": str(b.id),
+                    "name": b.name,
+                    "application_id": str(b.application_id),
+                    "connected": self.gateway.connected(b),
+                    "commands": sorted(
+                        {c.name for c in state.commands.values() if c.application_id == b.application_id}
+                    ),
+                    # in how many guilds it has put its command list (an empty one included)
+                    "synced": sum(1 for app, _g in state.synced if app == b.application_id),
+                }
+                for b in state.bots()
+            ],
+            "people": [
+                {
+                    "id": str(p.id),
+                    "name": p.name,
+                    "moderator": state.is_moderator(p),
+                    "guilds": {g.name: [r.name for r in g.members[p.id].roles] for g in guilds if p.id in g.members},
+                }
+                for p in state.people_by_name.values()
+            ],
             "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
             "annotator": self._annotator is not None,
             "show": self._show.status() if self._show is not None else None,
@@ -213,18 +247,43 @@ class RoomServer:
             self.state.emit(RoomEvent("message_delete", message=msg))
         return len(live)
 
-    def post(self, channel: str, author: str, content: str, *, reply_to: int | str | None = None,
-             mentions: Iterable[str] = (), moderator: bool | None = None,
-             allowed_mentions: dict[str, Any] | None = None) -> dict[str, Any]:
+    def post(
+        self,
+        channel: str,
+        author: str,
+        content: str,
+        *,
+        reply_to: int | str | None = None,
+        mentions: Iterable[str] = (),
+        moderator: bool | None = None,
+        allowed_mentions: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Post as the person `author`; dispatched to bots before this returns."""
         ch = self.state.channel_by_ref(channel)
-        msg = self.state.post_as_person(ch, author, content, reply_to=reply_to, mentions=mentions,
-                                        moderator=moderator, allowed_mentions=allowed_mentions)
+        msg = self.state.post_as_person(
+            ch,
+            author,
+            content,
+            reply_to=reply_to,
+            mentions=mentions,
+            moderator=moderator,
+            allowed_mentions=allowed_mentions,
+        )
         return payloads.room_view(msg)
 
-    async def invoke_command(self, channel: str, member: str, name: str, *, bot: str | None = None,
-                             options: list[dict[str, Any]] | None = None, moderator: bool | None = None,
-                             timeout: float = 10.0, settle: float = 0.25, target: str | None = None) -> dict[str, Any]:
+    async def invoke_command(
+        self,
+        channel: str,
+        member: str,
+        name: str,
+        *,
+        bot: str | None = None,
+        options: list[dict[str, Any]] | None = None,
+        moderator: bool | None = None,
+        timeout: float = 10.0,
+        settle: float = 0.25,
+        target: str | None = None,
+    ) -> dict[str, Any]:
         """Run /name as `member` in `channel`; wait for the callback and follow-ups (quiet for `settle` s).
 
         With `target` (a message id in `channel`), run the message command `name` on that message, as
@@ -240,10 +299,15 @@ class RoomServer:
         inter = self.desk.create(ch, member, command, options, moderator=moderator, target=target)
         timed_out = await self._await_responses(inter, timeout, settle)
         return {
-            "interaction_id": str(inter.id), "command": command.name, "bot": owner.name,
-            "member": inter.user.name, "moderator": self.state.is_moderator(inter.user, ch.guild),
-            "channel": ch.ref, "permissions": [n for n, on in self.state.permissions(inter.user, ch) if on],
-            "responses": list(inter.responses), "timed_out": timed_out,
+            "interaction_id": str(inter.id),
+            "command": command.name,
+            "bot": owner.name,
+            "member": inter.user.name,
+            "moderator": self.state.is_moderator(inter.user, ch.guild),
+            "channel": ch.ref,
+            "permissions": [n for n, on in self.state.permissions(inter.user, ch) if on],
+            "responses": list(inter.responses),
+            "timed_out": timed_out,
         }
 
     async def _await_responses(self, inter: Interaction, timeout: float, settle: float) -> bool:
@@ -264,9 +328,11 @@ class RoomServer:
                 wait = min(wait, settle - (now - last_change))
             await self._wait_changed(max(wait, 0.0))
 
-    async def wait_for_message(self, predicate: Callable[[dict[str, Any]], bool], *, channel: str | None = None,
-                               timeout: float = 5.0) -> dict[str, Any]:
+    async def wait_for_message(
+        self, predicate: Callable[[dict[str, Any]], bool], *, channel: str | None = None, timeout: float = 5.0
+    ) -> dict[str, Any]:
         """The first message (room view) matching `predicate`, waiting up to `timeout` s for it."""
+
         def check() -> dict[str, Any] | None:
             refs = [channel] if channel else [str(c.id) for c in self.state.channels.values()]
             for ref in refs:
@@ -287,29 +353,44 @@ class RoomServer:
                 return result
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise asyncio.TimeoutError(f"room condition not met within {timeout}s")
+                raise TimeoutError(f"room condition not met within {timeout}s")
             await self._wait_changed(remaining)
 
     async def _wait_changed(self, timeout: float) -> None:
         event = self._changed
         try:
             await asyncio.wait_for(event.wait(), timeout=timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     # ----- faults -------------------------------------------------------------------------------
 
-    def fail_message_posts(self, status: int = 500, *, nth: int = 1, times: int = 1, retry_after: float = 0.05,
-                           is_global: bool = False, after_create: bool = False,
-                           refuse_seconds: float | None = None) -> None:
+    def fail_message_posts(
+        self,
+        status: int = 500,
+        *,
+        nth: int = 1,
+        times: int = 1,
+        retry_after: float = 0.05,
+        is_global: bool = False,
+        after_create: bool = False,
+        refuse_seconds: float | None = None,
+    ) -> None:
         """Answer the `nth` next bot message POST with `status` (429 carries retry_after), `times` times.
 
         `after_create` (5xx only) stores the message first, like a response lost on the way back.
         `refuse_seconds` answers nothing instead: that POST's connection is cut and the room refuses
         connections for that long (`refuse_connections`).
         """
-        self.faults.add(status, nth=nth, times=times, retry_after=retry_after, is_global=is_global,
-                        after_create=after_create, refuse_seconds=refuse_seconds)
+        self.faults.add(
+            status,
+            nth=nth,
+            times=times,
+            retry_after=retry_after,
+            is_global=is_global,
+            after_create=after_create,
+            refuse_seconds=refuse_seconds,
+        )
 
     async def drop_gateway(self, *, hold: bool = False) -> int:
         """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
@@ -325,8 +406,11 @@ class RoomServer:
         await self.outage.refuse(self._runner, *self._bound, seconds)
 
     def faults_view(self) -> dict[str, Any]:
-        return {"message_post": [f.describe() for f in self.faults.pending], "hits": self.faults.hits,
-                "connections": self.outage.describe()}
+        return {
+            "message_post": [f.describe() for f in self.faults.pending],
+            "hits": self.faults.hits,
+            "connections": self.outage.describe(),
+        }
 
     # ----- change notification and the event stream ---------------------------------------------
 
@@ -358,27 +442,44 @@ class RoomServer:
         if event.kind in ("message_create", "message_update", "message_delete") and event.message is not None:
             return {"type": event.kind, "message": payloads.room_view(event.message)}
         if event.kind == "typing" and event.user is not None and event.channel is not None:
-            return {"type": "typing", "channel_id": str(event.channel.id), "user": event.user.name,
-                    "time": time.time()}
+            return {"type": "typing", "channel_id": str(event.channel.id), "user": event.user.name, "time": time.time()}
         if event.kind == "interaction_response" and event.interaction is not None:
-            return {"type": "interaction_response", "interaction_id": str(event.interaction.id),
-                    "command": event.interaction.command.name, "member": event.interaction.user.name,
-                    "channel_id": str(event.interaction.channel.id), "response": event.response}
+            return {
+                "type": "interaction_response",
+                "interaction_id": str(event.interaction.id),
+                "command": event.interaction.command.name,
+                "member": event.interaction.user.name,
+                "channel_id": str(event.interaction.channel.id),
+                "response": event.response,
+            }
         if event.kind in ("member_add", "member_update") and event.user is not None and event.guild is not None:
-            return {"type": event.kind, "user": {"id": str(event.user.id), "name": event.user.name,
-                                                 "bot": event.user.bot, "guild": event.guild.name,
-                                                 "moderator": self.state.is_moderator(event.user, event.guild)}}
+            return {
+                "type": event.kind,
+                "user": {
+                    "id": str(event.user.id),
+                    "name": event.user.name,
+                    "bot": event.user.bot,
+                    "guild": event.guild.name,
+                    "moderator": self.state.is_moderator(event.user, event.guild),
+                },
+            }
         return None
 
 
-async def serve(host: str = "127.0.0.1", port: int = 8765, channels: Sequence[str] = ("general",),
-                guild_name: str = "residents", layout: Layout | None = None,
-                announce: Callable[[RoomServer], None] | None = None) -> None:
+async def serve(
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    channels: Sequence[str] = ("general",),
+    guild_name: str = "residents",
+    layout: Layout | None = None,
+    announce: Callable[[RoomServer], None] | None = None,
+) -> None:
     """Run a room until cancelled (the `residents room` command wraps this); `announce` is told once it listens."""
     server = RoomServer(channels, guild_name, layout=layout)
     url = await server.start(host, port)
-    log.info("point bots at %s (REST %s/api/v10, gateway %s); people post via %s/_room/",
-             url, url, server.gateway_url(), url)
+    log.info(
+        "point bots at %s (REST %s/api/v10, gateway %s); people post via %s/_room/", url, url, server.gateway_url(), url
+    )
     if announce is not None:
         announce(server)
     try:

@@ -17,9 +17,32 @@ import discord
 
 from . import validation
 from .layout import GuildLayout, Layout, default_layout
-from .model import BOT_PERMS, BOTS_ROLE, EVERYONE_PERMS, MODERATOR_ROLE, MSG_DEFAULT, MSG_REPLY, \
-    SETTABLE_FLAGS, FLAG_EPHEMERAL, ApiError, Attachment, Channel, Command, Guild, Interaction, Listener, Member, \
-    Message, Overwrite, Role, RoomEvent, Snowflakes, User, form_error, unknown
+from .model import (
+    BOT_PERMS,
+    BOTS_ROLE,
+    EVERYONE_PERMS,
+    FLAG_EPHEMERAL,
+    MODERATOR_ROLE,
+    MSG_DEFAULT,
+    MSG_REPLY,
+    SETTABLE_FLAGS,
+    ApiError,
+    Attachment,
+    Channel,
+    Command,
+    Guild,
+    Interaction,
+    Listener,
+    Member,
+    Message,
+    Overwrite,
+    Role,
+    RoomEvent,
+    Snowflakes,
+    User,
+    form_error,
+    unknown,
+)
 from .payloads import ATTACHMENT_LIMIT
 
 log = logging.getLogger(__name__)
@@ -37,7 +60,7 @@ def bot_name_for_token(token: str) -> str:
     Anything else (a real-looking Discord token, say) becomes `bot-` plus 8 hex digits of the
     token's SHA-256, so the same token always yields the same name.
     """
-    rest = token[len("local-"):] if token.startswith("local-") else token
+    rest = token[len("local-") :] if token.startswith("local-") else token
     if NAME_OK.match(rest):
         return rest.lower()
     return "bot-" + hashlib.sha256(token.encode()).hexdigest()[:8]
@@ -73,8 +96,7 @@ class RoomState:
         g.roles[bots.id] = bots
         for position, (name, perms) in enumerate(spec.roles.items(), start=2):
             rid = self.ids.next()
-            g.roles[rid] = Role(rid, name, discord.Permissions(**{p: True for p in perms}), position,
-                                mentionable=True)
+            g.roles[rid] = Role(rid, name, discord.Permissions(**{p: True for p in perms}), position, mentionable=True)
         for position, name in enumerate(spec.channels):
             ch = Channel(id=self.ids.next(), name=name, position=position, guild=g)
             g.channels[ch.id] = ch
@@ -88,8 +110,14 @@ class RoomState:
             for rule in rules:
                 target = g.role_named(rule.target)
                 kind, tid = (0, target.id) if target is not None else (1, self.people_by_name[rule.target].id)
-                ch.overwrites.append(Overwrite(tid, kind, discord.Permissions(**{p: True for p in rule.allow}),
-                                               discord.Permissions(**{p: True for p in rule.deny})))
+                ch.overwrites.append(
+                    Overwrite(
+                        tid,
+                        kind,
+                        discord.Permissions(**{p: True for p in rule.allow}),
+                        discord.Permissions(**{p: True for p in rule.deny}),
+                    )
+                )
         return g
 
     # ----- events -----------------------------------------------------------------------
@@ -144,8 +172,12 @@ class RoomState:
         guild_name, _, name = ref.rpartition("/")
         found = [c for c in self.channels.values() if c.name == name and guild_name in ("", c.guild.name)]
         if len(found) > 1:
-            raise ApiError(400, 50035, f"channel {name!r} is in guilds {' and '.join(c.guild.name for c in found)}: "
-                                       f"say which, e.g. {found[0].ref!r}")
+            raise ApiError(
+                400,
+                50035,
+                f"channel {name!r} is in guilds {' and '.join(c.guild.name for c in found)}: "
+                f"say which, e.g. {found[0].ref!r}",
+            )
         if not found:
             raise unknown("Channel", 10003)
         return found[0]
@@ -213,8 +245,12 @@ class RoomState:
         if moderator is not None:
             role = g.role_named(MODERATOR_ROLE)
             if role is None:
-                raise ApiError(400, 50035, f"guild {g.name} has no {MODERATOR_ROLE!r} role: the layout's roles "
-                                           "decide what a member may do (drop \"moderator\")")
+                raise ApiError(
+                    400,
+                    50035,
+                    f"guild {g.name} has no {MODERATOR_ROLE!r} role: the layout's roles "
+                    'decide what a member may do (drop "moderator")',
+                )
             if moderator != (role in member.roles):
                 member.roles = [r for r in member.roles if r is not role] + ([role] if moderator else [])
                 self.emit(RoomEvent("member_update", user=user, guild=g))
@@ -249,8 +285,9 @@ class RoomState:
             raise unknown("Message", 10008)
         return msg
 
-    def history(self, channel: Channel, *, limit: int = 50, before: int | None = None,
-                after: int | None = None) -> list[Message]:
+    def history(
+        self, channel: Channel, *, limit: int = 50, before: int | None = None, after: int | None = None
+    ) -> list[Message]:
         """GET /channels/{id}/messages semantics: newest first, `after` takes the oldest after it."""
         if not 1 <= limit <= 100:
             raise form_error(["limit"], "NUMBER_TYPE_MAX", "int value should be between 1 and 100.")
@@ -263,10 +300,19 @@ class RoomState:
             picked = live[-limit:]
         return list(reversed(picked))
 
-    def create_message(self, channel: Channel, author: User, body: dict[str, Any], *,
-                       attachments: Sequence[Upload] = (), mtype: int | None = None,
-                       interaction: Interaction | None = None, allow_ephemeral: bool = False,
-                       allow_empty: bool = False, store: bool = True) -> Message:
+    def create_message(
+        self,
+        channel: Channel,
+        author: User,
+        body: dict[str, Any],
+        *,
+        attachments: Sequence[Upload] = (),
+        mtype: int | None = None,
+        interaction: Interaction | None = None,
+        allow_ephemeral: bool = False,
+        allow_empty: bool = False,
+        store: bool = True,
+    ) -> Message:
         """Validate like Discord and create a message; returns the existing one on a nonce hit.
 
         `interaction` makes it an interaction's answer (sent through the application's webhook).
@@ -287,18 +333,35 @@ class RoomState:
         if not isinstance(components, list):
             raise form_error(["components"], "BASE_TYPE_ARRAY", "Must be an array.")
         files = [self._store_attachment(channel, name, data, ctype) for name, data, ctype in attachments]
-        if not allow_empty and not content.strip() and not validation.shows_something(embeds) and not files \
-                and not components and not body.get("sticker_ids") and not body.get("poll"):
+        if (
+            not allow_empty
+            and not content.strip()
+            and not validation.shows_something(embeds)
+            and not files
+            and not components
+            and not body.get("sticker_ids")
+            and not body.get("poll")
+        ):
             raise validation.empty_message()
         flags = int(body.get("flags") or 0) & (SETTABLE_FLAGS | (FLAG_EPHEMERAL if allow_ephemeral else 0))
         reference = validation.check_reference(channel, body.get("message_reference"))
         msg = Message(
-            id=self.ids.next(), channel=channel, author=author, content=content,
+            id=self.ids.next(),
+            channel=channel,
+            author=author,
+            content=content,
             type=mtype if mtype is not None else (MSG_REPLY if reference else MSG_DEFAULT),
-            embeds=embeds, components=components, attachments=files, flags=flags, tts=bool(body.get("tts", False)),
-            nonce=nonce, allowed_mentions=body.get("allowed_mentions"), reference=reference,
+            embeds=embeds,
+            components=components,
+            attachments=files,
+            flags=flags,
+            tts=bool(body.get("tts", False)),
+            nonce=nonce,
+            allowed_mentions=body.get("allowed_mentions"),
+            reference=reference,
             webhook_id=author.application_id if interaction else None,
-            application_id=author.application_id if interaction else None, interaction=interaction,
+            application_id=author.application_id if interaction else None,
+            interaction=interaction,
         )
         self._apply_mentions(msg)
         if nonce is not None and body.get("enforce_nonce"):
@@ -344,23 +407,39 @@ class RoomState:
             raise ApiError(413, 40005, "Request entity too large")
         aid = self.ids.next()
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", filename) or "file"
-        att = Attachment(id=aid, filename=filename, data=data, content_type=ctype,
-                         url=f"{self.base_url}/attachments/{channel.id}/{aid}/{safe}")
+        att = Attachment(
+            id=aid,
+            filename=filename,
+            data=data,
+            content_type=ctype,
+            url=f"{self.base_url}/attachments/{channel.id}/{aid}/{safe}",
+        )
         self.attachments[aid] = att
         return att
 
     def typing(self, channel: Channel, user: User) -> None:
         self.emit(RoomEvent("typing", user=user, channel=channel))
 
-    def post_as_person(self, channel: Channel, author: str, content: str, *, reply_to: int | str | None = None,
-                       mentions: Iterable[str] = (), moderator: bool | None = None,
-                       allowed_mentions: dict[str, Any] | None = None) -> Message:
+    def post_as_person(
+        self,
+        channel: Channel,
+        author: str,
+        content: str,
+        *,
+        reply_to: int | str | None = None,
+        mentions: Iterable[str] = (),
+        moderator: bool | None = None,
+        allowed_mentions: dict[str, Any] | None = None,
+    ) -> Message:
         """What Discord's own client does for a person typing: `@name` becomes `<@id>`."""
         person = self.person(author, channel.guild, moderator=moderator)
         if not self.permissions(person, channel).send_messages:
             raise ApiError(403, 50013, f"{person.name} may not send messages in {channel.ref}")
-        text = re.sub(r"(?<![<\w])@([A-Za-z0-9_.-]{2,32})\b",
-                      lambda m: f"<@{u.id}>" if (u := self.user_by_name(m.group(1))) else m.group(0), content)
+        text = re.sub(
+            r"(?<![<\w])@([A-Za-z0-9_.-]{2,32})\b",
+            lambda m: f"<@{u.id}>" if (u := self.user_by_name(m.group(1))) else m.group(0),
+            content,
+        )
         missing = []
         for name in mentions:
             user = self.user_by_name(name)
@@ -385,8 +464,11 @@ class RoomState:
             raise form_error([], "BASE_TYPE_ARRAY", "Must be an array.")
         if len(commands) > 100:
             raise form_error([], "BASE_TYPE_MAX_LENGTH", "Must be 100 or fewer in length.")
-        existing = {(c.name, c.type): c for c in self.commands.values()
-                    if c.application_id == bot.application_id and c.guild_id == guild_id}
+        existing = {
+            (c.name, c.type): c
+            for c in self.commands.values()
+            if c.application_id == bot.application_id and c.guild_id == guild_id
+        }
         kept: list[Command] = []
         for i, data in enumerate(commands):
             validation.check_command(data, [i])
@@ -396,8 +478,13 @@ class RoomState:
                     old.data, old.version = dict(data), self.ids.next()
                 kept.append(old)
             else:
-                cmd = Command(id=self.ids.next(), application_id=bot.application_id, guild_id=guild_id,
-                              data=dict(data), version=self.ids.next())
+                cmd = Command(
+                    id=self.ids.next(),
+                    application_id=bot.application_id,
+                    guild_id=guild_id,
+                    data=dict(data),
+                    version=self.ids.next(),
+                )
                 self.commands[cmd.id] = cmd
                 kept.append(cmd)
         for gone in existing.values():
@@ -409,17 +496,19 @@ class RoomState:
         """`guild`'s command first, then global; `bot_name` may be omitted when only one app has `name`.
 
         `ctype`: 1 a slash command, 3 a message command (a message's Apps menu)."""
-        candidates = [c for c in self.commands.values() if c.name == name and c.type == ctype
-                      and c.guild_id in (None, guild.id)]
+        candidates = [
+            c for c in self.commands.values() if c.name == name and c.type == ctype and c.guild_id in (None, guild.id)
+        ]
         if bot_name is not None:
             bot = self.bot_by_name(bot_name)
             if bot is None:
                 raise ApiError(404, 10013, f"no bot called {bot_name!r}")
             candidates = [c for c in candidates if c.application_id == bot.application_id]
         if not candidates:
-            raise ApiError(404, 10063, f"no application has a command called {name!r} in guild {guild.name} "
-                                       "(did the bot sync?)")
+            raise ApiError(
+                404, 10063, f"no application has a command called {name!r} in guild {guild.name} (did the bot sync?)"
+            )
         if len({c.application_id for c in candidates}) > 1:
-            raise ApiError(400, 50035, f"several bots have /{name}: say which with \"bot\"")
+            raise ApiError(400, 50035, f'several bots have /{name}: say which with "bot"')
         candidates.sort(key=lambda c: c.guild_id is None)  # guild commands win
         return candidates[0]

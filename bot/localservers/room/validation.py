@@ -12,7 +12,6 @@ from typing import Any
 
 from .model import ApiError, Channel, Message, User, form_error
 
-
 MAX_CONTENT = 2000
 USER_MENTION = re.compile(r"<@!?(\d{1,20})>")
 ROLE_MENTION = re.compile(r"<@&(\d{1,20})>")
@@ -60,8 +59,11 @@ def check_reference(channel: Channel, ref: Any) -> Message | None:
     if int(ref.get("type", 0) or 0) != 0:
         raise form_error(["message_reference", "type"], "BASE_TYPE_CHOICES", "Only replies are supported here")
     if ref.get("channel_id") is not None and int(ref["channel_id"]) != channel.id:
-        raise form_error(["message_reference"], "REPLIES_CANNOT_REFERENCE_OTHER_CHANNEL",
-                         "Cannot reply to a message in a different channel")
+        raise form_error(
+            ["message_reference"],
+            "REPLIES_CANNOT_REFERENCE_OTHER_CHANNEL",
+            "Cannot reply to a message in a different channel",
+        )
     target = channel.by_id.get(int(ref["message_id"]))
     if target is None or target.deleted:
         if ref.get("fail_if_not_exists", True):
@@ -96,16 +98,25 @@ def apply_mentions(msg: Message, users: Mapping[int, User], may_everyone: bool) 
         parse = set(allowed.get("parse") or [])
         bad = parse - {"users", "roles", "everyone"}
         if bad:
-            raise form_error(["allowed_mentions", "parse"], "BASE_TYPE_CHOICES",
-                             f"Value must be one of ('roles', 'users', 'everyone'), not {sorted(bad)}")
+            raise form_error(
+                ["allowed_mentions", "parse"],
+                "BASE_TYPE_CHOICES",
+                f"Value must be one of ('roles', 'users', 'everyone'), not {sorted(bad)}",
+            )
         users_list = {int(u) for u in allowed.get("users") or []}
         roles_list = {int(r) for r in allowed.get("roles") or []}
         if "users" in parse and users_list:
-            raise form_error(["allowed_mentions"], "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
-                             "parse:[\"users\"] and users: [ids...] are mutually exclusive.")
+            raise form_error(
+                ["allowed_mentions"],
+                "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
+                'parse:["users"] and users: [ids...] are mutually exclusive.',
+            )
         if "roles" in parse and roles_list:
-            raise form_error(["allowed_mentions"], "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
-                             "parse:[\"roles\"] and roles: [ids...] are mutually exclusive.")
+            raise form_error(
+                ["allowed_mentions"],
+                "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
+                'parse:["roles"] and roles: [ids...] are mutually exclusive.',
+            )
         replied = bool(allowed.get("replied_user", False))
     pinged = [u for u in content_users if "users" in parse or u.id in users_list]
     if msg.reference is not None and replied and msg.reference.author not in pinged:
