@@ -179,3 +179,41 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _TREE = pytest.StashKey[dict[str, tuple[int, int]]]()
+
+
+# Modules whose tests run whole processes end to end: real discord.py bots on the local room over
+# sockets, `residents` subprocesses and console scripts, a browser, a built wheel, the provider fault
+# matrix and config fuzzing through the whole CLI. `pytest -m "not e2e"` runs the rest, the fast tests
+# of the pipeline's parts (README: "Two commands").
+E2E_MODULES = frozenset(
+    {
+        "test_browser",
+        "test_browser_guilds",
+        "test_chain",
+        "test_cli",
+        "test_commands_once",
+        "test_crash",
+        "test_demo",
+        "test_discord_e2e",
+        "test_faults_provider",
+        "test_fuzz_config",
+        "test_discord_text",
+        "test_faults_discord",
+        "test_live",
+        "test_load",
+        "test_localroom",
+        "test_moderation",
+        "test_packaging",
+        "test_provenance",
+        "test_provider_key",
+        "test_room_input",
+        "test_room_layout",
+        "test_run_start",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in E2E_MODULES:
+            item.add_marker(pytest.mark.e2e)
