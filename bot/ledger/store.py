@@ -12,7 +12,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,7 @@ class Ledger:
     _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
 
     async def add_chunks(
-        self, attempt_id: str, rows: list[tuple[int, int | None, str | None, str, str | None]]
+        self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
     ) -> None:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
         if len(rows) == 1:  # the common case: one statement, one trip, no transaction around it
