@@ -87,7 +87,7 @@ async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: 
                 seen = await room.own_messages(m.channel, None, m.created_at - 60)
                 mid = next(
                     (
-                        x.message_id
+                        x.id
                         for x in seen
                         if x.nonce == m.nonce
                         or (
