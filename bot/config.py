@@ -62,11 +62,11 @@ class Continuation(Strict):
     """Who may continue a cut output, and the hard bounds when anyone does."""
 
     standing: Literal["none", "on-request", "bounded"] = "none"
-    max_segments: int | None = Field(None, ge=1, le=8)
-    max_output_tokens: int | None = Field(None, ge=1, le=1_000_000)
-    min_progress_chars: int | None = Field(None, ge=1, le=100_000)
-    similarity_abort: float | None = Field(None, ge=0.0, le=1.0)
-    min_overlap_chars: int = Field(8, ge=1, le=10_000)
+    max_segments: int | None = Field(default=None, ge=1, le=8)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    min_progress_chars: int | None = Field(default=None, ge=1, le=100_000)
+    similarity_abort: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_overlap_chars: int = Field(default=8, ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _bounds_required(self) -> Continuation:
@@ -78,10 +78,10 @@ class Continuation(Strict):
 
 
 class Retries(Strict):
-    max_attempts: int = Field(3, ge=1, le=10)
-    backoff_seconds: float = Field(1.0, ge=0.0, le=600.0)
-    max_backoff_seconds: float = Field(30.0, ge=0.0, le=3600.0)
-    timeout_seconds: float = Field(600.0, gt=0.0, le=3600.0)
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    backoff_seconds: float = Field(default=1.0, ge=0.0, le=600.0)
+    max_backoff_seconds: float = Field(default=30.0, ge=0.0, le=3600.0)
+    timeout_seconds: float = Field(default=600.0, gt=0.0, le=3600.0)
 
 
 class Notices(Strict):
@@ -100,16 +100,17 @@ class StumpAccess(Strict):
 class Tools(Strict):
     """The tool loop: rounds of provider calls, each ending in tool calls whose results go back."""
 
-    max_rounds: int = Field(4, ge=2, le=32)  # requests in one generation's tool loop, the final answer's included
+    # requests in one generation's tool loop, the final answer's included
+    max_rounds: int = Field(default=4, ge=2, le=32)
 
 
 class Floor(Strict):
     """Turn-taking among several residents and people in one room."""
 
     reply_to: Literal["mentions", "mentions-and-replies", "all"] = "mentions-and-replies"
-    cooldown_seconds: float = Field(2.0, ge=0.0, le=3600.0)
-    max_resident_run: int = Field(3, ge=1, le=100)
-    history_limit: int = Field(50, ge=1, le=500)
+    cooldown_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
+    max_resident_run: int = Field(default=3, ge=1, le=100)
+    history_limit: int = Field(default=50, ge=1, le=500)
 
 
 class Delivery(Strict):
@@ -152,9 +153,9 @@ class Residence(Strict):
     system: str = ""
     policy: Policy = Policy()
     discord: DiscordSettings | None = None
-    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     stop_sequences: list[str] = Field(default_factory=list)
-    output_ceiling: int | None = Field(None, ge=1, le=1_000_000)
+    output_ceiling: int | None = Field(default=None, ge=1, le=1_000_000)
 
     @model_validator(mode="after")
     def _within_model_ceiling(self) -> Residence:

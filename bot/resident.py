@@ -187,15 +187,16 @@ class Resident:
 
     def _live_view(self, room: Room, channel: str) -> LiveView | None:
         """A live view of the reply, where the policy asks for one and the room can edit its messages."""
-        if not self.residence.policy.delivery.live or not supports_live(room):
+        live_room: object = room  # the same room, seen as a LiveRoom once it is known to be one
+        if not self.residence.policy.delivery.live or not supports_live(live_room):
             return None
         outbox = self.outbox
         return LiveView(
             self.name,
             channel,
             self.ledger,
-            room,
-            self.board,  # type: ignore[arg-type]
+            live_room,
+            self.board,
             lambda gid, line: self._notice(room, gid, line, channel),
             pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False),
         )

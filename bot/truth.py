@@ -154,7 +154,7 @@ def _continuation_stop(e: Ending) -> str | None:
         return "continuation stopped on an internal error"
     if e.last_outcome == "truncated" and e.stop_reason == "model_context_window_exceeded":
         return "continuation stopped when the model context window filled"
-    return _CONT_REASON["error"]
+    return _CONT_REASON[ContinuationEnd.ERROR]
 
 
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})

@@ -461,6 +461,38 @@ async def test_resume_never_adopts_a_message_with_another_posts_nonce(ledger: Le
     assert [p.id for p in room.sent] == [p.id for p in posts]
 
 
+class StaleLiveRoom(FakeRoom):
+    """A FakeRoom that also removes messages, as start-up does to live messages a stop left in progress."""
+
+    def __init__(self, held: list[Seen]) -> None:
+        super().__init__(held)
+        self.deleted: list[tuple[str, str]] = []
+
+    async def delete(self, channel: str, message_id: str) -> None:
+        self.deleted.append((channel, message_id))
+
+
+async def test_a_live_message_whose_send_was_never_answered_is_found_by_its_nonce_and_withdrawn(
+    ledger: Ledger,
+) -> None:
+    """A stop between a live send and its answer: at the next start the message is found among the bot's
+    own by its nonce, removed from the room, and recorded withdrawn under the id the room gave it."""
+    from bot.delivery.live import withdraw_left_in_progress
+    from bot.ledger import live as live_ledger
+
+    g = await pending(ledger)
+    a = await streaming(ledger, g, ["The harbour at dawn"])
+    shown = live_ledger.LiveMessage("n-live", None, g.id, a.id, 0, g.channel, g.residence, "The harbour at dawn")
+    await live_ledger.add(ledger, shown)
+    room = StaleLiveRoom(
+        [Seen("m-other", "hello"), Seen("m-live", "The harbour at dawn" + truth.LIVE_MARKER, "n-live")]
+    )
+    assert await withdraw_left_in_progress(ledger, room, "cairn") == 1
+    assert room.deleted == [("100", "m-live")]
+    [m] = await live_ledger.of_generation(ledger, g.id)
+    assert (m.message_id, m.state) == ("m-live", "withdrawn")
+
+
 async def test_a_room_error_holds_later_posts_of_that_channel_back_in_order(ledger: Ledger) -> None:
     a = await planned_generation(ledger, ["first"], delivered=0)
     b = await planned_generation(ledger, ["second"], delivered=0)

@@ -95,8 +95,8 @@ def check_files(files: list[tuple[Path, Path]]) -> tuple[list[str], list[str]]:
             else:
                 warnings += _model_warnings(p, "model", load_residence(str(p), base))
         except ConfigError as e:
-            files = list(dict.fromkeys(q.file for q in e.problems))  # each file's problems in line order
-            problems += [str(q) for q in sorted(e.problems, key=lambda q: (files.index(q.file), q.line or 0))]
+            named = list(dict.fromkeys(q.file for q in e.problems))  # each file's problems in line order
+            problems += [str(q) for q in sorted(e.problems, key=lambda q: (named.index(q.file), q.line or 0))]
     return list(dict.fromkeys(problems)), warnings
 
 

@@ -264,7 +264,7 @@ def export(db: str | None, out: Path, since: int) -> int:
 
     async def go() -> tuple[list[chain.Entry], int]:
         async with open_ledger(path) as lg:
-            head = (await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
+            head = list(await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
             return await chain.entries(lg.db, since), head
 
     entries, head = asyncio.run(go())

@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from .. import truth
 from ..generation.attempts import LiveLedgerSink
@@ -56,7 +56,7 @@ class LiveRoom(Protocol):
     async def delete(self, message_id: str) -> None: ...
 
 
-def supports_live(room: object) -> bool:
+def supports_live(room: object) -> TypeGuard[LiveRoom]:
     return all(callable(getattr(room, m, None)) for m in ("send_live", "edit", "delete"))
 
 
@@ -87,7 +87,7 @@ async def withdraw_left_in_progress(ledger: Ledger, room: StaleRoom, residence: 
                 seen = await room.own_messages(m.channel, None, m.created_at - 60)
                 mid = next(
                     (
-                        x.message_id
+                        x.id
                         for x in seen
                         if x.nonce == m.nonce
                         or (

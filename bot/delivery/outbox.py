@@ -208,9 +208,9 @@ class Outbox:
             # A bug, or the ledger failing: say so once, loudly. The posts stay queued, in order, for the
             # next reply in this channel (or the next start); nobody is left waiting for them meanwhile.
             log.exception("outbox %s: delivery stopped by an unexpected error; %d post(s) wait", channel, len(ch.queue))
-            for e in ch.queue:
-                if not e.done.done():
-                    e.done.set_result(False)
+            for waiting in ch.queue:
+                if not waiting.done.done():
+                    waiting.done.set_result(False)
             ch.tried.set()
 
     async def _send_front(self, ch: _Channel, room: ResumeRoom) -> None:

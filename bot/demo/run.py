@@ -82,6 +82,7 @@ async def start(
     point_at_local(room.url)
     prov: ProviderServer | None = None
     responder: Scripted | None = None
+    base_url: str | None
     if provider == "scripted":
         responder = demo_responder({r.name: r.model for r in res})
         prov = ProviderServer(responder=responder)
@@ -110,10 +111,9 @@ def _annotator(ledger: Ledger):
         found = {mid: {"kind": p.kind, "generation_id": p.generation_id} for mid, p in posts.items()}
         # A live reply still being written (or its set-aside attempt) is known from its live messages.
         for m in await live_ledger.by_message(ledger, [i for i in ids if i not in found]):
-            found[m.message_id] = {
-                "kind": "live" if m.state == "live" else "stump",  # type: ignore[index]
-                "generation_id": m.generation_id,
-            }
+            if m.message_id is None:  # never: these were found by their message id
+                continue
+            found[m.message_id] = {"kind": "live" if m.state == "live" else "stump", "generation_id": m.generation_id}
         return found
 
     return annotate

@@ -207,8 +207,11 @@ async def settled(ledger: Ledger, trigger: str, resident: str, timeout: float = 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        rows = await ledger.db.execute_fetchall(
-            "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'", (trigger, resident)
+        rows = list(
+            await ledger.db.execute_fetchall(
+                "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'",
+                (trigger, resident),
+            )
         )
         if rows:
             g = await ledger.get_generation(rows[0][0])

@@ -38,14 +38,18 @@ def shared_floor() -> Floor:
     return floor
 
 
-class _Author(Protocol):
-    id: int
-    bot: bool
+class _Author(Protocol):  # read-only: a discord.py Member's `bot` is a property
+    @property
+    def id(self) -> int: ...
+    @property
+    def bot(self) -> bool: ...
 
 
 class _Message(Protocol):
-    id: int
-    author: _Author
+    @property
+    def id(self) -> int: ...
+    @property
+    def author(self) -> _Author: ...
 
 
 def since_person(history: Sequence[_Message]) -> list[_Message]:

@@ -96,7 +96,8 @@ async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = T
     except anthropic.APIStatusError as e:
         if e.status_code in (401, 403):
             body = e.body if isinstance(e.body, dict) else {}
-            err = body.get("error") if isinstance(body.get("error"), dict) else {}
+            inner = body.get("error")
+            err = inner if isinstance(inner, dict) else {}
             kind = err.get("type") or f"http-{e.status_code}"
             host, why = client.base_url.host, f"HTTP {e.status_code} {kind}"
             raise ProviderKeyRejected(
@@ -211,7 +212,7 @@ async def _serve(
         for t in done:
             if t is stopper:
                 continue
-            b = bots[tasks.index(t)]
+            b = next(b for b, task in zip(bots, tasks, strict=True) if task is t)
             exc = t.exception()
             if isinstance(exc, discord.LoginFailure):
                 problem = (

@@ -22,7 +22,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..provider import BlockSink, stream_once
-from ..records import Attempt, Generation, Stump, StumpScope, join_text, make_stump, new_id
+from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class AttemptRunner:
                 a.error = f.kind
                 a.stop_reason = None  # a failed stream did not stop for a reason of the model's
                 if f.retryable and index < policy.max_attempts:
-                    a.outcome, a.discard_reason = "abandoned", truth.RETRY_ABANDONED
+                    a.outcome, a.discard_reason = Outcome.ABANDONED, truth.RETRY_ABANDONED
                     stumps = [make_stump(g, a, truth.RETRY_ABANDONED, StumpScope.ATTEMPT)] if a.text else []
                     stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
@@ -245,7 +245,7 @@ class AttemptRunner:
                         await self.sleep(wait)
                     prev = a
                     continue
-                a.outcome = "failed"
+                a.outcome = Outcome.FAILED
                 log.warning("attempt %s (%s) failed: %s: %s", a.id, g.residence, f.kind, f.message)
             else:
                 a.outcome = truth.outcome_of_stop(end.stop_reason, has_tools=tools)

@@ -29,10 +29,12 @@ from ..records import (
     Attempt,
     ContinuationEnd,
     Generation,
+    Outcome,
     Planned,
     PostKind,
     PostReason,
     Segment,
+    Status,
     StumpScope,
     make_stump,
     numbered,
@@ -89,7 +91,7 @@ def _interrupt(attempts: list[Attempt], now: float) -> list[Attempt]:
     cut = []
     for a in attempts:
         if a.outcome == "streaming":
-            a.outcome, a.stop_reason = "incomplete", None
+            a.outcome, a.stop_reason = Outcome.INCOMPLETE, None
             a.error = a.discard_reason = truth.INTERRUPTED
             a.output_tokens, a.ended_at = None, now
             cut.append(a)
@@ -131,7 +133,7 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
             ContinuationEnd.DISABLED if final.stop_reason == "max_tokens" else ContinuationEnd.NOT_NEEDED
         )
     else:
-        g.status, g.stop_reason = "incomplete", truth.INTERRUPTED
+        g.status, g.stop_reason = Status.INCOMPLETE, truth.INTERRUPTED
     g.output_tokens = g.segments_tokens()
     g.finished_at = now
     stumps = [
@@ -176,7 +178,7 @@ async def _close_stray_attempts(ledger: Ledger, g: Generation) -> None:
     for a in cut:
         stumps += block_stumps(g, a, truth.INTERRUPTED)
     line = truth.receipt(
-        truth.Ending(status="incomplete", stop_reason=truth.INTERRUPTED, output_tokens=None, chars=g.chars)
+        truth.Ending(status=Status.INCOMPLETE, stop_reason=truth.INTERRUPTED, output_tokens=None, chars=g.chars)
     )
     calls = sorted({a.segment for a in cut})
     receipt = Planned(PostKind.RECEIPT, truth.RECEIPT_PREFIX + line, PostReason.RECEIPT) if line else None

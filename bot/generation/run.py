@@ -21,6 +21,7 @@ from ..records import (
     ContinuationEnd,
     Generation,
     Segment,
+    Status,
     Stump,
     StumpScope,
     make_stump,
@@ -97,7 +98,7 @@ class Generator:
         g.stop_reason = final.stop_reason
         g.status = truth.status_of_outcome(final.outcome)
         if loop is not None and loop.limit_reached:
-            g.status, g.stop_reason = "incomplete", truth.TOOL_ROUND_LIMIT
+            g.status, g.stop_reason = Status.INCOMPLETE, truth.TOOL_ROUND_LIMIT
         # one segment: a tool loop's rounds are its attempts' segments, their text joined in g.text
         g.segments = [Segment(1, final.id, final.stop_reason, g.chars, final.output_tokens)]
         unsettled: Attempt | None = final

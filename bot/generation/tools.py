@@ -20,7 +20,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
-from ..records import TEXT_JOIN, Attempt, Block, Generation, ToolCall
+from ..records import TEXT_JOIN, Attempt, Block, Generation, Outcome, ToolCall
 from .attempts import AttemptRunner, AttemptWatch
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class ToolLoop:
         while final.outcome == "completed" and final.stop_reason == truth.TOOL_USE:
             uses = tool_uses(final)
             if not uses:  # a tool stop with no call in it: nothing to run, nothing to go on with
-                final.outcome = "incomplete"
+                final.outcome = Outcome.INCOMPLETE
                 break
             rnd = len(self.finals)
             if rnd >= self.max_rounds:

@@ -36,7 +36,7 @@ async def use_default_access(ledger: Ledger, residence: str, access: str) -> Non
 
 
 async def access_of(ledger: Ledger, stump_id: str) -> str | None:
-    rows = await ledger.db.execute_fetchall("SELECT access FROM stumps WHERE id=?", (stump_id,))
+    rows = list(await ledger.db.execute_fetchall("SELECT access FROM stumps WHERE id=?", (stump_id,)))
     return rows[0][0] if rows else None
 
 
@@ -108,24 +108,28 @@ async def own_stumps(ledger: Ledger, residence: str, channel: str, limit: int) -
         _META + " WHERE s.residence=? AND g.channel=? ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
         (residence, channel, limit),
     )
-    total = await ledger.db.execute_fetchall(
-        "SELECT count(*) FROM stumps s JOIN generations g ON g.id = s.generation_id"
-        " WHERE s.residence=? AND g.channel=?",
-        (residence, channel),
+    total = list(
+        await ledger.db.execute_fetchall(
+            "SELECT count(*) FROM stumps s JOIN generations g ON g.id = s.generation_id"
+            " WHERE s.residence=? AND g.channel=?",
+            (residence, channel),
+        )
     )
     return [dict(r) for r in rows], total[0][0]
 
 
 async def own_stump(ledger: Ledger, residence: str, channel: str, stump_id: str) -> dict[str, Any] | None:
     """One stump of `residence` made in `channel`, metadata only; None for any other (as if it did not exist)."""
-    rows = await ledger.db.execute_fetchall(
-        _META + " WHERE s.id=? AND s.residence=? AND g.channel=?", (stump_id, residence, channel)
+    rows = list(
+        await ledger.db.execute_fetchall(
+            _META + " WHERE s.id=? AND s.residence=? AND g.channel=?", (stump_id, residence, channel)
+        )
     )
     return dict(rows[0]) if rows else None
 
 
 async def stump_text(ledger: Ledger, stump_id: str) -> str:
-    rows = await ledger.db.execute_fetchall("SELECT text FROM stumps WHERE id=?", (stump_id,))
+    rows = list(await ledger.db.execute_fetchall("SELECT text FROM stumps WHERE id=?", (stump_id,)))
     return dec(rows[0][0]) if rows else ""
 
 

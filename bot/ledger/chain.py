@@ -270,7 +270,7 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
         " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"
     ):
-        rec = Attempt(
+        att = Attempt(
             id=a[0],
             generation_id=a[1],
             segment=a[2],
@@ -283,7 +283,7 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
             output_tokens=a[9],
             blocks=blocks.get(a[0], []),
         )
-        out.append(("attempt", rec.id, attempt_payload(rec)))
+        out.append(("attempt", att.id, attempt_payload(att)))
     segments: dict[str, list[Segment]] = defaultdict(list)
     for s in await rows(
         "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
@@ -293,7 +293,7 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
         "SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
         " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"
     ):
-        rec = Generation(
+        gen = Generation(
             id=g[0],
             residence=g[1],
             channel=g[2],
@@ -306,7 +306,7 @@ async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, A
             continuation_ended=g[9],
             segments=segments.get(g[0], []),
         )
-        out.append(("generation", rec.id, generation_payload(rec)))
+        out.append(("generation", gen.id, generation_payload(gen)))
     for s in await rows(
         "SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
         " block_type FROM stumps ORDER BY rowid"
@@ -353,7 +353,7 @@ async def backfill(db: aiosqlite.Connection) -> int:
     record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
     if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
         return 0
-    if not (
+    if not list(
         await db.execute_fetchall(
             "SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
             " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"
@@ -435,16 +435,18 @@ async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
 
 async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:
     """The newest entry of `kind` for a record: the one a Provenance answer names."""
-    rows = await db.execute_fetchall(
-        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1",
-        (record, kind),
+    rows = list(
+        await db.execute_fetchall(
+            "SELECT seq, kind, record, prev, body, hash FROM chain WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1",
+            (record, kind),
+        )
     )
     return Entry(*rows[0]) if rows else None
 
 
 async def head(db: aiosqlite.Connection) -> tuple[int, str]:
     """The last entry's sequence number and hash (0 and 64 zeros for an empty chain)."""
-    rows = await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    rows = list(await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1"))
     return (rows[0][0], rows[0][1]) if rows else (0, GENESIS_PREV)
 
 
@@ -489,19 +491,23 @@ async def check(db: aiosqlite.Connection) -> ChainReport:
         rep.entries += 1
     rep.head = last_hash
     for kind, record, payload in await expected(db):
-        e = newest.pop((kind, record), None)
+        attesting = newest.pop((kind, record), None)
         what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
-        if e is None:
+        if attesting is None:
             found.append((last_seq + 1, f"{what}: not in the chain"))
             continue
         try:
-            stated = json.loads(e.body)
+            stated = json.loads(attesting.body)
         except ValueError:
             continue  # already reported as a broken link
         diff = _differs(stated, payload)
         if diff:
             found.append(
-                (e.seq, f"chain entry {e.seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff))
+                (
+                    attesting.seq,
+                    f"chain entry {attesting.seq} ({kind} {record}): the ledger no longer matches it: "
+                    + ", ".join(diff),
+                )
             )
     for (kind, record), e in newest.items():
         found.append(

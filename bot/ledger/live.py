@@ -8,6 +8,7 @@ attempt (`set-aside`, its stump marked published), or — left in progress by a 
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from dataclasses import dataclass
 
@@ -79,7 +80,7 @@ async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> 
 
 async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None, contents: list[str]) -> None:
     """The messages of a retried attempt stay as shown; their text's stump is marked published."""
-    statements = [
+    statements: list[chain.Statement] = [
         (
             "UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
             (stump_id, enc(c), mid),
@@ -130,7 +131,7 @@ async def by_message(ledger: Ledger, message_ids: list[str]) -> list[LiveMessage
     return [_row(r) for r in rows]
 
 
-def _row(r) -> LiveMessage:  # type: ignore[no-untyped-def]
+def _row(r: sqlite3.Row) -> LiveMessage:
     return LiveMessage(
         r["nonce"],
         r["message_id"],

@@ -12,7 +12,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -178,7 +178,7 @@ class Ledger:
     _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
 
     async def add_chunks(
-        self, attempt_id: str, rows: list[tuple[int, int | None, str | None, str, str | None]]
+        self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
     ) -> None:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
         if len(rows) == 1:  # the common case: one statement, one trip, no transaction around it
@@ -320,8 +320,10 @@ class Ledger:
 
     async def next_post_seq(self, generation_id: str) -> int:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
-        rows = await self.db.execute_fetchall(
-            "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+        rows = list(
+            await self.db.execute_fetchall(
+                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+            )
         )
         return int(rows[0][0])
 
@@ -338,7 +340,7 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     async def get_generation(self, gid: str) -> Generation | None:
-        rows = await self.db.execute_fetchall("SELECT * FROM generations WHERE id=?", (gid,))
+        rows = list(await self.db.execute_fetchall("SELECT * FROM generations WHERE id=?", (gid,)))
         if not rows:
             return None
         g = await self._generation(rows[0])
@@ -481,7 +483,8 @@ class Ledger:
         return [_cols(r) for r in await self.db.execute_fetchall(sql, params + (limit,))]
 
     async def list_stumps(self, residence: str | None = None, cause: str | None = None, limit: int = 50) -> list[Stump]:
-        sql, params = "SELECT * FROM stumps WHERE 1=1", []
+        sql = "SELECT * FROM stumps WHERE 1=1"
+        params: list[str | int] = []
         if residence:
             sql += " AND residence=?"
             params.append(residence)
@@ -535,7 +538,7 @@ class Ledger:
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
     async def get_stump(self, sid: str) -> Stump | None:
-        rows = await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,))
+        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
         return _stump(rows[0]) if rows else None
 
     async def posts_by_message(self, message_ids: list[str]) -> dict[str, Post]:
@@ -564,7 +567,9 @@ class Ledger:
         if channel is not None:
             sql += " AND channel=?"
             params.append(channel)
-        rows = await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
+        rows = list(
+            await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
+        )
         return await self.get_generation(rows[0][0]) if rows else None
 
     async def unsettled_generations(self) -> list[str]:

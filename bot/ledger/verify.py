@@ -75,7 +75,7 @@ async def check(ledger: Ledger) -> Report:
     db = ledger.db
     rows = lambda sql: db.execute_fetchall(sql)  # noqa: E731 - a short local alias
     gens = [dict(r) for r in await rows("SELECT * FROM generations ORDER BY created_at, rowid")]
-    by_gen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    by_gen: dict[str | None, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for table, order in (
         ("attempts", "segment, idx, started_at"),
         ("segments", "idx"),

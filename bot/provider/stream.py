@@ -279,7 +279,8 @@ def _classify(e: BaseException) -> Failure:
     if isinstance(e, anthropic.APIStatusError):
         code = e.status_code
         body = e.body if isinstance(e.body, dict) else {}
-        err = body.get("error") if isinstance(body.get("error"), dict) else body
+        inner = body.get("error")
+        err: dict[str, Any] = inner if isinstance(inner, dict) else body
         etype = _error_type(err)
         msg = str(err.get("message")) if err.get("message") else str(e)
         if code == 200:  # an `event: error` inside the stream

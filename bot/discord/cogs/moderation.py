@@ -71,7 +71,7 @@ class Moderation(commands.Cog):
     def __init__(self, bot: ResidentBot) -> None:
         self.bot = bot
 
-    async def interaction_check(self, interaction: discord.Interaction) -> bool:  # type: ignore[override]
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
         return await moderator_check(interaction)
 
     @property

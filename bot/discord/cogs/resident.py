@@ -71,8 +71,8 @@ class ResidentCog(commands.Cog):
         if self.bot.is_closed() or me is None or not channel.isdigit():
             return
         ch = self.bot.get_channel(int(channel))
-        if ch is None or not self.bot.listens_in(ch):
-            return
+        if not isinstance(ch, discord.abc.Messageable) or not self.bot.listens_in(ch):
+            return  # unknown, or a channel with no messages (a category, a forum) that no live reply is in
         task = asyncio.create_task(self._take_settled(ch, message_ids), name=f"settled:{self.bot.residence.name}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -196,11 +196,11 @@ class ResidentCog(commands.Cog):
         waiting: set[str] = set()
         for _ in range(STABLE_READS):
             before = moving()
-            history = await self._history(message.channel, self.bot.residence.policy.floor.history_limit)
-            if history is None:
+            read = await self._history(message.channel, self.bot.residence.policy.floor.history_limit)
+            if read is None:
                 return None
             # A live reply in progress is counted by its claim, not by its messages.
-            history = [m for m in history if not self.board.hidden(m.nonce, m.id)]
+            history = [m for m in read if not self.board.hidden(m.nonce, m.id)]
             run = since_person(history)
             posts = await self.bot.resident.ledger.posts_by_message([str(m.id) for m in run])
             after = moving()

@@ -155,7 +155,7 @@ class ConnectionOutage:
     """
 
     def __init__(self) -> None:
-        self.rest: dict[int, asyncio.BaseTransport] = {}  # id → transport that carried a REST request
+        self.rest: dict[int, asyncio.Transport] = {}  # id → transport that carried a REST request
         self.until: float | None = None  # monotonic time the room listens again
         self.outages = 0
         self.refused_requests = 0

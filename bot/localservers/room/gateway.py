@@ -268,10 +268,13 @@ class Gateway:
         session = self.sessions.get(str(data.get("session_id")))
         seq = data.get("seq")
         token = str(data.get("token") or "")
-        ok = session is not None and session.valid and session.bot.token == token and isinstance(seq, int)
-        if ok and session is not None and session.history and seq < session.history[0][0] - 1:
-            ok = False  # too far behind: the events it missed are gone
-        if not ok or session is None:
+        if (
+            session is None
+            or not session.valid
+            or session.bot.token != token
+            or not isinstance(seq, int)
+            or (session.history and seq < session.history[0][0] - 1)  # too far behind: the events it missed are gone
+        ):
             log.info("RESUME refused for session %s: INVALID_SESSION", data.get("session_id"))
             conn.send_json({"op": OP_INVALID_SESSION, "d": False})
             return
@@ -307,7 +310,11 @@ class Gateway:
                 if s.wants(INTENT_GUILD_MESSAGES) and state.permissions(s.bot, msg.channel).view_channel
             ]
             if event.kind == "message_delete":
-                data = {"id": str(msg.id), "channel_id": str(msg.channel.id), "guild_id": str(msg.guild.id)}
+                data: dict[str, Any] = {
+                    "id": str(msg.id),
+                    "channel_id": str(msg.channel.id),
+                    "guild_id": str(msg.guild.id),
+                }
                 for session in seeing:
                     session.dispatch("MESSAGE_DELETE", data)
                 return

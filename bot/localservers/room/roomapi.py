@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from .faults import FaultPlan
+from .faults import ConnectionOutage, FaultPlan
 from .jsonhttp import json_response, read_body, require_dict
 from .model import ApiError
 from .state import RoomState
@@ -37,6 +37,7 @@ class Room(Protocol):
 
     state: RoomState
     faults: FaultPlan
+    outage: ConnectionOutage
 
     def snapshot(self) -> dict[str, Any]: ...
     def messages(self, channel: str = ..., member: str | None = ...) -> list[dict[str, Any]]: ...
@@ -75,8 +76,10 @@ class Room(Protocol):
         retry_after: float = ...,
         is_global: bool = ...,
         after_create: bool = ...,
+        refuse_seconds: float | None = ...,
     ) -> None: ...
     async def drop_gateway(self, *, hold: bool = ...) -> int: ...
+    async def refuse_connections(self, seconds: float) -> None: ...
     def release_gateway(self) -> None: ...
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
     def show_status(self) -> dict[str, Any] | None: ...
