@@ -11,7 +11,6 @@ recorded before the text is returned. Bad input is an error result (`is_error`),
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,7 +20,6 @@ from ..ledger import Ledger
 from ..ledger import access as acc
 from ..records import Generation
 
-log = logging.getLogger(__name__)
 
 LIST_LIMIT = 50  # stumps a `list` returns, newest first
 ACTIONS = ("list", "read", "set_access", "publish")

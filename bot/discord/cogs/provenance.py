@@ -12,7 +12,6 @@ error handler (`checks.on_app_command_error`).
 
 from __future__ import annotations
 
-import logging
 import re
 
 import discord
@@ -25,7 +24,6 @@ from ...ledger import chain, views
 from ..app import ResidentBot
 from ..checks import witness_scope
 
-log = logging.getLogger(__name__)
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
