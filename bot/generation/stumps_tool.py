@@ -20,7 +20,6 @@ from ..ledger import Ledger
 from ..ledger import access as acc
 from ..records import Generation
 
-
 LIST_LIMIT = 50  # stumps a `list` returns, newest first
 ACTIONS = ("list", "read", "set_access", "publish")
 KEYS = {

@@ -24,7 +24,6 @@ from ...ledger import chain, views
 from ..app import ResidentBot
 from ..checks import witness_scope
 
-
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
 
