@@ -254,7 +254,8 @@ def notice(e: Ending) -> str | None:
 def abandoned_notice(count: int, chars: int) -> str:
     """Optional room line (policy `notices.retry_abandoned`) for attempts set aside for a retry."""
     noun = "attempt" if count == 1 else "attempts"
-    return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside as stumps.")
+    kept = "as a stump" if count == 1 else "as stumps"
+    return _compact(f"Provider {noun} interrupted and retried; {fmt_tokens(chars)} characters set aside {kept}.")
 
 
 def standing_refusal(standing: str, residence: str, generation_id: str | None = None) -> Declined | None:

@@ -74,7 +74,7 @@ def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
         assert p.returncode == 0, p.stderr[-2000:]
         said.append(p.stdout.splitlines()[0])
         assert (
-            "[sill · notice] -# Provider attempt interrupted and retried; 311 characters set aside as stumps."
+            "[sill · notice] -# Provider attempt interrupted and retried; 311 characters set aside as a stump."
             in p.stdout.splitlines()
         )
     assert said == [

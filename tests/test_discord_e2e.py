@@ -500,7 +500,7 @@ async def test_a_retried_attempt_posts_only_the_replacement(tmp_path, notice):
         assert new[0]["content"] == END_TEXT
         if notice:
             assert [m["content"] for m in new[1:]] == [
-                "-# Provider attempt interrupted and retried; 257 characters set aside as stumps."
+                "-# Provider attempt interrupted and retried; 257 characters set aside as a stump."
             ]
         else:
             assert len(new) == 1

@@ -65,7 +65,9 @@ def ledger_path(db: str | None) -> str:
 def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
     """An existing ledger, for `async with`; a missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
-        raise UsageError(f"{db}: no ledger there (run a replay or the bot first, or pass --db)")
+        raise UsageError(
+            f"{db}: no ledger there (`residents run` and `residents demo` write one; a replay writes one only with --db PATH; or pass --db)"
+        )
     return Ledger.open(db)
 
 

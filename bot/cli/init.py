@@ -31,7 +31,7 @@ def init(directory: Path | None, force: bool) -> int:
         print(dest / rel)
     shown = "" if dest.resolve() == Path.cwd().resolve() else f" --config {shlex.quote(str(dest))}"
     print(
-        f"next: fill in {dest / bundled.ENV_EXAMPLE} (as .env, never committed), edit the residences, then "
+        f"next: fill in {dest / bundled.ENV_EXAMPLE} (copy it to .env and fill that in; never commit .env), edit the residences, then "
         f"`residents{shown} check` and `residents{shown} run`"
     )
     return 0

@@ -471,7 +471,7 @@ class Ledger:
 
     async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         sql = (
-            "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended,"
+            "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
             " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
             " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
         )

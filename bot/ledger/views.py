@@ -43,7 +43,7 @@ def generation_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{r['id']:<15} {when(r['created_at']):<19} {r['residence'][:12]:<12} {r['status']:<10} "
             f"{(r['stop_reason'] or '-')[:14]:<14} {r['chars']:>8,} {tokens(r['output_tokens']):>8} "
-            f"{r['attempts']:>3} {r['stumps']:>6}  {r['continuation_ended']}"
+            f"{r['attempts']:>3} {r['stumps']:>6}  {truth.continuation_ended_words(r['continuation_ended'], r['standing'])}"
         )
     return "\n".join(lines)
 
