@@ -71,9 +71,10 @@ class Continuation(Strict):
     @model_validator(mode="after")
     def _bounds_required(self) -> Continuation:
         if self.standing != "none":
-            for key in ("max_segments", "max_output_tokens", "min_progress_chars", "similarity_abort"):
-                if getattr(self, key) is None:
-                    raise _KeyError(key, f"required when standing is {self.standing!r}")
+            keys = ("max_segments", "max_output_tokens", "min_progress_chars", "similarity_abort")
+            missing = [key for key in keys if getattr(self, key) is None]
+            if missing:  # every one at once: a file's problems are all reported, not one per run
+                raise _KeyError(missing[0], f"required when standing is {self.standing!r}", tuple(missing[1:]))
         return self
 
 
@@ -200,11 +201,12 @@ PROJECT_FILE = "residents.yaml"
 
 
 class _KeyError(ValueError):
-    """Raised inside a validator to point at a specific key rather than the whole mapping."""
+    """Raised inside a validator to point at a specific key rather than the whole mapping
+    (and at `more` keys with the same problem, each reported on its own line)."""
 
-    def __init__(self, key: str, message: str) -> None:
+    def __init__(self, key: str, message: str, more: tuple[str, ...] = ()) -> None:
         super().__init__(f"{key}: {message}")
-        self.key, self.message = key, message
+        self.key, self.message, self.more = key, message, more
 
 
 # ---------------------------------------------------------------- loading with line numbers
@@ -264,7 +266,15 @@ def first_error(
     model: type[BaseModel] | None = None,
 ) -> ConfigError:
     """Turn pydantic's complaints into one error naming file, key and line, carrying every problem."""
-    errors = [_one_error(err, path, node, prefix, model) for err in e.errors(include_url=False)]
+    errors = []
+    for err in e.errors(include_url=False):
+        errors.append(_one_error(err, path, node, prefix, model))
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _KeyError):  # the same problem at further keys of that mapping
+            for key in ctx_err.more:
+                errors.append(
+                    _one_error({**err, "ctx": {"error": _KeyError(key, ctx_err.message)}}, path, node, prefix, model)
+                )
     return ConfigError.combined(errors)
 
 

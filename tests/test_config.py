@@ -227,3 +227,14 @@ def test_check_a_folder_checks_the_files_in_it(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty").mkdir()
     assert cli.main(["check", str(tmp_path / "empty")]) == 2
     assert "nothing to check" in capsys.readouterr().err
+
+
+def test_check_names_every_bound_a_granted_standing_still_needs_at_once(tmp_path, monkeypatch, capsys):
+    """A cross-key rule reports all its keys in one run, not one per fix."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "policies/p.yaml", "continuation:\n  standing: bounded\n  max_segments: 2\n")
+    assert cli.main(["check", "policies/p.yaml"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"policies/p.yaml:1: continuation.{key}: required when standing is 'bounded'"
+        for key in ("max_output_tokens", "min_progress_chars", "similarity_abort")
+    ]
