@@ -255,18 +255,21 @@ async def test_the_round_limit_ends_incomplete_with_a_receipt_and_the_call_not_r
     assert await verify(pipeline.ledger) == []
 
 
+# A bounded standing: whether continuation and the tool loop ever share a request.
+BOUNDED = {
+    "retries": {"max_attempts": 3, "backoff_seconds": 0},
+    "continuation": {
+        "standing": "bounded",
+        "max_segments": 2,
+        "max_output_tokens": 12288,
+        "min_progress_chars": 16,
+        "similarity_abort": 0.92,
+    },
+}
+
+
 async def test_a_ceiling_in_a_later_round_is_truncated_and_never_continued(pipeline):
-    policy = {
-        "retries": {"max_attempts": 3, "backoff_seconds": 0},
-        "continuation": {
-            "standing": "bounded",
-            "max_segments": 2,
-            "max_output_tokens": 12288,
-            "min_progress_chars": 16,
-            "similarity_abort": 0.92,
-        },
-    }
-    res = pipeline.resident(residence(max_tokens=1024, policy=policy))
+    res = pipeline.resident(residence(max_tokens=1024, policy=BOUNDED))
     r, posts = await pipeline.turn(
         res, Room(), "Look, then describe.", [use("list"), Call(sse=specimen("ceiling-1024.sse")), reply()]
     )
@@ -278,7 +281,7 @@ async def test_a_ceiling_in_a_later_round_is_truncated_and_never_continued(pipel
     assert out.text == g.text and out.cause == "max_tokens"
     assert await verify(pipeline.ledger) == []
     # a moderator's /continue does not mix with the tool loop either
-    on_request = {**policy, "continuation": {**policy["continuation"], "standing": "on-request"}}
+    on_request = {**BOUNDED, "continuation": {**BOUNDED["continuation"], "standing": "on-request"}}
     cont = await pipeline.resident(residence(max_tokens=1024, policy=on_request)).continue_generation(
         Room(), "room", g.id
     )
@@ -327,17 +330,7 @@ def test_max_rounds_is_checked(bad):
 
 
 async def test_a_cut_before_any_tool_call_continues_without_tools(pipeline):
-    policy = {
-        "retries": {"max_attempts": 3, "backoff_seconds": 0},
-        "continuation": {
-            "standing": "bounded",
-            "max_segments": 2,
-            "max_output_tokens": 12288,
-            "min_progress_chars": 16,
-            "similarity_abort": 0.92,
-        },
-    }
-    res = pipeline.resident(residence(max_tokens=600, policy=policy))
+    res = pipeline.resident(residence(max_tokens=600, policy=BOUNDED))
     r, _ = await pipeline.turn(
         res,
         Room(),
