@@ -495,9 +495,10 @@ def _not_shown(reason: NotShown, kind: str) -> str:
             return "type not supported"
         case NotShown.NOT_UTF8:
             return "text not valid UTF-8"
-        case NotShown.TOO_LARGE:
-            limit = IMAGE_LIMIT if kind == "image" else TEXT_LIMIT
-            return f"larger than the {fmt_size(limit)} {kind} limit"
+        case NotShown.TOO_LARGE if kind in ("image", "text"):
+            return f"larger than the {fmt_size(IMAGE_LIMIT if kind == 'image' else TEXT_LIMIT)} {kind} limit"
+        case NotShown.TOO_LARGE:  # not read, of no declared kind: over the largest limit there is
+            return f"larger than {fmt_size(max(IMAGE_LIMIT, TEXT_LIMIT))}"
         case NotShown.TOO_MANY:
             return f"more than {IMAGES_PER_MESSAGE} images in one message"
         case NotShown.NO_IMAGES:
