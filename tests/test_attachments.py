@@ -13,7 +13,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import residence
+from conftest import residence, specimen
 from imagekit import png
 
 from bot import models, truth
@@ -287,3 +287,36 @@ def test_the_stored_request_holds_image_hashes_and_a_rebuilt_one_says_so():
 )
 def test_the_model_table_says_which_models_take_images(model, images):
     assert models.caps(model).accepts_images is images
+
+
+async def test_a_continue_read_from_the_ledger_names_each_image_it_cannot_resend(pipeline):
+    policy = {
+        "continuation": {
+            "standing": "on-request",
+            "max_segments": 3,
+            "max_output_tokens": 16000,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        }
+    }
+    image = png()
+    r = pipeline.resident(residence(max_tokens=600, policy=policy))
+    sent: list = []
+
+    class Room:
+        async def send(self, post) -> str:
+            sent.append(post)
+            return f"r{len(sent)}"
+
+    history = [said("m1", "describe it at length", f("shot.png", image, "image/png"))]
+    pipeline.server.reset([Call(sse=specimen("cont-first.sse"))])
+    first = await r.respond(Room(), "room", history, trigger="m1")
+    assert first.generation.status == "truncated"
+    pipeline.server.reset([Call(sse=specimen("cont-rest-with-overlap.sse"))])
+    await r.continue_generation(Room(), "room", first.generation.id)
+    [body] = pipeline.server.requests
+    user = body["messages"][0]["content"]
+    assert user[1] == {"type": "text", "text": truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())}
+    assert not any(
+        b.get("type") == "image" for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
+    )
