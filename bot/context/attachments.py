@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,18 @@ def as_text(data: bytes) -> str | None:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         return None
+
+
+NAME_CHARS = 100  # of a file name as the request shows it (the ledger keeps it whole)
+
+
+def shown_name(name: str) -> str:
+    """A file name on one line of the request: control characters and line breaks as spaces, brackets
+    as parentheses (a name cannot close its own `[attachment: …]` line or open another), at most
+    `NAME_CHARS` characters."""
+    flat = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in name)
+    flat = " ".join(flat.translate(str.maketrans("[]", "()")).split()) or "(no name)"
+    return flat if len(flat) <= NAME_CHARS else flat[: NAME_CHARS - 1] + "…"
 
 
 def _declared_kind(declared: str | None) -> str:
@@ -80,7 +93,7 @@ def _described(
     media: str | None = None,
 ) -> Placed:
     record = SharedFile(message_id, pos, f.name, media or f.declared_type, size, digest, Shown.DESCRIBED, reason)
-    return Placed(record, truth.attachment_line(f.name, size, reason, kind))
+    return Placed(record, truth.attachment_line(shown_name(f.name), size, reason, kind))
 
 
 def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list[Placed]:
@@ -111,7 +124,7 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
                     "source": {"type": "base64", "media_type": media, "data": base64.b64encode(data).decode("ascii")},
                 }
                 record = SharedFile(message_id, pos, f.name, media, size, digest, Shown.IMAGE)
-                placed.append(Placed(record, truth.attachment_image_label(f.name, size), block))
+                placed.append(Placed(record, truth.attachment_image_label(shown_name(f.name), size), block))
             continue
         text = as_text(data)
         if text is None:
@@ -122,7 +135,7 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
         else:
             media = f.declared_type if _declared_kind(f.declared_type) == "text" else "text/plain"
             record = SharedFile(message_id, pos, f.name, media, size, digest, Shown.TEXT)
-            placed.append(Placed(record, f"{truth.attachment_text_header(f.name, size)}\n{text}"))
+            placed.append(Placed(record, f"{truth.attachment_text_header(shown_name(f.name), size)}\n{text}"))
     return placed
 
 
@@ -140,7 +153,9 @@ def within_request(per_message: list[list[Placed]]) -> None:
                     r.message_id, r.position, r.name, r.media_type, r.size, r.sha256, Shown.DESCRIBED,
                     NotShown.REQUEST_LIMIT,
                 )  # fmt: skip
-                placed[i] = Placed(record, truth.attachment_line(r.name, r.size, NotShown.REQUEST_LIMIT, "image"))
+                placed[i] = Placed(
+                    record, truth.attachment_line(shown_name(r.name), r.size, NotShown.REQUEST_LIMIT, "image")
+                )
                 continue
             count += 1
             total += r.size
