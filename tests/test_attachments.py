@@ -21,6 +21,7 @@ from bot.cli import cli
 from bot.context import RoomMessage
 from bot.context.attachments import Fetched
 from bot.ledger.attachments import stored_request, without_image_refs
+from bot.ledger.verify import verify
 from bot.ledger.views import provenance
 from bot.localservers import sse
 from bot.localservers.provider import Call
@@ -332,3 +333,29 @@ async def test_a_file_name_stays_on_its_own_line_and_the_ledger_keeps_it_whole(p
     assert line.count("[") == 1 and line.count("]") == 1 and len(line) <= truth.MAX_LINE
     stored = await pipeline.ledger.get_generation(g.id)
     assert [a.name for a in stored.attachments] == [name]
+
+
+async def test_ledger_verify_checks_each_attachment_row(pipeline):
+    history = [
+        said(
+            "m1",
+            "files",
+            f("shot.png", png(), "image/png"),
+            f("r.pdf", PDF),
+            Fetched("big.mov", 9_000_000, "video/quicktime"),
+        )
+    ]
+    g, _ = await one_turn(pipeline, residence(), history)
+    assert await verify(pipeline.ledger) == []
+    db = pipeline.ledger.db
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='shot.png'")
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='r.pdf'")
+    await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name='big.mov'")
+    await db.commit()
+    problems = await verify(pipeline.ledger)
+    assert problems == [
+        f"attachment 'shot.png' of generation {g.id} (message m1 #0): shown as image without the SHA-256 of what was shown",
+        f"attachment 'r.pdf' of generation {g.id} (message m1 #1): described as unsupported but its bytes were not read",
+        f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as image without the SHA-256 of what was shown",
+        f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as an image of type 'video/quicktime'",
+    ]
