@@ -199,3 +199,30 @@ async def test_an_uploaded_image_reaches_the_provider_as_an_image_block(tmp_path
             "media_type": "image/png",
             "sha256": digest,
         }
+
+
+async def test_a_file_that_cannot_be_read_or_is_too_large_is_one_line_and_the_turn_goes_on(tmp_path) -> None:
+    big = b"\x00" * (6 * 1024 * 1024)
+    async with deployed(tmp_path, [res()], calls=[Call(sse=sse.stream("Noted.", "end_turn", 2))]) as d:
+        asked = d.room.post(
+            "general",
+            "alice",
+            "@cairn two files",
+            mentions=["cairn"],
+            attachments=[("gone.png", png(), "image/png"), ("big.bin", big, None)],
+        )
+        gone = next(a for a in asked["attachments"] if a["filename"] == "gone.png")
+        del d.room.state.attachments[int(gone["url"].split("/")[-2])]  # its URL now answers 404
+        await d.wait_bot_messages(1)
+        await d.quiet(0.1)
+        [body] = d.provider.requests
+        assert body["messages"][0]["content"] == (
+            "alice: @cairn two files\n"
+            f"[attachment: gone.png, {len(png())} bytes, not shown: file could not be fetched]\n"
+            "[attachment: big.bin, 6 MB, not shown: larger than 5 MB]"
+        )
+        [g] = await d.generations()
+        assert [(a.name, a.sha256, a.reason) for a in g.attachments] == [
+            ("gone.png", None, "unavailable"),
+            ("big.bin", None, "too-large"),
+        ]
