@@ -188,6 +188,7 @@ class ModelRow(Strict):
     family: str = ""
     output_ceiling: int = Field(ge=1, le=1_000_000)
     prefill: bool = False
+    images: bool = False
 
 
 class ProjectFile(Strict):
@@ -391,7 +392,7 @@ def read_project(path: Path) -> models.ModelTable:
     rows = []
     for model_id, r in project.models.items():
         try:
-            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill))
+            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images))
         except ValueError as e:
             raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
     return models.BUILTIN.with_overrides(rows)

@@ -24,10 +24,11 @@ class ModelCaps:
     family: str
     max_output_tokens: int
     accepts_prefill: bool
+    accepts_images: bool = False  # image content blocks (PNG, JPEG, GIF, WebP); without it they are described
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
-# cannot fail with a 400. Its ceiling here only answers callers that ask; a residence with such a
+# cannot fail with a 400; no images either (they are described instead, which cannot fail). Its ceiling here only answers callers that ask; a residence with such a
 # model must state its own `output_ceiling` (bot.config), and max_tokens is checked against that.
 UNKNOWN = ModelCaps("unknown model", 128000, False)
 
@@ -78,14 +79,14 @@ class Row:
         return segments[: len(fixed)] == fixed and bool(rest) and None not in numbers and (numbers[0] or 0) >= at_least
 
 
-def row(model_id: str, family: str, output_ceiling: int, prefill: bool) -> Row:
+def row(model_id: str, family: str, output_ceiling: int, prefill: bool, images: bool = False) -> Row:
     """A checked row; ValueError says what is wrong with the id."""
     if not model_id or model_id != model_id.strip() or any(c.isspace() for c in model_id):
         raise ValueError("a model id is one word, without spaces")
     segs = base_id(model_id).split("-")
     if not all(segs) or any("+" in s for s in segs[:-1]) or ("+" in segs[-1] and not _OPEN_END.match(segs[-1])):
         raise ValueError("a model id is segments joined by '-', and only the last may be `N+` (a number and up)")
-    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill))
+    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill, images))
 
 
 class ModelTable:
@@ -114,7 +115,10 @@ class ModelTable:
 
 def rows_from(data: Mapping[str, Any]) -> list[Row]:
     """Rows from a `models:` mapping whose values are already checked (config validates the operator's)."""
-    return [row(k, v.get("family", ""), v["output_ceiling"], v.get("prefill", False)) for k, v in data.items()]
+    return [
+        row(k, v.get("family", ""), v["output_ceiling"], v.get("prefill", False), v.get("images", False))
+        for k, v in data.items()
+    ]
 
 
 def _builtin() -> ModelTable:

@@ -415,6 +415,7 @@ class Generation:
     posts: list[Post] = field(default_factory=list)
     created_at: float = field(default_factory=time.time)
     finished_at: float | None = None
+    attachments: list[SharedFile] = field(default_factory=list)  # the files its request was compiled with
 
     @property
     def chars(self) -> int:
@@ -467,6 +468,53 @@ class Generation:
             "continuation": {"standing": self.standing, "ended": self.continuation_ended},
             "created_at": self.created_at,
             "finished_at": self.finished_at,
+        }
+
+
+class Shown(StrEnum):
+    """How an attachment reached the resident's request."""
+
+    IMAGE = "image"  # an image content block
+    TEXT = "text"  # its text, inline under its name
+    DESCRIBED = "described"  # a one-line description only (`reason` says why)
+
+
+class NotShown(StrEnum):
+    """Why an attachment was described instead of shown (`bot.truth.attachment_line` words each)."""
+
+    UNSUPPORTED = "unsupported"  # neither an image of a supported type nor UTF-8 text
+    NOT_UTF8 = "not-utf8"  # declared as text, but its bytes are not UTF-8
+    TOO_LARGE = "too-large"  # over the limit for its kind
+    TOO_MANY = "too-many"  # an image past the per-message count
+    NO_IMAGES = "no-images"  # the model's row says it takes no images
+    REQUEST_LIMIT = "request-limit"  # past the images one request carries (older messages give way)
+    UNAVAILABLE = "unavailable"  # its bytes could not be fetched
+
+
+@dataclass(frozen=True)
+class SharedFile:
+    """One attachment of a request as the ledger keeps it: which message, its name, type, size and
+    SHA-256 (None when its bytes were not read), and how it was shown. Never its bytes."""
+
+    message_id: str
+    position: int  # its place among the message's attachments, from 0
+    name: str
+    media_type: str | None  # from its bytes where they were read (magic numbers), else as declared
+    size: int
+    sha256: str | None
+    shown: Shown
+    reason: NotShown | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "position": self.position,
+            "name": self.name,
+            "media_type": self.media_type,
+            "size": self.size,
+            "sha256": self.sha256,
+            "shown": str(self.shown),
+            "reason": str(self.reason) if self.reason is not None else None,
         }
 
 

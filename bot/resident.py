@@ -18,8 +18,8 @@ from typing import Any
 
 from . import truth
 from .config import Residence
-from .context import RoomMessage, compile_request
-from .context.compile import ledger_message_ids, own_generation_ids
+from .context import RoomMessage
+from .context.compile import compile_with_files, ledger_message_ids, own_generation_ids
 from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
@@ -30,7 +30,7 @@ from .delivery.send import Room, deliver
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
-from .records import Generation, Planned, Post, PostReason, numbered
+from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,10 @@ class Resident:
         return self.residence.name
 
     async def compile(self, history: list[RoomMessage]) -> dict:
+        return (await self.compile_with_files(history))[0]
+
+    async def compile_with_files(self, history: list[RoomMessage]) -> tuple[dict[str, Any], list[SharedFile]]:
+        """The request, and the files it carries or describes (for the ledger: never their bytes)."""
         posts = await self.ledger.posts_by_message(ledger_message_ids(history))
         gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
         own = {m.id for m in history if m.is_self}
@@ -85,7 +89,7 @@ class Resident:
             and p.stump_id
             and (s := await self.ledger.get_stump(p.stump_id)) is not None
         }
-        return compile_request(self.residence, history, posts, gens, recovered)
+        return compile_with_files(self.residence, history, posts, gens, recovered)
 
     def tools(self, room: Room, channel: str) -> StumpsTool | None:
         """The resident's own `stumps` tool for a turn in `channel`, where its policy gives it."""
@@ -147,7 +151,7 @@ class Resident:
         superseded: Callable[[], bool],
         queued: Callable[[list[Post]], None] | None,
     ) -> Reply:
-        request = await self.compile(history)
+        request, files = await self.compile_with_files(history)
         view = self._live_view(room, channel)
         try:
             g = await self.generator.generate(
@@ -159,6 +163,7 @@ class Resident:
                 seen_upto=history[-1].id if history else None,
                 tools=self.tools(room, channel),
                 watch=view,
+                attachments=files,
             )
         finally:
             if view is not None:

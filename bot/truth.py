@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .records import Cause, ContinuationEnd, Ending, Outcome, PostKind, PostReason, Status
+from .records import Cause, ContinuationEnd, Ending, NotShown, Outcome, PostKind, PostReason, Status
 
 COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence"})
 TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
@@ -470,3 +470,62 @@ def provenance_closes(count: int) -> str:
         if count
         else "This receipt closes no text post (none was posted)."
     )
+
+
+# ----- attachments: what a resident's request carries of the files people post (bot.context.attachments)
+
+IMAGE_LIMIT = 5 * 1024 * 1024  # bytes of one image sent as an image block
+TEXT_LIMIT = 100 * 1024  # bytes of one text file given inline
+IMAGES_PER_MESSAGE = 4
+IMAGES_PER_REQUEST = 20  # the newest messages' images first; older ones are described
+IMAGE_BYTES_PER_REQUEST = 20 * 1024 * 1024  # raw bytes (base64 adds a third) under the provider's request size
+
+
+def fmt_size(n: int) -> str:
+    """A file size as people read it: `812 bytes`, `34.2 KB`, `2.1 MB` (powers of 1,024)."""
+    if n < 1024:
+        return f"{n:,} byte{'' if n == 1 else 's'}"
+    value, unit = (n / 1024, "KB") if n < 1024 * 1024 else (n / (1024 * 1024), "MB")
+    return f"{value:.1f}".removesuffix(".0") + f" {unit}"
+
+
+def _not_shown(reason: NotShown, kind: str) -> str:
+    match reason:
+        case NotShown.UNSUPPORTED:
+            return "type not supported"
+        case NotShown.NOT_UTF8:
+            return "text not valid UTF-8"
+        case NotShown.TOO_LARGE if kind in ("image", "text"):
+            return f"larger than the {fmt_size(IMAGE_LIMIT if kind == 'image' else TEXT_LIMIT)} {kind} limit"
+        case NotShown.TOO_LARGE:  # not read, of no declared kind: over the largest limit there is
+            return f"larger than {fmt_size(max(IMAGE_LIMIT, TEXT_LIMIT))}"
+        case NotShown.TOO_MANY:
+            return f"more than {IMAGES_PER_MESSAGE} images in one message"
+        case NotShown.NO_IMAGES:
+            return "this model takes no images"
+        case NotShown.REQUEST_LIMIT:
+            return "image limit of this request reached"
+        case NotShown.UNAVAILABLE:
+            return "file could not be fetched"
+    return str(reason)
+
+
+def attachment_line(name: str, size: int, reason: NotShown, kind: str = "") -> str:
+    """The one line a resident sees for a file not shown: `[attachment: report.pdf, 2.1 MB, not shown: type
+    not supported]`. `kind` (`image` or `text`) names the limit a file too large went over."""
+    return f"[attachment: {name}, {fmt_size(size)}, not shown: {_not_shown(reason, kind or 'file')}]"
+
+
+def attachment_text_header(name: str, size: int) -> str:
+    """The line above a text file given inline; the file's text follows it exactly."""
+    return f"[attachment: {name}, {fmt_size(size)}, text:]"
+
+
+def attachment_image_label(name: str, size: int) -> str:
+    """The text block just before an image block: which file the image is."""
+    return f"[attachment: {name}, {fmt_size(size)}, image:]"
+
+
+def image_not_resent(media_type: str, sha256: str) -> str:
+    """In a request rebuilt from the ledger (a later /continue), an image whose bytes the ledger does not keep."""
+    return f"[image {media_type}, SHA-256 {sha256[:12]}…, not resent: the ledger keeps no attachment bytes]"

@@ -208,6 +208,7 @@ E2E_MODULES = frozenset(
         "test_provider_key",
         "test_room_input",
         "test_room_layout",
+        "test_room_uploads",
         "test_run_start",
     }
 )

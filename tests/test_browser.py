@@ -28,6 +28,7 @@ import discord
 import pytest
 from discord import app_commands
 from discord.ext import commands
+from imagekit import png
 
 try:
     from roomkit import running_bot, running_room
@@ -615,3 +616,32 @@ async def test_an_escaped_subtext_line_renders_as_plain_text_and_a_receipt_as_su
         await expect(quoted.locator(".line").nth(2)).to_have_text("and *not italic* either")
         await expect(quoted).not_to_have_class(re.compile(r"\bboundary\b"))
         await expect(receipt.locator(".subtext")).to_have_text(RECEIPT.removeprefix("-# "))
+
+
+async def test_a_person_attaches_files_on_the_page(browser: BrowserContext) -> None:
+    """The page's 📎 sends its multipart form: the files arrive in the room, an image shown as one."""
+    image = png(4, 3)
+    async with running_room(["general"]) as room:
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await page.fill("#author", "alice")
+        await page.fill("#content", "two files")
+        await page.set_input_files(
+            "#files",
+            [
+                {"name": "shot.png", "mimeType": "image/png", "buffer": image},
+                {"name": "notes.txt", "mimeType": "text/plain", "buffer": b"hello\n"},
+            ],
+        )
+        await page.click("#post button[type='submit']")
+        msg = page.locator("#messages li.msg[data-author='alice']")
+        await expect(msg.locator(".attachment a")).to_have_text(["shot.png", "notes.txt"])
+        await expect(msg.locator(".attachment img.thumb")).to_have_count(1)
+        assert await msg.locator("img.thumb").evaluate("img => img.complete && img.naturalWidth") == 4
+        [view] = room.messages()
+        assert [(a["filename"], a["size"], a["content_type"]) for a in view["attachments"]] == [
+            ("shot.png", len(image), "image/png"),
+            ("notes.txt", 6, "text/plain"),
+        ]
+        assert await page.locator("#files").evaluate("el => el.files.length") == 0

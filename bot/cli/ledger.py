@@ -108,6 +108,7 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
                 "tool_rounds": [c.as_json() for c in calls],
                 "stumps": [{**s.meta(), "text": s.text} for s in rec.stumps],
                 "posts": [p.as_json() for p in rec.posts],
+                "attachments": [f.as_json() for f in rec.attachments],
             }
         )
     return 0

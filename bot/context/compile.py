@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import truth
+from .. import models, truth
 from ..config import Residence
-from ..records import Generation, Post, Stump
+from ..records import Generation, Post, SharedFile, Stump
+from .attachments import Fetched, Placed, content, decide, within_request
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
@@ -27,6 +28,10 @@ class RoomMessage:
     is_self: bool
     content: str
     is_bot: bool = False  # posted by a bot account: the ledger may know it as another resident's post
+    files: tuple[Fetched, ...] = ()  # its attachments, as the room gave them (`bot.context.attachments`)
+
+
+Content = str | list[dict[str, Any]]  # a turn's text, or content blocks where it carries images
 
 
 def ledger_message_ids(history: list[RoomMessage]) -> list[str]:
@@ -68,8 +73,9 @@ def _turns(
     gens: dict[str, Generation],
     own_stumps_visible: bool,
     recovered: dict[str, Stump] | None = None,
-) -> list[tuple[str, str]]:
-    turns: list[tuple[str, str]] = []
+    files: dict[str, list[Placed]] | None = None,
+) -> list[tuple[str, Content]]:
+    turns: list[tuple[str, Content]] = []
     seen: set[str] = set()
     published: set[str] = set()  # stumps whose recovered text is already in the turns
     for m in in_reading_order(history, posts, gens):
@@ -79,7 +85,11 @@ def _turns(
                 line = post.content.removeprefix(truth.RECEIPT_PREFIX)
                 turns.append(("user", truth.context_room_line_note(m.author, line)))
                 continue
-            turns.append(("user", f"{m.author}: {m.content}"))
+            placed = (files or {}).get(m.id)
+            if placed:
+                turns.append(("user", content(f"{m.author}:" + (f" {m.content}" if m.content else ""), placed)))
+            else:
+                turns.append(("user", f"{m.author}: {m.content}"))
             continue
         post = posts.get(m.id)
         if post is not None and post.kind in ("receipt", "notice"):
@@ -131,13 +141,27 @@ def notes_after(g: Generation, own_stumps_visible: bool) -> list[str]:
     return [text for role, text in _own_generation(g, own_stumps_visible) if role == "user"]
 
 
-def _merge(turns: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _blocks(c: Content) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": c}] if isinstance(c, str) else list(c)
+
+
+def _merge(turns: list[tuple[str, Content]]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for role, text in turns:
-        if messages and messages[-1]["role"] == role:
-            messages[-1]["content"] += "\n\n" + text
-        else:
+        if not messages or messages[-1]["role"] != role:
             messages.append({"role": role, "content": text})
+            continue
+        last = messages[-1]
+        if isinstance(last["content"], str) and isinstance(text, str):
+            last["content"] += "\n\n" + text
+            continue
+        merged = _blocks(last["content"])  # one side carries images: both become blocks, text joined across
+        for b in _blocks(text):
+            if b["type"] == "text" and merged and merged[-1]["type"] == "text":
+                merged[-1] = {"type": "text", "text": merged[-1]["text"] + "\n\n" + b["text"]}
+            else:
+                merged.append(b)
+        last["content"] = merged
     return messages
 
 
@@ -162,11 +186,28 @@ def compile_request(
     """A request for a new reply: the room as the resident should understand it, ending on a user turn.
 
     `recovered`: the stumps the resident published (post kind `recovered`), by id, for their exact text."""
-    turns = _turns(
-        history[-res.policy.floor.history_limit :], posts, gens, res.policy.stumps.resident_reads_own, recovered
-    )
+    return compile_with_files(res, history, posts, gens, recovered)[0]
+
+
+def compile_with_files(
+    res: Residence,
+    history: list[RoomMessage],
+    posts: dict[str, Post],
+    gens: dict[str, Generation],
+    recovered: dict[str, Stump] | None = None,
+) -> tuple[dict[str, Any], list[SharedFile]]:
+    """`compile_request`, and each file the request carries or describes, as the ledger keeps it.
+
+    Files of others' messages only (a resident posts none; an image may stand only in a user turn)."""
+    shown = history[-res.policy.floor.history_limit :]
+    images_ok = models.caps(res.model).accepts_images
+    with_files = [m for m in shown if m.files and not m.is_self]
+    per_message = [decide(m.id, m.files, images_ok) for m in with_files]
+    within_request(per_message)
+    files = {m.id: placed for m, placed in zip(with_files, per_message, strict=True)}
+    turns = _turns(shown, posts, gens, res.policy.stumps.resident_reads_own, recovered, files)
     if not turns or turns[0][0] != "user":
         turns.insert(0, ("user", START_NOTE))
     if turns[-1][0] != "user":
         turns.append(("user", QUIET_NOTE))
-    return {**base_request(res), "messages": _merge(turns)}
+    return {**base_request(res), "messages": _merge(turns)}, [p.record for placed in per_message for p in placed]

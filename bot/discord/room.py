@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 from typing import TYPE_CHECKING
 
 import aiohttp
 import discord
 
 from ..context import RoomMessage
+from ..context.attachments import FETCH_LIMIT, Fetched
 from ..delivery.resume import RoomUnavailable, Seen
 from ..records import Post
 from ..text import outbound
 
 if TYPE_CHECKING:
     from .app import ResidentBot
+
+log = logging.getLogger(__name__)
 
 
 # Every way a REST call to Discord can fail that is not a bug here: HTTP errors (discord.py has already
@@ -97,16 +101,64 @@ class DiscordRoom:
         return discord.PartialMessage(channel=self.channel, id=int(message_id))  # type: ignore[arg-type]
 
 
-def as_room_message(m: discord.Message, self_id: int) -> RoomMessage:
-    """What the context compiler needs of a Discord message: who, whether it is the resident, what."""
+def as_room_message(m: discord.Message, self_id: int, files: tuple[Fetched, ...] = ()) -> RoomMessage:
+    """What the context compiler needs of a Discord message: who, whether it is the resident, what, and its
+    attachments (`files`, read by `Attachments`; without them each is named by its file name alone)."""
     # clean_content names users instead of <@id>; its zero-width escape of @everyone/@here only guards
     # against pings, which residents' posts never make (allowed mentions are none), so the text is kept as typed.
     content = m.clean_content.replace("@\u200beveryone", "@everyone").replace("@\u200bhere", "@here")
-    extras = [f"[attachment: {a.filename}]" for a in m.attachments]
+    extras = [] if files else [f"[attachment: {a.filename}]" for a in m.attachments]
     if m.embeds and not content:
         extras.append("[embed]")
     text = "\n".join(([content] if content else []) + extras) if extras else content
-    return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text, is_bot=m.author.bot)
+    return RoomMessage(str(m.id), m.author.display_name, m.author.id == self_id, text, is_bot=m.author.bot, files=files)
+
+
+FETCH_ERRORS: tuple[type[BaseException], ...] = (*ROOM_ERRORS, ValueError)  # ValueError: no URL to read
+CACHE_BYTES = 64 * 1024 * 1024  # attachment bytes kept between turns, per bot
+
+
+class Attachments:
+    """The bytes of the attachments in a channel's recent messages, read through discord.py.
+
+    A file over every limit (by the size Discord states) is not read; one read is checked again by its
+    real length. A failed read becomes a file described as not fetched, never an error of the turn. An
+    attachment's bytes never change under its id, so what the last turn read is kept for the next,
+    up to `CACHE_BYTES`, and dropped once its message leaves the history."""
+
+    def __init__(self, budget: int = CACHE_BYTES) -> None:
+        self.budget = budget
+        self._kept: dict[int, Fetched] = {}
+
+    async def room_messages(self, history: list[discord.Message], self_id: int) -> list[RoomMessage]:
+        out = []
+        wanted: set[int] = set()
+        for m in history:
+            files: tuple[Fetched, ...] = ()
+            if m.attachments and m.author.id != self_id:
+                files = tuple([await self.read(a) for a in m.attachments])
+                wanted |= {a.id for a in m.attachments}
+            out.append(as_room_message(m, self_id, files))
+        self._kept = {k: v for k, v in self._kept.items() if k in wanted}
+        return out
+
+    async def read(self, a: discord.Attachment) -> Fetched:
+        kept = self._kept.get(a.id)
+        if kept is not None:
+            return kept
+        if a.size > FETCH_LIMIT:
+            return Fetched(a.filename, a.size, a.content_type)
+        try:
+            data = await asyncio.wait_for(a.read(), timeout=SEND_TIMEOUT)
+        except FETCH_ERRORS as e:
+            log.warning("attachment %s (%s) could not be read: %s", a.id, a.filename, unavailable(e))
+            return Fetched(a.filename, a.size, a.content_type, failed=True)
+        if len(data) > FETCH_LIMIT:  # larger than Discord said: over every limit all the same
+            return Fetched(a.filename, len(data), a.content_type)
+        got = Fetched(a.filename, len(data), a.content_type, data)
+        if sum(len(f.data or b"") for f in self._kept.values()) + len(data) <= self.budget:
+            self._kept[a.id] = got
+        return got
 
 
 SCAN_LIMIT = 200  # room messages read after a generation's last recorded post when resuming its delivery

@@ -16,11 +16,13 @@ from .. import truth
 from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
+from ..ledger.attachments import without_image_refs
 from ..records import (
     Attempt,
     ContinuationEnd,
     Generation,
     Segment,
+    SharedFile,
     Status,
     Stump,
     StumpScope,
@@ -68,6 +70,7 @@ class Generator:
         seen_upto: str | None = None,
         tools: Toolbox | None = None,
         watch: AttemptWatch | None = None,
+        attachments: list[SharedFile] | None = None,
     ) -> Generation:
         """One reply; with `tools`, a tool loop of rounds (`bot.generation.tools`) whose text is joined.
 
@@ -85,6 +88,7 @@ class Generator:
             trigger=trigger,
             request=request,
             seen_upto=seen_upto,
+            attachments=list(attachments or []),
         )
         loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
         if loop is not None:
@@ -158,8 +162,9 @@ class Generator:
             if superseded():
                 ended = ContinuationEnd.SUPERSEDED
                 break
+            # A request read back from the ledger holds images as references: each becomes a line saying so.
             request, stripped = continuation_request(
-                without_tools(g.request), g.text, (cont.max_output_tokens or 0) - spent
+                without_image_refs(without_tools(g.request)), g.text, (cont.max_output_tokens or 0) - spent
             )
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1

@@ -352,6 +352,27 @@ CREATE INDEX live_messages_generation ON live_messages(generation_id);
 """,
 )
 
+# The files a generation's request was compiled with (`bot.context.attachments`): each by name, type,
+# size and SHA-256, never its bytes, and how it was shown (`shown`: image | text | described; `reason`:
+# why one was described). The stored request holds each image as a reference to the same SHA-256.
+step(
+    "m040_attachments",
+    """
+CREATE TABLE attachments (
+  generation_id TEXT NOT NULL REFERENCES generations(id),
+  message_id TEXT NOT NULL,         -- the room message it was attached to
+  position INTEGER NOT NULL,        -- its place among that message's attachments, from 0
+  name TEXT NOT NULL,
+  media_type TEXT,                  -- from its bytes where read (magic numbers), else as the room declared it
+  size INTEGER NOT NULL,            -- bytes
+  sha256 TEXT,                      -- NULL when its bytes were not read (over every limit, or not fetched)
+  shown TEXT NOT NULL,
+  reason TEXT,
+  PRIMARY KEY (generation_id, message_id, position)
+);
+""",
+)
+
 
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""

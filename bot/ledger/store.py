@@ -34,7 +34,7 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import chain, migrations
+from . import attachments, chain, migrations
 
 
 class LedgerError(Exception):
@@ -118,10 +118,18 @@ class Ledger:
     # ------------------------------------------------------------------ writes
 
     async def create_generation(self, g: Generation) -> None:
-        await self._tx([self._generation_insert(g)])
+        await self._tx(self._generation_insert(g))
 
     @staticmethod
-    def _generation_insert(g: Generation) -> tuple[str, tuple[Any, ...]]:
+    def _generation_insert(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
+        """The generation's row (its request without image bytes) and its request's attachments."""
+        return [
+            Ledger._generation_row(g),
+            *attachments.insert(g.id, g.attachments),
+        ]
+
+    @staticmethod
+    def _generation_row(g: Generation) -> tuple[str, tuple[Any, ...]]:
         return (
             "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
             " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
@@ -139,7 +147,7 @@ class Ledger:
                 g.standing,
                 g.continuation_ended,
                 g.trigger,
-                enc(json.dumps(g.request)) if g.request is not None else None,
+                enc(json.dumps(attachments.stored_request(g.request))) if g.request is not None else None,
                 g.created_at,
                 g.seen_upto,
             ),
@@ -150,7 +158,7 @@ class Ledger:
     ) -> None:
         """Record an attempt before its stream starts, with its generation when that is new too, and
         the link from the attempt it replaces: one transaction, one trip."""
-        stmts = [self._generation_insert(new_generation)] if new_generation is not None else []
+        stmts = self._generation_insert(new_generation) if new_generation is not None else []
         stmts.append(
             (
                 "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
@@ -389,6 +397,12 @@ class Ledger:
         g.posts = [
             _post(p)
             for p in await self.db.execute_fetchall("SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))
+        ]
+        g.attachments = [
+            attachments.from_row(_cols(a))
+            for a in await self.db.execute_fetchall(
+                "SELECT * FROM attachments WHERE generation_id=? ORDER BY rowid", (g.id,)
+            )
         ]
         return g
 

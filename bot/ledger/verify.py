@@ -19,6 +19,7 @@ from ..text import FENCE_LINE
 from ..truth import LIMIT, RECEIPT_PREFIX
 from . import chain
 from .store import Ledger, dec
+from .verify_attachments import check_attachments
 from .verify_tools import check_tool_calls, joined_upto, round_finals
 
 CUT = frozenset({"truncated", "failed", "incomplete"})
@@ -123,6 +124,7 @@ async def check(ledger: Ledger) -> Report:
         _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
         _check_blocks(v, g, t["attempts"], t["segments"], t["stumps"], blocks)
         check_tool_calls(v, g, t["attempts"], calls[g["id"]])
+    check_attachments(v, [dict(r) for r in await rows("SELECT * FROM attachments ORDER BY rowid")], known)
     links = await chain.check(db)  # the first broken entry first, ahead of the invariants
     rep.violations[:0] = links.violations
     rep.chain_entries, rep.chain_head = links.entries, links.head

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from .. import truth
-from ..records import Block, Generation, Post, Stump, ToolCall
+from ..records import Block, Generation, Post, SharedFile, Stump, ToolCall
 from . import chain
 from .chain import Entry
 
@@ -80,6 +80,12 @@ def tool_round_line(c: ToolCall) -> str:
     )
 
 
+def attachment_line(f: SharedFile) -> str:
+    how = f"described ({f.reason})" if f.reason is not None else f"shown as {f.shown}"
+    digest = f"sha256 {f.sha256}" if f.sha256 else "bytes not read"
+    return f"{f.name} · {f.media_type or 'type unknown'} · {f.size:,} bytes · {digest} · {how} · message {f.message_id}"
+
+
 def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     """A generation's provenance without any of its text: what moderators and operators inspect first."""
     lines = [
@@ -119,6 +125,9 @@ def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     if g.stumps:
         lines.append("stumps:")
         lines += ["  " + stump_line(s) for s in g.stumps]
+    if g.attachments:
+        lines.append("attachments (name, type, size and SHA-256; the ledger keeps no file's bytes):")
+        lines += ["  " + attachment_line(f) for f in g.attachments]
     if g.posts:
         lines.append("posts:")
         for p in g.posts:

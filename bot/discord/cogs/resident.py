@@ -26,7 +26,7 @@ from discord.ext import commands
 from ...delivery.outbox import Backoff
 from ..app import ResidentBot
 from ..floor import Floor, replies, shared_floor, since_person
-from ..room import ROOM_ERRORS, SEND_TIMEOUT, DiscordRoom, as_room_message
+from ..room import ROOM_ERRORS, SEND_TIMEOUT, Attachments, DiscordRoom
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ResidentCog(commands.Cog):
         self.board = bot.resident.board
         self.board.listeners.append(self._settled)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.attachments = Attachments()  # the bytes of files in the history a turn reads
 
     async def cog_unload(self) -> None:
         if self._settled in self.board.listeners:
@@ -234,8 +235,8 @@ class ResidentCog(commands.Cog):
                 )
                 return
             shared.generating[ch].add(me.id)
-        room = [as_room_message(m, me.id) for m in history]
         try:
+            room = await self.attachments.room_messages(history, me.id)
             async with typing(message.channel):
                 # The claim ends as the posts enter the outbox: from there on they count as waiting.
                 reply = await self.bot.resident.respond(

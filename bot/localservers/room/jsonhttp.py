@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -49,10 +50,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def read_body(request: web.Request) -> tuple[Any, list[Upload]]:
-    """The JSON body, or `payload_json` plus files from a multipart upload (discord.py's File sends)."""
+    """The JSON body, or a multipart form: `payload_json` plus its files, as Discord takes a message with files.
+
+    Discord's form names each file part `files[n]`, and the payload's `attachments` entry whose `id` is
+    n may rename it (its `filename` wins). A form without `payload_json` (an HTML form, a browser's
+    FormData) gives its plain fields as the payload. Every file part is kept, whatever its field name.
+    """
     if request.content_type.startswith("multipart/"):
-        payload: Any = {}
-        files: list[Upload] = []
+        payload: Any = None
+        fields: dict[str, str] = {}
+        parts: list[tuple[str | None, str, bytes, str | None]] = []  # field name, filename, bytes, content type
         reader = await request.multipart()
         while True:
             part = await reader.next()
@@ -64,12 +71,33 @@ async def read_body(request: web.Request) -> tuple[Any, list[Upload]]:
                 payload = json.loads(await part.text())
             elif part.filename is not None:
                 data = await part.read(decode=False)
-                files.append((part.filename, bytes(data), part.headers.get("Content-Type")))
-        return payload, files
+                parts.append((part.name, part.filename, bytes(data), part.headers.get("Content-Type")))
+            elif part.name:
+                fields[part.name] = await part.text()
+        if payload is None:
+            payload = fields
+        return payload, _named(payload, parts)
     raw = await request.read()
     if not raw.strip():
         return {}, []
     return json.loads(raw), []
+
+
+_FILES_FIELD = re.compile(r"^files\[(\d+)\]$")
+
+
+def _named(payload: Any, parts: list[tuple[str | None, str, bytes, str | None]]) -> list[Upload]:
+    """Each file with the name the payload's `attachments` entry gives its `files[n]` part, if any."""
+    names: dict[str, str] = {}
+    entries = payload.get("attachments") if isinstance(payload, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("filename"), str) and entry.get("id") is not None:
+            names[str(entry["id"])] = entry["filename"]
+    out: list[Upload] = []
+    for field, filename, data, ctype in parts:
+        m = _FILES_FIELD.match(field or "")
+        out.append((names.get(m.group(1), filename) if m else filename, data, ctype))
+    return out
 
 
 def require_dict(body: Any) -> dict[str, Any]:

@@ -342,7 +342,10 @@ def room_view(msg: Message) -> dict[str, Any]:
             "everyone": msg.mention_everyone,
         },
         "embeds": msg.embeds,
-        "attachments": [{"filename": a.filename, "size": len(a.data), "url": a.url} for a in msg.attachments],
+        "attachments": [
+            {"filename": a.filename, "size": len(a.data), "url": a.url, "content_type": a.content_type}
+            for a in msg.attachments
+        ],
         "flags": msg.flags,
         "ephemeral": bool(msg.flags & FLAG_EPHEMERAL),
         "loading": bool(msg.flags & FLAG_LOADING),

@@ -8,6 +8,8 @@ The web page of the room (`/`, files in static/) is a client of this API and not
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Iterable, Sequence
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from .faults import ConnectionOutage, FaultPlan
-from .jsonhttp import json_response, read_body, require_dict
+from .jsonhttp import Upload, json_response, read_body, require_dict
 from .model import ApiError
 from .state import RoomState
 
@@ -51,6 +53,7 @@ class Room(Protocol):
         mentions: Iterable[str] = ...,
         moderator: bool | None = ...,
         allowed_mentions: dict[str, Any] | None = ...,
+        attachments: Sequence[Upload] = ...,
     ) -> dict[str, Any]: ...
     async def invoke_command(
         self,
@@ -87,6 +90,25 @@ class Room(Protocol):
     def unsubscribe_events(self, queue: asyncio.Queue[dict[str, Any] | None]) -> None: ...
 
 
+def json_uploads(entries: Any) -> list[Upload]:
+    """Files given in a JSON body: `attachments`, each {filename, data (base64), content_type (optional)}."""
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise ApiError(400, 50035, '"attachments" must be a list of {filename, data (base64)}')
+    out: list[Upload] = []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("filename"), str) or not isinstance(e.get("data"), str):
+            raise ApiError(400, 50035, f"attachments[{i}] needs a filename and data (base64), both strings")
+        try:
+            data = base64.b64decode(e["data"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, 50035, f"attachments[{i}].data is not valid base64") from None
+        ctype = e.get("content_type")
+        out.append((e["filename"], data, ctype if isinstance(ctype, str) else None))
+    return out
+
+
 class RoomApi:
     def __init__(self, server: Room) -> None:
         self.server = server
@@ -116,10 +138,15 @@ class RoomApi:
         return json_response(self.server.messages(request.match_info["channel"], request.query.get("member")))
 
     async def post_message(self, request: web.Request) -> web.Response:
-        body = require_dict((await read_body(request))[0])
+        """JSON (`attachments`: [{filename, data: base64, content_type?}]), or a multipart form: plain fields
+        (`author`, `content`) or `payload_json`, with any number of file parts (the web page's upload)."""
+        raw, files = await read_body(request)
+        body = require_dict(raw)
         author = body.get("author")
         if not isinstance(author, str):
             raise ApiError(400, 50035, '"author" (a person\'s name) is required')
+        if not request.content_type.startswith("multipart/"):
+            files = json_uploads(body.get("attachments"))
         view = self.server.post(
             request.match_info["channel"],
             author,
@@ -128,6 +155,7 @@ class RoomApi:
             mentions=list(body.get("mentions") or []),
             moderator=body.get("moderator"),
             allowed_mentions=body.get("allowed_mentions"),
+            attachments=files,
         )
         return json_response(view, status=201)
 
@@ -219,7 +247,8 @@ class RoomApi:
             att = self.server.state.attachments[int(request.match_info["attachment_id"])]
         except (KeyError, ValueError):
             raise ApiError(404, 0, "404: Not Found") from None
-        return web.Response(body=att.data, content_type=att.content_type or "application/octet-stream")
+        # As a header: aiohttp's `content_type=` refuses a type with parameters (`text/plain; charset=utf-8`).
+        return web.Response(body=att.data, headers={"Content-Type": att.content_type or "application/octet-stream"})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         """Every new/edited/deleted message (and typing, members, interaction answers) as server-sent events."""

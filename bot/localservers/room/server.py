@@ -25,7 +25,7 @@ from .layout import Layout, default_layout
 from .model import ApiError, Interaction, RoomEvent
 from .rest import DiscordRest
 from .roomapi import RoomApi
-from .state import RoomState
+from .state import RoomState, Upload
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +257,10 @@ class RoomServer:
         mentions: Iterable[str] = (),
         moderator: bool | None = None,
         allowed_mentions: dict[str, Any] | None = None,
+        attachments: Sequence[Upload] = (),
     ) -> dict[str, Any]:
-        """Post as the person `author`; dispatched to bots before this returns."""
+        """Post as the person `author`, with any files (name, bytes, content type or None); dispatched to
+        bots before this returns."""
         ch = self.state.channel_by_ref(channel)
         msg = self.state.post_as_person(
             ch,
@@ -268,6 +270,7 @@ class RoomServer:
             mentions=mentions,
             moderator=moderator,
             allowed_mentions=allowed_mentions,
+            attachments=attachments,
         )
         return payloads.room_view(msg)
 

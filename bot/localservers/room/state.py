@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mimetypes
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -50,6 +51,35 @@ log = logging.getLogger(__name__)
 NONCE_WINDOW_S = 300.0  # Discord: "checked for uniqueness in the past few minutes"
 NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{2,32}$")
 Upload = tuple[str, bytes, str | None]  # a file: name, bytes, content type
+
+
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def content_type_of(filename: str, data: bytes, declared: str | None) -> str | None:
+    """The type Discord reports for an upload: the declared one unless it is none or the generic
+    `application/octet-stream` (what discord.py sends), else from the bytes or the name; a text type
+    whose bytes are UTF-8 carries `; charset=utf-8`, as Discord's does."""
+    if declared and declared.split(";")[0].strip().lower() != "application/octet-stream":
+        return declared
+    found = next((t for magic, t in _MAGIC if data.startswith(magic)), None)
+    if found is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        found = "image/webp"
+    found = found or mimetypes.guess_type(filename)[0]
+    if found is None:
+        return declared
+    if found.startswith("text/") or found in ("application/json", "application/xml"):
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return found
+        return f"{found}; charset=utf-8"
+    return found
 
 
 def bot_name_for_token(token: str) -> str:
@@ -411,7 +441,7 @@ class RoomState:
             id=aid,
             filename=filename,
             data=data,
-            content_type=ctype,
+            content_type=content_type_of(filename, data, ctype),
             url=f"{self.base_url}/attachments/{channel.id}/{aid}/{safe}",
         )
         self.attachments[aid] = att
@@ -430,6 +460,7 @@ class RoomState:
         mentions: Iterable[str] = (),
         moderator: bool | None = None,
         allowed_mentions: dict[str, Any] | None = None,
+        attachments: Sequence[Upload] = (),
     ) -> Message:
         """What Discord's own client does for a person typing: `@name` becomes `<@id>`."""
         person = self.person(author, channel.guild, moderator=moderator)
@@ -454,7 +485,7 @@ class RoomState:
             body["allowed_mentions"] = allowed_mentions
         if reply_to is not None:
             body["message_reference"] = {"message_id": str(reply_to), "channel_id": str(channel.id)}
-        return self.create_message(channel, person, body)
+        return self.create_message(channel, person, body, attachments=attachments)
 
     # ----- application commands ---------------------------------------------------------
 

@@ -234,8 +234,10 @@ function messageItem(m, prev) {
   body.innerHTML = RoomMarkdown.render(m.content, {names: nameOf, channels: channelName});
   if (m.edited_timestamp) body.insertAdjacentHTML("beforeend", ' <span class="edited">(edited)</span>');
   for (const a of m.attachments || []) {
+    const image = /^image\/(png|jpeg|gif|webp)\b/.test(a.content_type || "")
+      ? `<img class="thumb" src="${RoomMarkdown.esc(a.url)}" alt="${RoomMarkdown.esc(a.filename)}">` : "";
     body.insertAdjacentHTML("beforeend",
-      `<div class="attachment"><a href="${RoomMarkdown.esc(a.url)}">${RoomMarkdown.esc(a.filename)}</a> · ${a.size} bytes</div>`);
+      `<div class="attachment">${image}<a href="${RoomMarkdown.esc(a.url)}">${RoomMarkdown.esc(a.filename)}</a> · ${a.size} bytes</div>`);
   }
   for (const e of m.embeds || []) {
     body.insertAdjacentHTML("beforeend", `<div class="embed">${e.title ? `<strong>${RoomMarkdown.esc(e.title)}</strong>` : ""}${
@@ -428,13 +430,25 @@ async function postMessage(ev) {
   ev.preventDefault();
   const author = $("#author").value.trim();
   const content = $("#content").value;
+  const files = [...$("#files").files];
   const error = $("#post-error");
   error.hidden = true;
-  if (!author || !content.trim()) return;
+  if (!author || (!content.trim() && !files.length)) return;
   localStorage.setItem("room.author", author);
   try {
-    await api("POST", `/_room/channels/${room.channelId}/messages`, {author, content});
+    if (files.length) {  // a multipart form: the fields, and each file as it is
+      const form = new FormData();
+      form.append("author", author);
+      form.append("content", content);
+      files.forEach((f, i) => form.append(`files[${i}]`, f, f.name));
+      const resp = await fetch(`/_room/channels/${room.channelId}/messages`, {method: "POST", body: form});
+      const data = await resp.json().catch(() => ({}));
+      if (!resp.ok) throw new Error(data.message || `${resp.status} ${resp.statusText}`);
+    } else {
+      await api("POST", `/_room/channels/${room.channelId}/messages`, {author, content});
+    }
     $("#content").value = "";
+    $("#files").value = "";
   } catch (err) {
     error.textContent = `Not posted: ${err.message}`;
     error.hidden = false;
