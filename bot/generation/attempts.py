@@ -12,7 +12,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -181,7 +181,7 @@ class AttemptRunner:
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
     # A residence whose provider is not `client`'s (`provider: openai-compatible`): its own client, by name.
-    clients: dict[str, Client] = field(default_factory=dict)
+    clients: Mapping[str, Client] = field(default_factory=dict)
 
     async def run_segment(
         self,
