@@ -43,7 +43,7 @@ def error_body(status: int, message: str | None = None) -> dict[str, Any]:
 
 
 # OpenAI's error types by status, for the chat-completions route's default error bodies.
-CHAT_ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error"}
+CHAT_ERROR_TYPES = {401: "invalid_request_error", 429: "rate_limit_exceeded"}
 
 
 def chat_error_body(status: int, message: str | None = None) -> dict[str, Any]:
