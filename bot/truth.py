@@ -386,8 +386,9 @@ def context_boundary_note(e: Ending) -> str:
     return ""
 
 
-def context_refusal_note() -> str:
-    return "[Boundary: the provider declined the previous reply (refusal); its text was not posted.]"
+def context_refusal_note(stop_reason: str | None = REFUSAL) -> str:
+    """The stop reason as the provider gave it: `refusal`, or chat completions' `content_filter`."""
+    return f"[Boundary: the provider declined the previous reply ({stop_reason or REFUSAL}); its text was not posted.]"
 
 
 def context_abandoned_note(count: int, chars: int) -> str:

@@ -125,6 +125,9 @@ def test_content_filter_is_a_refusal_never_posted_and_kept_as_a_stump(work, caps
     )
     [s] = out["stumps"]
     assert (s["cause"], s["published"], s["text"]) == ("content_filter", False, g["text"]) and g["text"]
+    assert turn["resident_sees"] == [
+        "[Boundary: the provider declined the previous reply (content_filter); its text was not posted.]"
+    ]
 
 
 def test_no_finish_reason_is_incomplete(work, capsys):
