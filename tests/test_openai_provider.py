@@ -390,3 +390,26 @@ async def test_the_start_up_key_check_asks_get_models_and_names_the_variable():
         await bad.close()
         await good.close()
         await server.stop()
+
+
+async def test_reasoning_is_read_from_either_field_once():
+    """OpenRouter sends `reasoning`, vLLM `reasoning_content`; a server sending both sends the same text."""
+    server = ProviderServer()
+    await server.start()
+    deltas = [
+        {"reasoning": "Two ", "reasoning_content": ""},
+        {"reasoning": "tides.", "reasoning_content": None},
+        {"reasoning_content": " Moon.", "reasoning": " Moon."},
+        {"content": "Twice a day."},
+    ]
+    chunks = [{"choices": [{"index": 0, "delta": d}]} for d in deltas]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    try:
+        server.enqueue([Call(sse=raw.encode())])
+        end, sink = await call(server, REQ)
+    finally:
+        await server.stop()
+    thinking, text = sink.blocks()
+    assert (thinking.type, thinking.content) == ("thinking", "Two tides. Moon.")
+    assert (text.type, text.content, end.stop_reason, end.output_tokens) == ("text", "Twice a day.", "stop", None)

@@ -30,7 +30,8 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _FINAL_TYPES = frozenset(
     {"invalid_request_error", "authentication_error", "permission_error", "not_found_error", "insufficient_quota"}
 )
-_REASONING_FIELDS = ("reasoning_content", "reasoning")  # the first one a delta carries is its reasoning
+# The first of these a delta carries (non-empty) is its reasoning; a server sending both sends the same text.
+_REASONING_FIELDS = ("reasoning_content", "reasoning")
 
 
 def make_openai_client(base_url: str, api_key: str | None, timeout: float = 600.0) -> openai.AsyncOpenAI:
@@ -215,12 +216,12 @@ async def openai_stream_once(
                     delta = choice.get("delta") or {}
                     for name in _REASONING_FIELDS:
                         x = delta.get(name)
-                        if x is not None:
-                            if not isinstance(x, str):
-                                raise TypeError(f"a delta whose {name} is not a string")
-                            if x:
-                                due |= blocks.feed("thinking", x)
-                            break
+                        if x is None or x == "":
+                            continue
+                        if not isinstance(x, str):
+                            raise TypeError(f"a delta whose {name} is not a string")
+                        due |= blocks.feed("thinking", x)
+                        break
                     for name, btype in (("content", "text"), ("refusal", "refusal")):
                         x = delta.get(name)
                         if x is not None and not isinstance(x, str):
