@@ -1,4 +1,4 @@
-"""What each Claude model can do, from a table that is data (`bot/models.yaml`).
+"""What each model can do, from a table that is data (`bot/models.yaml`).
 
 Continuation, context and config ask this table instead of matching model names themselves, so a
 new model is one row in the data file, or in the operator's `models:` overrides (read by
@@ -36,12 +36,18 @@ UNKNOWN = ModelCaps("unknown model", 128000, False)
 # Bedrock: `anthropic.` after an optional inference-profile prefix, a geography or region in lower-case
 # words joined by `-` (`us.`, `eu.`, `apac.`, `global.`, `us-gov.`, ...), taken generically.
 _BEDROCK_PREFIX = re.compile(r"^(?:[a-z]{2,12}(?:-[a-z]{2,12})*\.)?anthropic\.")
-_DECORATIONS = (re.compile(r"@.*$"), re.compile(r"-v\d+(?::\d+)?$"), re.compile(r"-\d{8}$"), re.compile(r"-latest$"))
+_DECORATIONS = (
+    re.compile(r"@.*$"),
+    re.compile(r"-v\d+(?::\d+)?$"),
+    re.compile(r"-\d{8}$"),
+    re.compile(r"-\d{4}-\d{2}-\d{2}$"),  # OpenAI's dated ids: gpt-4o-2024-08-06
+    re.compile(r"-latest$"),
+)
 _OPEN_END = re.compile(r"^(\d+)\+$")
 
 
 def base_id(model: str) -> str:
-    """The id without a Bedrock prefix or version, a Vertex version, a date or `-latest`."""
+    """The id without a Bedrock prefix or version, a Vertex version, a date (either form) or `-latest`."""
     m = _BEDROCK_PREFIX.sub("", model.strip())
     for pattern in _DECORATIONS:
         m = pattern.sub("", m)

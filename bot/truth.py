@@ -13,11 +13,41 @@ from typing import Literal
 
 from .records import Cause, ContinuationEnd, Ending, NotShown, Outcome, PostKind, PostReason, Status
 
-COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence"})
-TRUNCATED_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
+# Stop reasons of both protocols, each kept as the provider gave it: Anthropic Messages' `stop_reason`
+# and chat completions' `finish_reason` (`stop`, `length`, `content_filter`, `tool_calls`). The two
+# vocabularies share no word, so one rule reads either.
+COMPLETED_STOPS = frozenset({"end_turn", "stop_sequence", "stop"})
+CEILING_STOPS = frozenset({"max_tokens", "length"})  # the output ceiling: what continuation may continue
+TRUNCATED_STOPS = CEILING_STOPS | {"model_context_window_exceeded"}
 REFUSAL = Cause.REFUSAL
+REFUSAL_STOPS = frozenset({REFUSAL, "content_filter"})
 TOOL_STOPS = frozenset({"tool_use", "pause_turn"})
 TOOL_USE = "tool_use"  # the stop reason of a round of the tool loop
+TOOL_ROUND_STOPS = frozenset({TOOL_USE, "tool_calls"})  # a round of the tool loop, in either protocol
+
+
+def is_ceiling(stop_reason: str | None) -> bool:
+    """Whether a stop reason is the output ceiling (`max_tokens`, or chat completions' `length`)."""
+    return stop_reason in CEILING_STOPS
+
+
+def is_refusal(stop_reason: str | None) -> bool:
+    """Whether a stop reason (or a stump's cause) is the provider declining the reply."""
+    return stop_reason in REFUSAL_STOPS
+
+
+def is_tool_round(stop_reason: str | None) -> bool:
+    """Whether a stop reason asks for the tool loop's next round (`tool_use`, or chat's `tool_calls`)."""
+    return stop_reason in TOOL_ROUND_STOPS
+
+
+def chat_stop_reason(finish_reason: str | None, refusal_text: bool) -> str | None:
+    """The stop reason of a chat-completions stream: its `finish_reason` as given, except that a stream
+    whose model wrote a `refusal` (not content) and stopped is the provider declining the reply."""
+    if refusal_text and finish_reason in (None, "stop"):
+        return REFUSAL
+    return finish_reason
+
 
 # Discard and stump causes that are not provider stop reasons.
 RETRY_ABANDONED = Cause.RETRY_ABANDONED
@@ -45,9 +75,9 @@ def outcome_of_stop(stop_reason: str | None, *, has_tools: bool = False) -> Outc
         return Outcome.COMPLETED
     if stop_reason in TRUNCATED_STOPS:
         return Outcome.TRUNCATED
-    if stop_reason == REFUSAL:
+    if stop_reason in REFUSAL_STOPS:
         return Outcome.REFUSED
-    if stop_reason == TOOL_USE and has_tools:  # a round of the tool loop; `pause_turn` is never resumed here
+    if stop_reason in TOOL_ROUND_STOPS and has_tools:  # a round of the tool loop; `pause_turn` is never resumed here
         return Outcome.COMPLETED
     return Outcome.INCOMPLETE
 
@@ -127,7 +157,8 @@ INTERRUPTED_SENTENCE = "Process stopped before this output was finished; the rem
 
 
 def ceiling_sentence(tokens: int | None, during: str = "", tail: str = "the remainder was not generated") -> str:
-    at = f" at {fmt_tokens(tokens)} tokens" if tokens is not None else ""
+    """The provider's own count where it gave one; where it gave none, the line says so (never an estimate)."""
+    at = f" at {fmt_tokens(tokens)} tokens" if tokens is not None else " (token count not reported by the provider)"
     return f"Output ceiling reached{at}{during}; {tail}."
 
 
@@ -245,7 +276,7 @@ def notice(e: Ending) -> str | None:
     if e.status == "refused":
         kept = e.kept_chars if e.kept_chars is not None else e.chars
         held = "its text is held as a stump" if kept else _nothing(e)
-        return f"Provider declined this reply (stop reason: refusal); {held}."
+        return f"Provider declined this reply (stop reason: {e.stop_reason or REFUSAL}); {held}."
     if e.chars == 0 and e.status in ("failed", "incomplete", "truncated"):
         return _boundary(e, _nothing(e))
     return None
@@ -355,8 +386,9 @@ def context_boundary_note(e: Ending) -> str:
     return ""
 
 
-def context_refusal_note() -> str:
-    return "[Boundary: the provider declined the previous reply (refusal); its text was not posted.]"
+def context_refusal_note(stop_reason: str | None = REFUSAL) -> str:
+    """The stop reason as the provider gave it: `refusal`, or chat completions' `content_filter`."""
+    return f"[Boundary: the provider declined the previous reply ({stop_reason or REFUSAL}); its text was not posted.]"
 
 
 def context_abandoned_note(count: int, chars: int) -> str:

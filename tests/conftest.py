@@ -203,6 +203,7 @@ E2E_MODULES = frozenset(
         "test_load",
         "test_localroom",
         "test_moderation",
+        "test_openai_run",
         "test_packaging",
         "test_provenance",
         "test_provider_key",

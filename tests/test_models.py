@@ -106,7 +106,7 @@ def test_ids_match_on_whole_segments(model, family, ceiling, prefill):
     [
         ("claude-sonet-4-5", "claude-sonnet-4-5"),
         ("claude-opus-4-1x", "claude-opus-4-1"),
-        ("gpt-4o", None),
+        ("llama-3-70b", None),
         ("claude-3-opus-2024", None),
         ("claude", None),
         ("claude-opus-4-1-extended", None),
@@ -135,12 +135,12 @@ def test_check_names_an_unknown_model_with_did_you_mean(work, capsys):
 
 
 def test_an_unknown_model_with_its_output_ceiling_runs_and_check_warns(work, capsys):
-    write_residence(work, "gpt-4o", 4000, "output_ceiling: 16384\n")
+    write_residence(work, "llama-3-70b", 4000, "output_ceiling: 16384\n")
     assert cli.main(["check"]) == 0
     out, err = capsys.readouterr()
     assert out == "1 file(s) valid\n"
     assert (
-        err.startswith(f"{work}/residences/r.yaml: model: warning: 'gpt-4o' is not in the model table")
+        err.startswith(f"{work}/residences/r.yaml: model: warning: 'llama-3-70b' is not in the model table")
         and err.count("\n") == 1
     )
 
@@ -148,11 +148,11 @@ def test_an_unknown_model_with_its_output_ceiling_runs_and_check_warns(work, cap
 @pytest.mark.parametrize(
     "model, max_tokens, extra, key, words",
     [
-        ("gpt-4o", 20000, "output_ceiling: 16384\n", "max_tokens", "above the stated output_ceiling of 16384"),
+        ("llama-3-70b", 20000, "output_ceiling: 16384\n", "max_tokens", "above the stated output_ceiling of 16384"),
         ("claude-3-opus-20240229", 1024, "output_ceiling: 8192\n", "output_ceiling", "above claude-3-opus-20240229's"),
         ("claude-3-opus-20240229", 4096, "output_ceiling: 2048\n", "max_tokens", "of 2048"),
         ("claude-3-opus-20240229", 5000, "", "max_tokens", "output ceiling of 4096"),
-        ("gpt-4o", 1024, "output_ceiling: 0\n", "output_ceiling", "greater than or equal to 1"),
+        ("llama-3-70b", 1024, "output_ceiling: 0\n", "output_ceiling", "greater than or equal to 1"),
     ],
 )
 def test_max_tokens_is_checked_against_the_ceiling_in_force(work, capsys, model, max_tokens, extra, key, words):

@@ -69,10 +69,36 @@ def test_ceiling_receipt_states_the_providers_figure_with_commas(tokens, figure)
     assert line == f"Output ceiling reached at {figure} tokens; the remainder was not generated."
 
 
-def test_ceiling_receipt_without_a_provider_figure_claims_no_number():
-    line = truth.receipt(Ending("truncated", "max_tokens", None, 10))
-    assert line == "Output ceiling reached; the remainder was not generated."
+@pytest.mark.parametrize("stop", ["max_tokens", "length"])
+def test_ceiling_receipt_without_a_provider_figure_says_the_count_is_unknown(stop):
+    line = truth.receipt(Ending("truncated", stop, None, 10))
+    assert line == "Output ceiling reached (token count not reported by the provider); the remainder was not generated."
     assert not re.search(r"\d", line)
+
+
+@pytest.mark.parametrize(
+    "finish, tools, outcome",
+    [
+        ("stop", False, "completed"),
+        ("length", False, "truncated"),
+        ("content_filter", False, "refused"),
+        ("tool_calls", True, "completed"),  # a round of the tool loop
+        ("tool_calls", False, "incomplete"),  # no tool loop to take it
+        ("function_call", True, "incomplete"),
+        (None, False, "incomplete"),
+        ("something_new", False, "incomplete"),
+    ],
+)
+def test_chat_completions_finish_reasons(finish, tools, outcome):
+    assert truth.outcome_of_stop(finish, has_tools=tools) == outcome
+
+
+def test_a_chat_refusal_is_declined_with_its_own_finish_reason_on_record():
+    assert truth.chat_stop_reason("stop", refusal_text=True) == "refusal"
+    assert truth.chat_stop_reason("stop", refusal_text=False) == "stop"
+    assert truth.chat_stop_reason("length", refusal_text=True) == "length"
+    line = truth.notice(Ending("refused", "content_filter", None, 0))
+    assert line == "Provider declined this reply (stop reason: content_filter); no text was generated."
 
 
 ENDINGS = [

@@ -127,7 +127,7 @@ def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, 
         else:
             out.append(("user", truth.context_abandoned_note(len(set_aside), sum(s.chars for s in set_aside))))
     if g.status == "refused":
-        out.append(("user", truth.context_refusal_note()))
+        out.append(("user", truth.context_refusal_note(g.stop_reason)))
     elif not truth.is_completed_turn(g.status):
         note = truth.context_boundary_note(e)
         if note:

@@ -15,17 +15,20 @@ CONTINUE_NOTE = (
 )
 
 
-def continuation_request(base: dict[str, Any], assembled: str, remaining_tokens: int) -> tuple[dict[str, Any], str]:
+def continuation_request(
+    base: dict[str, Any], assembled: str, remaining_tokens: int, prefill_allowed: bool = True
+) -> tuple[dict[str, Any], str]:
     """The request that continues `assembled`, and the trailing whitespace taken off a prefill.
 
-    The partial appears exactly once: as the prefill where the model accepts one, else as the
-    assistant turn before a user turn asking to go on.
+    The partial appears exactly once: as the prefill where the model accepts one (and the provider
+    takes one: `prefill_allowed` is False for chat completions), else as the assistant turn before a
+    user turn asking to go on.
     """
     msgs = [dict(m) for m in base["messages"]]
     caps = models.caps(base["model"])
     req = {**base, "max_tokens": max(1, min(base["max_tokens"], remaining_tokens))}
     prefill = assembled.rstrip()
-    if caps.accepts_prefill and prefill:
+    if caps.accepts_prefill and prefill_allowed and prefill:
         stripped = assembled[len(prefill) :]
         req["messages"] = msgs + [{"role": "assistant", "content": prefill}]
         return req, stripped

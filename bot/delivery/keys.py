@@ -24,9 +24,14 @@ log = logging.getLogger(__name__)
 
 class KeyRejections:
     def __init__(
-        self, key_env: str, window: float = truth.KEY_NOTICE_SECONDS, clock: Callable[[], float] = time.monotonic
+        self,
+        key_env: str,
+        window: float = truth.KEY_NOTICE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        key_env_of: dict[str, str] | None = None,
     ) -> None:
         self.key_env = key_env
+        self.key_env_of = key_env_of or {}  # a residence with a key of its own (`api_key_env`): that variable
         self.window = window
         self.clock = clock  # injected so the window can be tested without waiting it out
         self.last_notice: dict[str, float] = {}  # channel → when its last key notice was planned
@@ -51,7 +56,7 @@ class KeyRejections:
             error,
             channel,
             what,
-            self.key_env,
+            self.key_env_of.get(g.residence, self.key_env),
         )
         if (g.text if added is None else added).strip():
             return planned  # text to post: it goes out with its boundary line, as any cut output's

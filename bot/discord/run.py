@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anthropic
 import discord
+import openai
 
 from ..config import Residence, load_all_residences
 from ..delivery.keys import KeyRejections
@@ -29,6 +30,7 @@ from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
+from ..provider.openai_stream import make_openai_client
 from ..resident import Resident
 from . import startup
 from .app import ResidentBot, commands_bot_of, names_channel
@@ -75,12 +77,14 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
     return Deployment(residences, tokens)
 
 
-def provider_settings(env: dict[str, str] | None = None) -> tuple[str | None, str]:
-    """The provider's base URL (None: Anthropic's API) and key ("" when unset, allowed with a base URL)."""
+def provider_settings(env: dict[str, str] | None = None, required: bool = True) -> tuple[str | None, str]:
+    """The provider's base URL (None: Anthropic's API) and key ("" when unset, allowed with a base URL).
+
+    `required=False`: no residence uses the anthropic provider, so a missing key stops nothing."""
     env = dict(os.environ if env is None else env)
     base_url = env.get("ANTHROPIC_BASE_URL") or None
     key = env.get(KEY_ENV, "")
-    if not key and base_url is None:
+    if not key and base_url is None and required:
         raise StartupError(f"{KEY_ENV} is not set (or set ANTHROPIC_BASE_URL to an Anthropic-compatible server)")
     return base_url, key
 
@@ -117,6 +121,50 @@ async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = T
         log.warning("the provider key could not be checked at start-up (%s); starting anyway", type(e).__name__)
 
 
+def openai_clients(residences: list[Residence], env: dict[str, str]) -> dict[str, openai.AsyncOpenAI]:
+    """A chat-completions client for each openai-compatible residence, by name; residences with the
+    same server and key share one (and its connection pool). Every call takes its residence's timeout."""
+    shared: dict[tuple[str, str], openai.AsyncOpenAI] = {}
+    out = {}
+    for r in residences:
+        if r.provider == "anthropic":
+            continue
+        assert r.base_url is not None and r.api_key_env is not None
+        key = env.get(r.api_key_env, "").strip()
+        if (r.base_url, key) not in shared:
+            shared[r.base_url, key] = make_openai_client(r.base_url, key)
+        out[r.name] = shared[r.base_url, key]
+    return out
+
+
+async def check_openai_key(client: openai.AsyncOpenAI, key_env: str) -> None:
+    """As `check_provider_key`, for an openai-compatible server: one `GET /models` before any bot connects."""
+    try:
+        await client.models.list(timeout=KEY_CHECK_SECONDS)
+    except openai.APIStatusError as e:
+        host = client.base_url.host
+        if e.status_code in (401, 403):
+            raise ProviderKeyRejected(
+                f"{key_env}: the provider at {host} refused this key (HTTP {e.status_code}); set a valid key and start again"
+            ) from None
+        if e.status_code in (404, 405):
+            log.info(
+                "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
+                host,
+                e.status_code,
+            )
+        else:
+            log.warning(
+                "the provider key in %s could not be checked at start-up (HTTP %d); starting anyway",
+                key_env,
+                e.status_code,
+            )
+    except openai.OpenAIError as e:
+        log.warning(
+            "the provider key in %s could not be checked at start-up (%s); starting anyway", key_env, type(e).__name__
+        )
+
+
 async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
     """`bot.start`, with the residence's undelivered posts tried once between login and connect.
 
@@ -141,22 +189,39 @@ async def run_bots(
     key_rejections: KeyRejections | None = None,
     backoff: Backoff | None = None,
     announce: Callable[[list[ResidentBot]], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
     `key_rejections` is shared by every resident (one notice per channel, whoever failed); a test
     passes its own to control the clock. `backoff` paces redelivery after a room failure.
-    `announce` is told once, when every bot is ready.
+    `announce` is told once, when every bot is ready. `env`: where an openai-compatible residence's
+    `api_key_env` is read (the process's environment by default).
     """
     client = make_client(base_url, api_key)
+    chats = openai_clients(dep.residences, dict(os.environ if env is None else env))
     try:
-        await check_provider_key(client, key_set=bool(api_key))
+        if any(r.provider == "anthropic" for r in dep.residences):
+            await check_provider_key(client, key_set=bool(api_key))
+        checked: set[int] = set()
+        for r in dep.residences:
+            chat = chats.get(r.name)
+            if chat is not None and id(chat) not in checked:
+                checked.add(id(chat))
+                assert r.api_key_env is not None
+                await check_openai_key(chat, r.api_key_env)
+        if key_rejections is None:
+            key_rejections = KeyRejections(
+                KEY_ENV, key_env_of={r.name: r.api_key_env for r in dep.residences if r.api_key_env}
+            )
         async with Ledger.open(db) as ledger:
             # Before any bot connects: what a stopped process left open is settled and planned.
             await recover(ledger, {r.name for r in dep.residences})
-            await _serve(dep, ledger, client, guild_ready_timeout, stop, key_rejections, backoff, announce)
+            await _serve(dep, ledger, client, guild_ready_timeout, stop, key_rejections, backoff, announce, chats)
     finally:
         await client.close()
+        for chat in {id(c): c for c in chats.values()}.values():
+            await chat.close()
 
 
 async def _serve(
@@ -168,14 +233,17 @@ async def _serve(
     key_rejections: KeyRejections | None,
     backoff: Backoff | None,
     announce: Callable[[list[ResidentBot]], None] | None,
+    chats: dict[str, openai.AsyncOpenAI] | None = None,
 ) -> None:
-    """The bots, on an open ledger and provider client (their owner closes them), until `stop` or a problem."""
+    """The bots, on an open ledger and provider clients (their owner closes them), until `stop` or a problem.
+
+    `chats`: the client of each openai-compatible residence, by name."""
     key_rejections = key_rejections or KeyRejections(KEY_ENV)
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
     outbox = Outbox(ledger, backoff)
     try:
-        generator = Generator(AttemptRunner(client, ledger))
+        generator = Generator(AttemptRunner(client, ledger, clients=dict(chats or {})))
         board = LiveBoard()  # the process's live messages in progress, as its outbox is the process's
         for r in dep.residences:
             registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
@@ -262,7 +330,7 @@ def start_rows(bots: list[ResidentBot], local_api: bool) -> list[startup.Row]:
 def main(base: Path, db: str, discord_api: str | None) -> int:
     """`residents run`: log lines go through the root logger's one handler (set up by the CLI), once."""
     dep = plan_deployment(base, local_api=discord_api is not None)
-    base_url, key = provider_settings()
+    base_url, key = provider_settings(required=any(r.provider == "anthropic" for r in dep.residences))
     if discord_api:
         point_at_local(discord_api)
     gc.freeze()  # everything imported lives as long as the process: out of the collector's full passes

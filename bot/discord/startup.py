@@ -26,15 +26,21 @@ INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, 
 def missing_variables(residences: Sequence[Residence], env: Mapping[str, str], local_api: bool) -> str | None:
     """One line naming every environment variable start-up needs and does not find, or None.
 
-    Against a local room any token will do, so only the provider's variables are needed there.
+    Against a local room any token will do, so only the provider's variables are needed there:
+    ANTHROPIC_API_KEY where a residence uses the anthropic provider, and each openai-compatible
+    residence's `api_key_env`.
     """
     wanted: dict[str, list[str]] = {}
     if not local_api:
         for r in residences:
             if r.discord is not None and not env.get(r.discord.token_env, "").strip():
                 wanted.setdefault(r.discord.token_env, []).append(f"residences/{r.name}.yaml: discord.token_env")
-    if not env.get(KEY_ENV) and not env.get(BASE_URL_ENV):
+    anthropic = any(r.provider == "anthropic" for r in residences)
+    if anthropic and not env.get(KEY_ENV) and not env.get(BASE_URL_ENV):
         wanted[KEY_ENV] = [f"the provider key; or set {BASE_URL_ENV} to an Anthropic-compatible server"]
+    for r in residences:
+        if r.api_key_env is not None and not env.get(r.api_key_env, "").strip():
+            wanted.setdefault(r.api_key_env, []).append(f"residences/{r.name}.yaml: api_key_env")
     if not wanted:
         return None
     names = ", ".join(f"{var} ({'; '.join(where)})" for var, where in wanted.items())

@@ -12,8 +12,8 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anthropic
@@ -21,7 +21,8 @@ import anthropic
 from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
-from ..provider import BlockSink, stream_once
+from ..provider import BlockSink
+from ..provider.dispatch import Client, stream_call
 from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
 
 log = logging.getLogger(__name__)
@@ -179,6 +180,8 @@ class AttemptRunner:
     client: anthropic.AsyncAnthropic
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
+    # A residence whose provider is not `client`'s (`provider: openai-compatible`): its own client, by name.
+    clients: Mapping[str, Client] = field(default_factory=dict)
 
     async def run_segment(
         self,
@@ -213,7 +216,8 @@ class AttemptRunner:
             if watch is not None:
                 watch.started(a, sink)  # type: ignore[arg-type]
             try:
-                end = await stream_once(self.client, request, sink, timeout=policy.timeout_seconds)
+                client = self.clients.get(g.residence, self.client)
+                end = await stream_call(client, request, sink, timeout=policy.timeout_seconds)
             finally:
                 await sink.close()
             a.blocks = sink.blocks()

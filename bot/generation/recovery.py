@@ -124,13 +124,13 @@ async def _settle_pending(ledger: Ledger, g: Generation) -> bool:
         and final is not None
         and final not in cut
         and not later
-        and not (final.stop_reason == "max_tokens" and g.standing == "bounded")
+        and not (truth.is_ceiling(final.stop_reason) and g.standing == "bounded")
         and final.stop_reason != truth.TOOL_USE
     )  # a round whose tool calls never ran or were answered
     if ended and final is not None:
         g.status, g.stop_reason = truth.status_of_outcome(final.outcome), final.stop_reason
         g.continuation_ended = (
-            ContinuationEnd.DISABLED if final.stop_reason == "max_tokens" else ContinuationEnd.NOT_NEEDED
+            ContinuationEnd.DISABLED if truth.is_ceiling(final.stop_reason) else ContinuationEnd.NOT_NEEDED
         )
     else:
         g.status, g.stop_reason = Status.INCOMPLETE, truth.INTERRUPTED

@@ -107,7 +107,7 @@ class Generator:
         g.segments = [Segment(1, final.id, final.stop_reason, g.chars, final.output_tokens)]
         unsettled: Attempt | None = final
         rounds = loop.finals if loop is not None and len(loop.finals) > 1 else None
-        if g.stop_reason == "max_tokens":
+        if truth.is_ceiling(g.stop_reason):
             g.continuation_ended = ContinuationEnd.DISABLED
             if res.policy.continuation.standing == "bounded" and rounds is None:  # never after tool rounds
                 await self.ledger.finish_attempt(final)  # on disk before any continuation call
@@ -124,7 +124,7 @@ class Generator:
         refused = truth.standing_refusal(cont.standing, res.name, g.id)
         if refused:
             return ContinueResult(g, "", refused)
-        if g.status != "truncated" or g.stop_reason != "max_tokens":
+        if g.status != "truncated" or not truth.is_ceiling(g.stop_reason):
             return ContinueResult(g, "", truth.Declined("not-cut", res.name, g.id, g.status))
         if g.request is None:
             return ContinueResult(g, "", truth.Declined("no-request", res.name, g.id))
@@ -149,7 +149,7 @@ class Generator:
         assert g.request is not None
         calls = 0
         ended = g.continuation_ended
-        while g.stop_reason == "max_tokens":
+        while truth.is_ceiling(g.stop_reason):
             spent = sum(s.output_tokens if s.output_tokens is not None else g.request["max_tokens"] for s in g.segments)
             if len(g.segments) - 1 >= (cont.max_segments or 0):
                 ended = ContinuationEnd.SEGMENT_LIMIT
@@ -164,7 +164,10 @@ class Generator:
                 break
             # A request read back from the ledger holds images as references: each becomes a line saying so.
             request, stripped = continuation_request(
-                without_image_refs(without_tools(g.request)), g.text, (cont.max_output_tokens or 0) - spent
+                without_image_refs(without_tools(g.request)),
+                g.text,
+                (cont.max_output_tokens or 0) - spent,
+                prefill_allowed=res.provider == "anthropic",  # chat completions: the user-turn method
             )
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1

@@ -141,7 +141,7 @@ class StumpsTool:
         if meta["scope"] == "block":
             return _error(f"stump {meta['id']} is a {meta['block_type']} block, not reply text; only text is published")
         if meta["scope"] == "output":
-            if meta["cause"] == truth.REFUSAL:
+            if truth.is_refusal(meta["cause"]):
                 return _error(f"stump {meta['id']} is a reply the provider declined (refusal); it is not published")
             return _error(
                 f"stump {meta['id']} is the text of reply {meta['generation_id']}, which is posted as that "

@@ -138,7 +138,7 @@ class ToolLoop:
             g, 1, request, retries, new_generation=True, settle_last=False, tools=True, watch=watch
         )
         self.finals = [final]
-        while final.outcome == "completed" and final.stop_reason == truth.TOOL_USE:
+        while final.outcome == "completed" and truth.is_tool_round(final.stop_reason):
             uses = tool_uses(final)
             if not uses:  # a tool stop with no call in it: nothing to run, nothing to go on with
                 final.outcome = Outcome.INCOMPLETE

@@ -52,7 +52,7 @@ def check_tool_calls(
             v.append(
                 f"{where}: tool call {c['round']}.{c['pos']} was not made by the last attempt of round {c['round']}"
             )
-        if a["stop_reason"] != truth.TOOL_USE or a["outcome"] != "completed":
+        if not truth.is_tool_round(a["stop_reason"]) or a["outcome"] != "completed":
             v.append(
                 f"{where}: tool call {c['round']}.{c['pos']} made by attempt {a['id']}, which is "
                 f"{a['outcome']} ({a['stop_reason']}), not a completed tool_use round"

@@ -1,4 +1,5 @@
-"""An Anthropic-compatible `POST /v1/messages` on loopback that answers from recorded calls.
+"""An Anthropic-compatible `POST /v1/messages` and an OpenAI-compatible `POST /v1/chat/completions`
+on loopback, both answering from recorded calls (one queue: a scenario's calls, in order).
 
 The real SDK talks to it over a real socket, so replay, tests, benchmarks and the demo exercise
 the same client code as production. Each call is served from a queue (recorded specimens, HTTP
@@ -39,6 +40,16 @@ ERROR_TYPES = {
 def error_body(status: int, message: str | None = None) -> dict[str, Any]:
     kind = ERROR_TYPES.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message or kind.replace("_", " ").capitalize()}}
+
+
+# OpenAI's error types by status, for the chat-completions route's default error bodies.
+CHAT_ERROR_TYPES = {401: "invalid_request_error", 429: "rate_limit_exceeded"}
+
+
+def chat_error_body(status: int, message: str | None = None) -> dict[str, Any]:
+    """An error body as OpenAI's API shapes it: `{"error": {"message", "type", "param", "code"}}`."""
+    kind = CHAT_ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message or f"HTTP {status}", "type": kind, "param": None, "code": None}}
 
 
 @dataclass
@@ -89,6 +100,7 @@ class ProviderServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -104,25 +116,34 @@ class ProviderServer:
             self._runner = None
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await self._answer(request, error_body, "request-id")
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/chat/completions`: the same recorded calls, errors shaped as OpenAI's."""
+        return await self._answer(request, chat_error_body, "x-request-id")
+
+    async def _answer(
+        self, request: web.Request, errors: Callable[[int, str | None], dict[str, Any]], id_header: str
+    ) -> web.StreamResponse:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
-            return _json(400, error_body(400, "request body is not JSON"))
+            return _json(400, errors(400, "request body is not JSON"))
         self.requests.append(body)
         if not self._key_accepted(request):
-            return self._reject()
+            return self._reject(errors)
         call = self.queue.popleft() if self.queue else (self.responder(body) if self.responder else None)
         if call is None:
-            return _json(500, error_body(500, "no call was recorded for this request"))
+            return _json(500, errors(500, "no call was recorded for this request"))
         rid = f"req_local_{uuid.uuid4().hex[:16]}"
         if call.status is not None and call.status != 200:
-            payload = call.body if call.body is not None else error_body(call.status)
-            return _json(call.status, payload, {"request-id": rid, **call.headers})
+            payload = call.body if call.body is not None else errors(call.status, None)
+            return _json(call.status, payload, {id_header: rid, **call.headers})
         resp = web.StreamResponse(
             status=200,
             headers={
                 "content-type": "text/event-stream",
-                "request-id": rid,
+                id_header: rid,
                 "cache-control": "no-cache",
                 **call.headers,
             },
@@ -155,12 +176,12 @@ class ProviderServer:
             key = auth[7:] if auth.lower().startswith("bearer ") else None
         return key is not None and key in self.api_keys
 
-    def _reject(self) -> web.Response:
+    def _reject(self, errors: Callable[[int, str | None], dict[str, Any]] = error_body) -> web.Response:
         self.rejected += 1
         message = "invalid x-api-key" if self.reject_status == 401 else "this key has no permission for this request"
         return _json(
             self.reject_status,
-            error_body(self.reject_status, message),
+            errors(self.reject_status, message),
             {"request-id": f"req_local_{uuid.uuid4().hex[:16]}"},
         )
 

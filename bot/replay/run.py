@@ -1,6 +1,7 @@
 """`residents replay`: one residence through a scripted conversation, on the real pipeline.
 
-The real SDK talks to the local provider server; generation, ledger and delivery planning are the
+The real SDK talks to the local provider server (the `anthropic` SDK to its `/v1/messages`, or for a
+residence with `provider: openai-compatible` the `openai` SDK to its `/v1/chat/completions`); generation, ledger and delivery planning are the
 bot's own code. The one difference from production is the room: posts are collected, and the
 room's history is the scenario's turns.
 """
@@ -21,6 +22,7 @@ from ..ledger import Ledger
 from ..ledger.access import tool_calls_of
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
+from ..provider.openai_stream import make_openai_client
 from ..records import Post
 from ..resident import Resident
 from ..text import outbound
@@ -66,8 +68,13 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
     try:
         async with Ledger.open(db_path) as ledger:
             client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
+            # An openai-compatible residence's calls go to the same server's chat completions, whatever its base_url.
+            chat = (
+                make_openai_client(server.url + "/v1", "replay-local") if sc.residence.provider != "anthropic" else None
+            )
             try:
-                resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger)), ledger)
+                clients = {sc.residence.name: chat} if chat is not None else {}
+                resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger, clients=clients)), ledger)
                 room = CollectingRoom(sc.residence.name)
                 turns = []
                 made: set[str] = set()  # attempts of earlier turns: a continuation's generation carries them too
@@ -119,6 +126,8 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                 }
             finally:
                 await client.close()
+                if chat is not None:
+                    await chat.close()
     finally:
         await server.stop()
         if tmp:
