@@ -34,6 +34,11 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def spread(xs: list[float]) -> dict[str, float]:
+    """Median and range of a set of runs: what a figure is, and how far a busy machine moved it."""
+    return {"median": median(xs), "min": min(xs), "max": max(xs)}
+
+
 def percentile(xs: list[float], p: float) -> float:
     """Nearest-rank percentile of an unsorted list."""
     if not xs:

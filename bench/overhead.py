@@ -2,10 +2,15 @@
 
 Both paths read the same bytes from the same loopback server (in its own process, so its CPU time is
 not billed to either), alternately, in one process: the bare path is the SDK's leanest consumption
-(`messages.create(stream=True)`, text deltas joined); the pipeline is `Generator.generate` (attempts,
-ledger chunks every 2,048 chars, settlement) on a real WAL ledger, then `plan` and the posts recorded,
-as `Resident.respond` does before a room sends. The whole-process comparison runs `residents replay`
-against a script that starts the same local server and reads the stream with the bare SDK.
+(`messages.create(stream=True)`, text deltas joined); the pipeline is a whole `Resident.respond` on a
+real WAL ledger: the request compiled from the room's history, `Generator.generate` (attempts, ledger
+chunks every 2,048 chars, settlement), `plan`, the posts recorded, and each post delivered to a
+collecting room and marked delivered in the ledger.
+
+The whole-process comparison runs `residents replay` against a script that starts the same local
+server and reads the stream with the bare SDK, both with the same `gc.freeze()`. What is compared is
+the cost per stream: each side runs on the big stream and on a tiny one, and the tiny run's CPU
+(interpreter start-up, imports, the ledger's creation) is taken off the big one's.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.provider import ListSink, make_client, stream_once
 from bot.records import Attempt, Generation, Post, new_id
+from bot.replay.run import CollectingRoom
+from bot.resident import Resident
 
 from . import streams
-from .common import ROOT, Sample, measure, median, scratch
+from .common import ROOT, Sample, measure, median, scratch, spread
 from .server import ServerProcess
 
 log = logging.getLogger(__name__)
@@ -52,8 +59,18 @@ async def bare(client: anthropic.AsyncAnthropic, req: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-async def pipeline(gen: Generator, res: Residence, req: dict[str, Any]) -> str:
-    """One resident turn short of the room: generate, plan, record the planned posts."""
+async def pipeline(resident: Resident) -> str:
+    """One whole resident turn, the room a collecting one: compile the request from the room's
+    history, generate, plan, record the posts, deliver each and mark it delivered."""
+    room = CollectingRoom(resident.name)
+    room.say("ana", "Write at length.")
+    reply = await resident.respond(room, "bench", list(room.history))
+    assert reply.generation is not None and len(room.sent) == len(reply.posts)
+    return reply.generation.text
+
+
+async def generate_and_record(gen: Generator, res: Residence, req: dict[str, Any]) -> str:
+    """The pipeline short of the request builder and the room: generate, plan, record the posts."""
     g = await gen.generate(res, "bench", req)
     planned = plan(g.ending(), g.text)
     posts = [
@@ -81,8 +98,7 @@ class _PauseLedger:
 def _variants(
     sdk: anthropic.AsyncAnthropic,
     client: anthropic.AsyncAnthropic,
-    gen: Generator,
-    res: Residence,
+    resident: Resident,
     req: dict[str, Any],
     g: Generation,
     breakdown: bool,
@@ -108,6 +124,8 @@ def _variants(
 
         return run
 
+    gen, res = resident.generator, resident.residence
+
     async def generate() -> str:
         return (await gen.generate(res, "bench", req)).text
 
@@ -119,8 +137,9 @@ def _variants(
             "+LedgerSink, 0.2 ms pause per chunk": sink_on(_PauseLedger()),
             "+LedgerSink, real ledger": sink_on(gen.ledger),
             "Generator.generate": generate,
+            "+plan, posts recorded": lambda: generate_and_record(gen, res, req),
         }
-    out["pipeline"] = lambda: pipeline(gen, res, req)
+    out["pipeline"] = lambda: pipeline(resident)
     return out
 
 
@@ -137,13 +156,14 @@ async def in_process(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         try:
             gen = Generator(AttemptRunner(client, ledger))
-            res = Residence(name="bench", model=MODEL, max_tokens=max(t for t, _, _ in sizes.values()))
             holder = Generation(id=new_id("g-"), residence="bench", channel="bench", model=MODEL)
             await ledger.create_generation(holder)  # the attempts of the sink-only layers hang off this one
             for label, (tokens, rounds, breakdown) in sizes.items():
+                # The resident's request asks for `tokens`, which is what picks the server's stream.
+                resident = Resident(Residence(name="bench", model=MODEL, max_tokens=tokens), gen, ledger)
                 req = request(tokens)
                 expect = streams.text(tokens * streams.CHARS_PER_TOKEN)
-                paths = list(_variants(sdk, client, gen, res, req, holder, breakdown).items())
+                paths = list(_variants(sdk, client, resident, req, holder, breakdown).items())
                 runs: dict[str, list[Sample]] = {name: [] for name, _ in paths}
                 for r in range(rounds + 1):
                     for name, fn in paths if r % 2 else paths[::-1]:
@@ -205,20 +225,25 @@ def _summary(bare_runs: list[Sample], other: list[Sample], name: str) -> dict[st
 # ---------------------------------------------------------------- whole processes
 
 
-def _scenario(folder: str, tokens: int) -> tuple[str, str]:
-    """A one-turn replay scenario over a recorded `tokens`-token stream; returns (scenario, sse file)."""
-    _, body = streams.for_tokens(tokens, "max_tokens")
-    sse_path = os.path.join(folder, f"out-{tokens}.sse")
+def _scenario(folder: str, chars: int) -> tuple[str, str]:
+    """A one-turn replay scenario over a recorded stream of `chars` characters, cut at the ceiling;
+    returns (scenario, sse file). The residence asks for as many tokens as the model allows."""
+    t = streams.text(chars)
+    sse_path = os.path.join(folder, f"out-{chars}.sse")
     with open(sse_path, "wb") as f:
-        f.write(body)
-    sc = os.path.join(folder, f"scenario-{tokens}.yaml")
+        f.write(streams.stream(t, "max_tokens"))
+    sc = os.path.join(folder, f"scenario-{chars}.yaml")
     with open(sc, "w", encoding="utf-8") as f:
         f.write(
-            f"residence:\n  name: bench\n  model: {MODEL}\n  max_tokens: {tokens}\n"
+            f"residence:\n  name: bench\n  model: {MODEL}\n  max_tokens: {_max_tokens(chars)}\n"
             f"turns:\n  - say: {{author: ana, content: Write at length.}}\n"
             f"    calls:\n      - sse: {os.path.basename(sse_path)}\n"
         )
     return sc, sse_path
+
+
+def _max_tokens(chars: int) -> int:
+    return max(1, min(128_000, chars // streams.CHARS_PER_TOKEN))
 
 
 def _run(cmd: list[str]) -> Sample:
@@ -234,34 +259,64 @@ def _run(cmd: list[str]) -> Sample:
     return Sample(wall, ru.ru_utime + ru.ru_stime)
 
 
-def processes(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
-    """`residents replay SCENARIO --json` against `python -m bench.bare_process STREAM`, alternately.
+def processes(big: int, tiny: int, rounds: int) -> dict[str, Any]:
+    """Per-stream cost of `residents replay SCENARIO --json` against `python -m bench.bare_process`.
 
-    `sizes`: label → (output tokens, rounds, also time replay with gc.freeze() after its imports). The
-    frozen variant is an experiment, not the product: it shows what the CLI would save by freezing.
+    `big`, `tiny`: the two streams' sizes in characters. Every round runs each side on both streams
+    (sides and sizes in alternating order, so drift favours neither) and takes the tiny run's cost
+    off the big one's: what is left is what reading, keeping and delivering `big - tiny` characters
+    cost that process. A third side, `floor`, is the bare script reading only the response's bytes:
+    the in-process server's and the transport's share, which both sides pay. One warm-up round of
+    tiny runs comes first (it fills the page cache with the imports) and is dropped.
     """
     folder = scratch("process")
     residents = os.path.join(os.path.dirname(sys.executable), "residents")
-    out: dict[str, Any] = {}
-    for label, (tokens, rounds, frozen) in sizes.items():
-        sc, sse_path = _scenario(folder, tokens)
-        cmds = {
-            "bare": [sys.executable, "-m", "bench.bare_process", sse_path, str(tokens)],
-            "replay": [residents, "replay", sc, "--json"],
+    files = {size: _scenario(folder, size) for size in (big, tiny)}
+
+    def cmd(side: str, size: int) -> list[str]:
+        sc, sse_path = files[size]
+        if side == "replay":
+            return [residents, "replay", sc, "--json"]
+        extra = ["--floor"] if side == "floor" else []
+        return [sys.executable, "-m", "bench.bare_process", sse_path, str(_max_tokens(size)), *extra]
+
+    sides = ["bare", "replay", "floor"]
+    for side in sides:
+        _run(cmd(side, tiny))
+    runs: dict[str, dict[int, list[Sample]]] = {side: {big: [], tiny: []} for side in sides}
+    for r in range(rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            for size in (big, tiny) if r % 2 == 0 else (tiny, big):
+                runs[side][size].append(_run(cmd(side, size)))
+        log.info("process round %d/%d done", r + 1, rounds)
+    per = {
+        side: [Sample(b.wall - t.wall, b.cpu - t.cpu) for b, t in zip(v[big], v[tiny], strict=True)]
+        for side, v in runs.items()
+    }
+    out: dict[str, Any] = {"big_chars": big, "tiny_chars": tiny, "rounds": rounds}
+    for side in sides:
+        out[side] = {
+            "per_stream_cpu_s": spread([s.cpu for s in per[side]]),
+            "per_stream_wall_s": spread([s.wall for s in per[side]]),
+            "big_cpu_s": spread([s.cpu for s in runs[side][big]]),
+            "tiny_cpu_s": spread([s.cpu for s in runs[side][tiny]]),
+            "per_stream_cpu_all": [round(s.cpu, 4) for s in per[side]],
         }
-        if frozen:
-            cmds["replay_frozen"] = [sys.executable, "-m", "bench.replay_frozen", "replay", sc, "--json"]
-        runs: dict[str, list[Sample]] = {name: [] for name in cmds}
-        for r in range(rounds + 1):
-            for name in list(cmds) if r % 2 else list(cmds)[::-1]:
-                s = _run(cmds[name])
-                if r:
-                    runs[name].append(s)
-        out[label] = {"tokens": tokens, **_summary(runs["bare"], runs["replay"], "replay")}
-        if frozen:
-            f = _summary(runs["bare"], runs["replay_frozen"], "frozen")
-            out[label]["replay_frozen"] = {k: v for k, v in f.items() if not k.startswith("bare_")}
-        log.info("process %s: wall %.3fx cpu %.3fx", label, out[label]["wall_ratio"], out[label]["cpu_ratio"])
+    out["cpu_ratio"] = out["replay"]["per_stream_cpu_s"]["median"] / out["bare"]["per_stream_cpu_s"]["median"]
+    out["wall_ratio"] = out["replay"]["per_stream_wall_s"]["median"] / out["bare"]["per_stream_wall_s"]["median"]
+    out["cpu_ratio_paired"] = spread([r.cpu / b.cpu for r, b in zip(per["replay"], per["bare"], strict=True)])
+    # Without the share both sides pay (the server and the transport): the client paths alone.
+    out["cpu_ratio_above_floor_paired"] = spread(
+        [(r.cpu - f.cpu) / (b.cpu - f.cpu) for r, b, f in zip(per["replay"], per["bare"], per["floor"], strict=True)]
+    )
+    log.info(
+        "process %d chars: per-stream cpu %.3fx (paired median %.3f, %.3f–%.3f)",
+        big,
+        out["cpu_ratio"],
+        out["cpu_ratio_paired"]["median"],
+        out["cpu_ratio_paired"]["min"],
+        out["cpu_ratio_paired"]["max"],
+    )
     return out
 
 

@@ -22,6 +22,8 @@ from .common import HERE, ROOT, machine
 log = logging.getLogger(__name__)
 
 TARGET = 1.10
+PROCESS_TARGET = 1.05  # per-stream CPU of `residents replay` against the bare SDK (issue 15, target 1)
+BIG_CHARS, TINY_CHARS = 2_000_000, 64  # the whole-process streams: per-stream cost is big minus tiny
 LINEAR = 1.15  # the largest log–log exponent of time against size still called linear
 
 
@@ -41,8 +43,8 @@ def run(quick: bool) -> dict[str, Any]:
     r["overhead"] = asyncio.run(
         overhead.in_process({"4k": (4096, 3 if k else 20, True), "128k": (128_000, 1 if k else 5, False)})
     )
-    log.info("1/5 overhead as whole processes")
-    r["process"] = overhead.processes({"4k": (4096, 1 if k else 5, True), "128k": (128_000, 1 if k else 3, False)})
+    log.info("1/5 overhead as whole processes, per stream")
+    r["process"] = overhead.processes(BIG_CHARS // 8 if k else BIG_CHARS, TINY_CHARS, 2 if k else 5)
     log.info("2/5 scaling")
     r["scaling"] = scaling.run()
     log.info("3/5 concurrency")
@@ -52,11 +54,11 @@ def run(quick: bool) -> dict[str, Any]:
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
     log.info("5/5 first visible text, live and not")
     r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
-    r["targets"] = {"overhead_max_ratio": TARGET, "linear_max_exponent": LINEAR}
-    for section in ("overhead", "process"):
-        for label, v in r[section].items():
-            r["targets"][f"{section}_{label}_cpu_met"] = v["cpu_ratio"] <= TARGET
-            r["targets"][f"{section}_{label}_wall_met"] = v["wall_ratio"] <= TARGET
+    r["targets"] = {"overhead_max_ratio": TARGET, "process_max_ratio": PROCESS_TARGET, "linear_max_exponent": LINEAR}
+    for label, v in r["overhead"].items():
+        r["targets"][f"overhead_{label}_cpu_met"] = v["cpu_ratio"] <= TARGET
+        r["targets"][f"overhead_{label}_wall_met"] = v["wall_ratio"] <= TARGET
+    r["targets"]["process_per_stream_cpu_met"] = r["process"]["cpu_ratio"] <= PROCESS_TARGET
     r["targets"]["scaling_linear"] = all(
         b <= LINEAR for key, b in r["scaling"]["exponent"].items() if not key.startswith("naive")
     )
@@ -86,19 +88,21 @@ def table(r: dict[str, Any]) -> str:
             f"      4k layer {name:<38} cpu median {v['cpu_ms']:5.1f} ms {v['cpu_ratio']:.3f}×,"
             f" min {v['cpu_min_ms']:5.1f} ms {v['cpu_ratio_of_minima']:.3f}×"
         )
-    for label, v in r["process"].items():
-        lines.append(
-            f"   replay process {label:<5} x{v['rounds']:<2}      {v['bare_wall_s'] * 1e3:7.1f}/{v['bare_cpu_s'] * 1e3:7.1f} ms"
-            f"  {v['replay_wall_s'] * 1e3:7.1f}/{v['replay_cpu_s'] * 1e3:7.1f} ms"
-            f"  {v['wall_ratio']:.3f}/{v['cpu_ratio']:.3f} ({v['wall_ratio_paired']:.3f}/{v['cpu_ratio_paired']:.3f})"
-            f" [{v['wall_ratio_of_minima']:.3f}/{v['cpu_ratio_of_minima']:.3f}]"
-        )
-        if "replay_frozen" in v:
-            f = v["replay_frozen"]
-            lines.append(
-                f"      same, gc.freeze() after imports (experiment)  {f['frozen_wall_s'] * 1e3:7.1f}/{f['frozen_cpu_s'] * 1e3:7.1f} ms"
-                f"  {f['wall_ratio']:.3f}/{f['cpu_ratio']:.3f} ({f['wall_ratio_paired']:.3f}/{f['cpu_ratio_paired']:.3f})"
-            )
+    p = r["process"]
+
+    def rng(x: dict[str, float], scale: float = 1.0, fmt: str = ".3f") -> str:
+        return f"{x['median'] * scale:{fmt}} ({x['min'] * scale:{fmt}}–{x['max'] * scale:{fmt}})"
+
+    lines.append(
+        f"   per stream, whole processes ({p['big_chars']:,} chars less {p['tiny_chars']} chars, x{p['rounds']},"
+        f" CPU, median (range))"
+    )
+    for side in ("bare", "replay", "floor"):
+        lines.append(f"      {side:<8} {rng(p[side]['per_stream_cpu_s'], 1e3, ',.0f')} ms")
+    lines.append(
+        f"      replay / bare {p['cpu_ratio']:.3f} (paired {rng(p['cpu_ratio_paired'])});"
+        f" above the floor, paired {rng(p['cpu_ratio_above_floor_paired'])}"
+    )
     lines += ["", "2. scaling, µs per KB    size   find_overlap  similarity  split_text  naive overlap"]
     for row in r["scaling"]["rows"]:
         naive = f"{row['naive_overlap_us_per_kb']:12.0f}" if "naive_overlap_us_per_kb" in row else "           –"
@@ -151,7 +155,8 @@ def table(r: dict[str, Any]) -> str:
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
     lines += [
         "",
-        f"targets (≤{TARGET}× the bare SDK): " + ", ".join(verdicts),
+        f"targets (≤{TARGET}× the bare SDK in one process, ≤{PROCESS_TARGET}× per stream as processes): "
+        + ", ".join(verdicts),
         f"scaling: {'linear' if t['scaling_linear'] else 'NOT linear'} (every exponent ≤ {LINEAR})",
     ]
     return "\n".join(lines)

@@ -36,17 +36,16 @@ def naive_overlap(prior: str, new: str, min_overlap: int = 1) -> int:
     return 0
 
 
-def _time(fn: Callable[[], Any], min_total: float = 0.05, max_runs: int = 50) -> float:
-    """Fastest of repeated calls (at least three, for `min_total` seconds): the least disturbed by neighbours."""
+def _time(fn: Callable[[], Any], min_total: float = 0.05, max_runs: int = 50, min_runs: int = 3) -> float:
+    """Fastest of repeated calls: at least `min_runs` (the largest sizes too, where one call is slow
+    and one timing alone would be whatever a neighbour left it), and more until `min_total` seconds."""
     runs: list[float] = []
     total = 0.0
-    while (total < min_total or len(runs) < 3) and len(runs) < max_runs:
+    while (total < min_total or len(runs) < min_runs) and len(runs) < max_runs:
         t = time.perf_counter()
         fn()
         runs.append(time.perf_counter() - t)
         total += runs[-1]
-        if runs[-1] > min_total:  # one slow run is enough; repeating it only spends the budget
-            break
     return min(runs)
 
 

@@ -186,7 +186,9 @@ class Resident:
             final = next((a for a in g.attempts if g.segments and a.id == g.segments[0].attempt_id), None)
             await view.settle(final, posts)
         # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
-        pending = [p for p in g.posts if p.message_id is None and p not in posts] if self.outbox is None else []
+        # By id: `p not in posts` compared every post with every other (quadratic in a long reply's posts).
+        ours = {p.id for p in posts}
+        pending = [p for p in g.posts if p.message_id is None and p.id not in ours] if self.outbox is None else []
         await self._deliver(room, pending + posts, queued)
         return Reply(g, posts)
 

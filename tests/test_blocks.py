@@ -253,3 +253,61 @@ async def test_each_block_keeps_its_content_as_given_over_the_real_sdk():
     assert blocks[2].start == {"id": "toolu_01", "name": "tides", "input": {}}
     assert blocks[0].start is None and blocks[1].start is None  # nothing but their type and content
     assert sink.text() == "Begun in the start. Then a delta." and blocks[1].offset == 0
+
+
+async def _stream(raw: bytes) -> tuple[Any, ListSink]:
+    """`raw` served by the local provider, read by `stream_once` through the real SDK."""
+    server = ProviderServer()
+    await server.start()
+    client = make_client(server.url, "test-key", timeout=5)
+    try:
+        server.reset([Call(sse=raw)])
+        sink = ListSink()
+        end = await stream_once(
+            client,
+            {"model": "claude-sonnet-4-5", "max_tokens": 64, "messages": [{"role": "user", "content": "Tides?"}]},
+            sink,
+        )
+    finally:
+        await client.close()
+        await server.stop()
+    return end, sink
+
+
+def _data_only(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+async def test_events_with_no_event_line_are_read_by_their_datas_type():
+    """An SSE event may leave out its `event:` line; its data's `type` still says what it is. Its text
+    is kept in order (the SDK's typed stream drops such an event, text and all), a ping is skipped, and
+    a stop reason and token figure said that way are the provider's."""
+    raw = (
+        sse.head("claude-sonnet-4-5")
+        + sse.delta("The tide ")
+        + _data_only(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "turns at noon"}}
+        )
+        + _data_only({"type": "ping"})
+        + sse.delta(", twice.")
+        + _data_only({"type": "content_block_stop", "index": 0})
+        + _data_only({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}})
+        + _data_only({"type": "message_stop"})
+    )
+    end, sink = await _stream(raw)
+    assert end.failure is None and (end.stop_reason, end.output_tokens) == ("end_turn", 7)
+    assert sink.text() == "The tide turns at noon, twice."
+
+
+async def test_stop_details_and_token_figures_are_kept_as_the_provider_sent_them():
+    """The ledger's stop details are the provider's JSON, with no keys a client library would add;
+    a token figure that is not an integer is no figure (null), never coerced."""
+    details = {"type": "refusal", "category": "cyber"}
+    end, _ = await _stream(sse.head("claude-sonnet-4-5") + sse.tail("refusal", 3, details))
+    assert end.stop_details == details
+    tail = sse.event(
+        "message_delta",
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": "5"}},
+    )
+    end, _ = await _stream(sse.head("claude-sonnet-4-5") + tail + sse.event("message_stop", {"type": "message_stop"}))
+    assert end.failure is None and end.stop_reason == "end_turn" and end.output_tokens is None

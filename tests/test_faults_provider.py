@@ -475,6 +475,12 @@ def _event(name: str, data: Any) -> bytes:
         _event("error", {"type": "error", "error": {"type": 5, "message": "x"}}),
         _event("error", {"type": "error", "error": {"type": "", "message": "x"}}),
         _event("error", {"type": "error", "error": {"type": "internal-TypeError", "message": "x"}}),
+        _event(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": "0", "delta": {"type": "text_delta", "text": "a string index"}},
+        ),
+        b"data: not json at all\n\n",
+        b'data: "a bare string"\n\n',
     ],
     ids=[
         "string",
@@ -493,6 +499,9 @@ def _event(name: str, data: Any) -> bytes:
         "error-type-a-number",
         "error-type-empty",
         "error-type-of-this-process",
+        "index-a-string",
+        "data-only-not-json",
+        "data-only-not-an-object",
     ],
 )
 async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path, bad: bytes) -> None:
@@ -503,6 +512,18 @@ async def test_an_event_of_the_wrong_shape_is_a_malformed_stream(tmp_path: Path,
     t = await run_turn(tmp_path, calls)
     check_turn(t, e)
     assert t.generation.attempts[0].error == "malformed-stream"
+
+
+@pytest.mark.parametrize("k", CUTS)
+async def test_an_error_event_with_no_event_line_is_still_an_error(tmp_path: Path, k: int) -> None:
+    """An event with only a `data:` line is named by its data's `type`: an overload said that way fails
+    the attempt as an overload and is retried, never read as a stream that just ended."""
+    frag = text_of(k)
+    error = b'data: {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}\n\n'
+    calls, e = _abandoned_then_retry(frag, [Call(sse=body(frag) + error + sse.delta("never seen"))])
+    t = await run_turn(tmp_path, calls)
+    check_turn(t, e)
+    assert t.generation.attempts[0].error == "overloaded_error"
 
 
 @pytest.mark.parametrize("k", CUTS)

@@ -1,8 +1,13 @@
-"""One provider call: the SDK's raw stream events → content blocks, stop reason, tokens, or a classified failure.
+"""One provider call: the stream's events → content blocks, stop reason, tokens, or a classified failure.
 
-Built on `messages.create(stream=True)` (the SDK's leanest path) with the SDK's own retries off, so
-every call is one attempt the generation layer can name, keep and retry itself. Every way a stream
-can end is caught here and turned into plain data; nothing escapes as an exception.
+The SDK sends the request and owns HTTP, status errors and timeouts (its own retries off, so every
+call is one attempt the generation layer can name, keep and retry itself); the body is read through
+its raw-response path (`messages.with_streaming_response.create(stream=True)`) and its own SSE
+decoder (`AsyncStream.raw_events`), and each event's JSON is read here as plain dicts, only the
+fields this module needs. That skips the pydantic object the SDK would build per event (most of the
+CPU of reading a long stream) and keeps an event with no `event:` line, which the SDK's typed
+stream drops: it is named by its data's own `type`. Every way a stream can end is caught here and
+turned into plain data; nothing escapes as an exception.
 
 Every content block is kept, in order, with its declared type: only a block whose start said
 `text` is reply text, whatever deltas other blocks carry. What leaves in the request body is valid
@@ -11,6 +16,7 @@ UTF-8 (`bot.text.outbound`).
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -143,16 +149,20 @@ class BlockSink:
         return False
 
     def delta(self, d: Any) -> bool:
-        """Any delta but text to a text block: the block's content if its type takes it, else kept as given."""
+        """Any delta but text to a text block: the block's content if its type takes it, else kept as given.
+
+        `d` is the delta's JSON object; an SDK object is taken too, as the provider sent it."""
         b = self._cur
         assert b is not None
-        dt = d.type
+        if d.__class__ is not dict:
+            d = _as_given(d)
+        dt = d.get("type")
         if dt in b.feeds:
-            x = getattr(d, _DELTA_FIELD[dt])
+            x = d.get(_DELTA_FIELD[dt])
             if x.__class__ is not str:
                 raise TypeError(f"a {dt} without its {_DELTA_FIELD[dt]}")
             return self.add(x)
-        b.extras.append(_as_given(d))
+        b.extras.append(d)
         return False
 
     async def flush(self) -> None:
@@ -188,6 +198,7 @@ async def stream_once(
 ) -> StreamEnd:
     """One call; `timeout` (the residence's `retries.timeout_seconds`) overrides the client's for this call."""
     end = StreamEnd()
+    opened = contextlib.AsyncExitStack()
     try:
         request, end.request_replacements = outbound_json(request)
         if end.request_replacements:
@@ -199,80 +210,131 @@ async def stream_once(
         )
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)
-        stream = await client.messages.create(**params, **extra, stream=True)
+        raw = await opened.enter_async_context(
+            client.messages.with_streaming_response.create(**params, **extra, stream=True)
+        )
     except Exception as e:  # every pre-stream failure becomes data
         end.failure = _classify(e)
         end.request_id = _request_id(e)
         return end
-    end.request_id = stream.response.headers.get("request-id")
-    stopped = False
-    cur: Any = None  # index of the current block, and whether it is a text block
-    is_text = False
+    response = raw.http_response
+    end.request_id = response.headers.get("request-id")
     try:
-        async for ev in stream:
-            try:
-                t = ev.type
-                if t == "content_block_delta":
-                    i = ev.index
-                    if i != cur:
-                        is_text = sink.select(i)
-                        cur = i
-                    d = ev.delta
-                    if is_text and d.type == "text_delta":
-                        x = d.text
-                        if x.__class__ is not str:
-                            raise TypeError("a text_delta without its text")
-                        if not sink.add(x):
-                            continue
-                    elif not sink.delta(d):
-                        continue
-                elif t == "content_block_start":
-                    cur = ev.index
-                    if cur.__class__ is not int:
-                        raise TypeError(f"a content_block_start with index {cur!r}")
-                    given = _as_given(ev.content_block)
-                    btype = given.get("type")
-                    if not isinstance(btype, str):
-                        raise TypeError("a content block with no type")
-                    content, rest = _initial(btype, given)
-                    is_text = btype == "text"
-                    if not sink.start(cur, btype, content, rest):
-                        continue
-                elif t == "message_delta":
-                    dl = ev.delta
-                    reason = dl.stop_reason
-                    if reason is not None and reason.__class__ is not str:
-                        raise TypeError(f"a stop reason that is not a string: {reason!r}")
-                    end.stop_reason = reason
-                    details = getattr(dl, "stop_details", None)
-                    if details is not None:
-                        end.stop_details = details if isinstance(details, dict) else _as_dict(details)
-                    usage = getattr(ev, "usage", None)
-                    tokens = getattr(usage, "output_tokens", None) if usage is not None else None
-                    end.output_tokens = tokens if isinstance(tokens, int) else None
-                    continue
-                elif t == "message_stop":
-                    stopped = True
-                    continue
-                else:
-                    continue
-            except (AttributeError, TypeError, KeyError, ValueError) as e:
-                what = (
-                    "an event whose data is not a JSON object"
-                    if not hasattr(ev, "type")
-                    else f"a {getattr(ev, 'type', '?')} event of the wrong shape"
-                )
-                raise MalformedEvent(f"{what}: {e}") from None
-            await sink.flush()
+        await _read(anthropic.AsyncStream.raw_events(response), response, sink, end)
     except Exception as e:
         end.failure = _classify(e)
         # A figure from a message_delta that preceded the failure is still the provider's figure;
         # a stream that never reached one keeps None.
     finally:
-        await stream.close()
-    if end.failure is None and not stopped and end.stop_reason is not None:
-        log.info("stream ended after stop reason %s without message_stop", end.stop_reason)
+        await opened.aclose()
     return end
+
+
+async def _read(events: Any, response: httpx2.Response, sink: BlockSink, end: StreamEnd) -> None:
+    """The events into `sink` and `end`, as the SDK's typed stream would dispatch them.
+
+    As there: `ping` is skipped, `error` fails the call (the SDK's own status error, so `_classify`
+    names it), an event with no data is skipped, and the data's `type` decides what an event is,
+    whatever its `event:` line says. An event with no `event:` line is named by its data's `type`.
+    """
+    stopped = False
+    cur: Any = None  # index of the current block, and whether it is a text block
+    is_text = False
+    loads = json.loads
+    async for sse in events:
+        name = sse.event
+        data = sse.data
+        if name == "ping":
+            continue
+        if name == "error":
+            raise _error_event(data, data, response)
+        if not data:
+            continue
+        ev = loads(data)
+        if name is None:  # no `event:` line: the data's own type names it
+            name = ev.get("type") if ev.__class__ is dict else None
+            if name == "ping":
+                continue
+            if name == "error":
+                raise _error_event(ev, data, response)
+        try:
+            if ev.__class__ is not dict:
+                raise TypeError(f"got {type(ev).__name__}")
+            t = ev.get("type")
+            if t == "content_block_delta":
+                i = ev["index"]
+                if i != cur:
+                    is_text = sink.select(i)
+                    cur = i
+                d = ev["delta"]
+                if d.__class__ is not dict:
+                    raise TypeError("a delta that is not an object")
+                if is_text and d.get("type") == "text_delta":
+                    x = d.get("text")
+                    if x.__class__ is not str:
+                        raise TypeError("a text_delta without its text")
+                    if not sink.add(x):
+                        continue
+                elif not sink.delta(d):
+                    continue
+            elif t == "content_block_start":
+                cur = ev["index"]
+                if cur.__class__ is not int:
+                    raise TypeError(f"a content_block_start with index {cur!r}")
+                given = ev["content_block"]
+                if given.__class__ is not dict:
+                    raise TypeError(f"a content block that is not an object: {type(given).__name__}")
+                btype = given.get("type")
+                if not isinstance(btype, str):
+                    raise TypeError("a content block with no type")
+                content, rest = _initial(btype, given)
+                is_text = btype == "text"
+                if not sink.start(cur, btype, content, rest):
+                    continue
+            elif t == "message_delta":
+                dl = ev["delta"]
+                if dl.__class__ is not dict:
+                    raise TypeError("a delta that is not an object")
+                reason = dl.get("stop_reason")
+                if reason is not None and reason.__class__ is not str:
+                    raise TypeError(f"a stop reason that is not a string: {reason!r}")
+                end.stop_reason = reason
+                details = dl.get("stop_details")
+                if details is not None:
+                    end.stop_details = details if isinstance(details, dict) else {"value": str(details)}
+                usage = ev.get("usage")
+                tokens = usage.get("output_tokens") if usage.__class__ is dict else None
+                end.output_tokens = tokens if isinstance(tokens, int) else None
+                continue
+            elif t == "message_stop":
+                stopped = True
+                continue
+            else:
+                continue
+        except (AttributeError, TypeError, KeyError, ValueError) as e:
+            what = (
+                "an event whose data is not a JSON object"
+                if ev.__class__ is not dict
+                else f"a {ev.get('type', '?')} event of the wrong shape"
+            )
+            raise MalformedEvent(f"{what}: {e}") from None
+        await sink.flush()
+    if not stopped and end.stop_reason is not None:
+        log.info("stream ended after stop reason %s without message_stop", end.stop_reason)
+
+
+def _error_event(body: Any, data: str, response: httpx2.Response) -> anthropic.APIStatusError:
+    """An `error` event as the SDK's typed stream raises it (a status error with the response's 200),
+    so `_classify` names it the same way whichever path read it. `body` is the data, decoded if it can be."""
+    if body is data:
+        try:
+            body = json.loads(data)
+            msg = f"{body}"
+        except Exception:
+            msg = data or f"Error code: {response.status_code}"
+    else:
+        msg = f"{body}"
+    return anthropic.APIStatusError(msg, response=response, body=body)
 
 
 def _classify(e: BaseException) -> Failure:
@@ -345,11 +407,6 @@ def _retry_after(headers: Any) -> float | None:
 def _request_id(e: BaseException) -> str | None:
     resp = getattr(e, "response", None)
     return resp.headers.get("request-id") if resp is not None else None
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    dump = getattr(obj, "model_dump", None)
-    return dump() if callable(dump) else {"value": str(obj)}
 
 
 def _as_given(obj: Any) -> dict[str, Any]:
