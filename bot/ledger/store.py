@@ -34,7 +34,7 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import chain, migrations
+from . import chain, migrations, requests
 
 
 class LedgerError(Exception):
@@ -118,39 +118,48 @@ class Ledger:
     # ------------------------------------------------------------------ writes
 
     async def create_generation(self, g: Generation) -> None:
-        await self._tx([self._generation_insert(g)])
+        await self._tx(self._generation_insert(g))
 
-    @staticmethod
-    def _generation_insert(g: Generation) -> tuple[str, tuple[Any, ...]]:
-        return (
-            "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-            " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)"
+
+    @classmethod
+    def _generation_insert(
+        cls, g: Generation, memo: dict[str, requests.Part] | None = None
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The generation's row, its request stored by content (`bot.ledger.requests`): parts, then the row."""
+        packed = requests.pack(g.request, memo) if g.request is not None else None
+        parts = [(cls.PART_INSERT, (p.id, p.sha256, p.body)) for p in packed.parts] if packed else []
+        return parts + [
             (
-                g.id,
-                g.residence,
-                g.channel,
-                g.model,
-                g.status,
-                g.stop_reason,
-                enc(g.text),
-                g.chars,
-                g.output_tokens,
-                g.standing,
-                g.continuation_ended,
-                g.trigger,
-                enc(json.dumps(g.request)) if g.request is not None else None,
-                g.created_at,
-                g.seen_upto,
-            ),
-        )
+                "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    g.id,
+                    g.residence,
+                    g.channel,
+                    g.model,
+                    g.status,
+                    g.stop_reason,
+                    enc(g.text),
+                    g.chars,
+                    g.output_tokens,
+                    g.standing,
+                    g.continuation_ended,
+                    g.trigger,
+                    packed.ref if packed is not None else None,
+                    g.created_at,
+                    g.seen_upto,
+                ),
+            )
+        ]
 
     async def start_attempt(
         self, a: Attempt, new_generation: Generation | None = None, replaces: Attempt | None = None
     ) -> None:
         """Record an attempt before its stream starts, with its generation when that is new too, and
         the link from the attempt it replaces: one transaction, one trip."""
-        stmts = [self._generation_insert(new_generation)] if new_generation is not None else []
+        stmts = self._generation_insert(new_generation) if new_generation is not None else []
         stmts.append(
             (
                 "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
@@ -340,7 +349,7 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     async def get_generation(self, gid: str) -> Generation | None:
-        rows = list(await self.db.execute_fetchall("SELECT * FROM generations WHERE id=?", (gid,)))
+        rows = list(await self.db.execute_fetchall(GENERATION, (gid,)))
         if not rows:
             return None
         g = await self._generation(rows[0])
@@ -361,7 +370,7 @@ class Ledger:
             continuation_ended=ContinuationEnd(cols["continuation_ended"]),
             trigger=cols["trigger"],
             seen_upto=cols["seen_upto"],
-            request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
+            request=await self._request(cols),
             created_at=cols["created_at"],
             finished_at=cols["finished_at"],
         )
@@ -377,28 +386,40 @@ class Ledger:
             )
             for s in map(
                 _cols,
-                await self.db.execute_fetchall("SELECT * FROM segments WHERE generation_id=? ORDER BY idx", (g.id,)),
+                await self.db.execute_fetchall(GENERATION_SEGMENTS, (g.id,)),
             )
         ]
-        g.stumps = [
-            _stump(s)
-            for s in await self.db.execute_fetchall(
-                "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid", (g.id,)
-            )
-        ]
-        g.posts = [
-            _post(p)
-            for p in await self.db.execute_fetchall("SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))
-        ]
+        g.stumps = [_stump(s) for s in await self.db.execute_fetchall(GENERATION_STUMPS, (g.id,))]
+        g.posts = [_post(p) for p in await self.db.execute_fetchall(GENERATION_POSTS, (g.id,))]
         return g
+
+    async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
+        """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
+        if cols.get("request_ref") is not None:
+            return requests.unpack(cols["request_ref"], await self._parts(requests.part_ids(cols["request_ref"])))
+        return json.loads(dec(cols["request"])) if cols["request"] is not None else None
+
+    async def request_json(self, gid: str) -> bytes | None:
+        """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
+        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=?", (gid,)))
+        if not rows:
+            return None
+        request, ref = rows[0]
+        if ref is not None:
+            return requests.unpack_bytes(ref, await self._parts(requests.part_ids(ref)))
+        return bytes(request) if request is not None else None
+
+    async def _parts(self, ids: list[int]) -> dict[int, bytes]:
+        out: dict[int, bytes] = {}
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+            out.update((r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part)))
+        return out
 
     async def _attempts(self, gid: str) -> list[Attempt]:
         blocks: dict[str, list[Block]] = {}
-        for r in await self.db.execute_fetchall(
-            "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
-            " ORDER BY b.attempt_id, b.pos",
-            (gid,),
-        ):
+        for r in await self.db.execute_fetchall(GENERATION_BLOCKS, (gid,)):
             b = _cols(r)
             blocks.setdefault(b["attempt_id"], []).append(
                 Block(
@@ -411,9 +432,7 @@ class Ledger:
                 )
             )
         out = []
-        for r in await self.db.execute_fetchall(
-            "SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid", (gid,)
-        ):
+        for r in await self.db.execute_fetchall(GENERATION_ATTEMPTS, (gid,)):
             a = _cols(r)
             text = dec(a["text"])
             own = blocks.get(a["id"], [])
@@ -470,17 +489,10 @@ class Ledger:
         return join_text(await self.streamed_blocks(attempt_id))
 
     async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
-            " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
-            " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
-        )
-        params: tuple[Any, ...] = ()
-        if residence:
-            sql += " WHERE residence=?"
-            params = (residence,)
-        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        return [_cols(r) for r in await self.db.execute_fetchall(sql, params + (limit,))]
+        params: tuple[Any, ...] = (residence,) if residence else ()
+        return [
+            _cols(r) for r in await self.db.execute_fetchall(list_generations_sql(bool(residence)), params + (limit,))
+        ]
 
     async def list_stumps(self, residence: str | None = None, cause: str | None = None, limit: int = 50) -> list[Stump]:
         sql = "SELECT * FROM stumps WHERE 1=1"
@@ -509,33 +521,20 @@ class Ledger:
         `before` pages on: only stumps older than that stump (none if it does not exist); `channels`
         keeps only stumps of generations in those channels (an empty collection: none).
         """
-        sql = (
-            "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
-            " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
-        )
-        where: list[str] = []
         params: list[Any] = []
-        if channels is not None:
-            chans = list(channels)
+        chans = None if channels is None else list(channels)
+        if chans is not None:
             if not chans:
                 return []
-            sql += " JOIN generations g ON g.id = s.generation_id"
-            where.append(f"g.channel IN ({','.join('?' * len(chans))})")
             params += chans
-        if residence:
-            where.append("s.residence=?")
-            params.append(residence)
-        if cause:
-            where.append("s.cause=?")
-            params.append(cause)
-        if before is not None:
-            where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
-            params.append(before)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
-        params.append(limit)
-        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+        params += [x for x in (residence, cause, before) if x]
+        sql = stump_meta_sql(
+            residence=bool(residence),
+            cause=bool(cause),
+            before=before is not None,
+            channels=None if chans is None else len(chans),
+        )
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
 
     async def get_stump(self, sid: str) -> Stump | None:
         rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
@@ -548,7 +547,7 @@ class Ledger:
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
             marks = ",".join("?" * len(part))
-            for r in await self.db.execute_fetchall(f"SELECT * FROM posts WHERE message_id IN ({marks})", tuple(part)):
+            for r in await self.db.execute_fetchall(POSTS_BY_MESSAGE.format(marks=marks), tuple(part)):
                 p = _post(r)
                 out[p.message_id or ""] = p
         return out
@@ -563,56 +562,27 @@ class Ledger:
         return out
 
     async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
-        sql, params = "SELECT id FROM generations WHERE residence=?", [residence]
-        if channel is not None:
-            sql += " AND channel=?"
-            params.append(channel)
-        rows = list(
-            await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
-        )
+        params = [residence] if channel is None else [residence, channel]
+        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=?")
+        rows = list(await self.db.execute_fetchall(sql, tuple(params)))
         return await self.get_generation(rows[0][0]) if rows else None
 
     async def unsettled_generations(self) -> list[str]:
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(UNSETTLED)]
 
     # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
 
     async def streaming_generations(self) -> list[str]:
         """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT DISTINCT g.id FROM generations g JOIN attempts a ON a.generation_id = g.id"
-                " WHERE g.status != 'pending' AND a.outcome = 'streaming' ORDER BY g.created_at, g.rowid"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(STREAMING)]
 
     async def generations_without_posts(self) -> list[str]:
         """Settled generations with no post planned: the process stopped between settling and planning."""
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT id FROM generations g WHERE status != 'pending'"
-                " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
-                " ORDER BY created_at, rowid"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(WITHOUT_POSTS)]
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
-        return [
-            _post(r)
-            for r in await self.db.execute_fetchall(
-                "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
-                " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq",
-                (residence,),
-            )
-        ]
+        return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
 
     async def recover_generation(
         self, g: Generation, settled: list[Attempt], new_stumps: list[Stump], posts: list[Post]
@@ -666,6 +636,73 @@ class Ledger:
             " VALUES (?,?,?,?,?,?,?,?,?)",
             (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel, p.replacements, p.stump_id, p.reason),
         )
+
+
+# ---------------------------------------------------------------------- the reads people and start-up make
+# Each is an index seek or an ORDER BY ... LIMIT walked on an index (migrations m031, m032), so it stays
+# fast however long the ledger grows; tests/test_ledger_scale.py checks their plans with EXPLAIN QUERY PLAN.
+# `CROSS JOIN` keeps SQLite's join order: the small, indexed side (undelivered posts, streaming attempts) first.
+
+UNSETTLED = "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
+STREAMING = (
+    "SELECT DISTINCT g.id FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.outcome = 'streaming' AND g.status != 'pending' ORDER BY g.created_at, g.rowid"
+)
+WITHOUT_POSTS = (
+    "SELECT id FROM generations g WHERE planned = 0 AND status != 'pending'"
+    " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
+    " ORDER BY created_at, rowid"
+)
+UNDELIVERED = (
+    "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
+    " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+)
+# A generation read whole (`get_generation`: context, provenance, `ledger show`), by its id.
+GENERATION = "SELECT * FROM generations WHERE id=?"
+GENERATION_BLOCKS = (
+    "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
+    " ORDER BY b.attempt_id, b.pos"
+)
+GENERATION_ATTEMPTS = "SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid"
+GENERATION_SEGMENTS = "SELECT * FROM segments WHERE generation_id=? ORDER BY idx"
+GENERATION_STUMPS = "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid"
+GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id=? ORDER BY seq"
+POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
+REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
+LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+
+
+def list_generations_sql(residence: bool) -> str:
+    """`ledger list`: newest first, walked on `generations_created` (or `generations_residence`)."""
+    return (
+        "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
+        " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
+        " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
+        + (" WHERE residence=?" if residence else "")
+        + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+    )
+
+
+def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None) -> str:
+    """`ledger stumps` and `/stumps list`: newest first on a stumps index; parameters in the order
+    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None."""
+    sql = (
+        "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+        " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
+    )
+    where: list[str] = []
+    if channels is not None:
+        sql += " CROSS JOIN generations g ON g.id = s.generation_id"
+        where.append(f"g.channel IN ({','.join('?' * channels)})")
+    if residence:
+        where.append("s.residence=?")
+    if cause:
+        where.append("s.cause=?")
+    if before:
+        where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
 
 
 def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
