@@ -349,49 +349,90 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     async def get_generation(self, gid: str) -> Generation | None:
-        rows = list(await self.db.execute_fetchall(GENERATION, (gid,)))
-        if not rows:
-            return None
-        g = await self._generation(rows[0])
-        return g
+        return (await self._generations([gid])).get(gid)
 
-    async def _generation(self, r: aiosqlite.Row) -> Generation:
-        cols = _cols(r)
-        g = Generation(
-            id=cols["id"],
-            residence=cols["residence"],
-            channel=cols["channel"],
-            model=cols["model"],
-            status=Status(cols["status"]),
-            stop_reason=cols["stop_reason"],
-            text=dec(cols["text"]),
-            output_tokens=cols["output_tokens"],
-            standing=cols["standing"],
-            continuation_ended=ContinuationEnd(cols["continuation_ended"]),
-            trigger=cols["trigger"],
-            seen_upto=cols["seen_upto"],
-            request=await self._request(cols),
-            created_at=cols["created_at"],
-            finished_at=cols["finished_at"],
-        )
-        g.attempts = await self._attempts(g.id)
-        g.segments = [
-            Segment(
-                index=s["idx"],
-                attempt_id=s["attempt_id"],
-                stop_reason=s["stop_reason"],
-                chars=s["chars"],
-                output_tokens=s["output_tokens"],
-                overlap_removed=s["overlap_removed"],
+    async def _generations(self, ids: list[str], brief: bool = False) -> dict[str, Generation]:
+        """Generations whole, read in one trip to the connection's thread, a few batched queries on
+        indexes however many; `brief` (the context compiler's) leaves out requests and posts."""
+        rows = await self.db._execute(_generation_rows, self.db._conn, ids, brief)  # aiosqlite's own queue
+        out: dict[str, Generation] = {}
+        for r in rows["generations"]:
+            cols = _cols(r)
+            out[cols["id"]] = Generation(
+                id=cols["id"],
+                residence=cols["residence"],
+                channel=cols["channel"],
+                model=cols["model"],
+                status=Status(cols["status"]),
+                stop_reason=cols["stop_reason"],
+                text=dec(cols["text"]),
+                output_tokens=cols["output_tokens"],
+                standing=cols["standing"],
+                continuation_ended=ContinuationEnd(cols["continuation_ended"]),
+                trigger=cols["trigger"],
+                seen_upto=cols["seen_upto"],
+                request=None if brief else await self._request(cols),
+                created_at=cols["created_at"],
+                finished_at=cols["finished_at"],
             )
-            for s in map(
-                _cols,
-                await self.db.execute_fetchall(GENERATION_SEGMENTS, (g.id,)),
+        blocks: dict[str, list[Block]] = {}
+        for r in rows["blocks"]:
+            b = _cols(r)
+            blocks.setdefault(b["attempt_id"], []).append(
+                Block(
+                    b["idx"],
+                    b["type"],
+                    dec(b["content"]),
+                    json.loads(b["start"]) if b["start"] else None,
+                    json.loads(b["extras"]) if b["extras"] else [],
+                    b["text_offset"],
+                )
             )
-        ]
-        g.stumps = [_stump(s) for s in await self.db.execute_fetchall(GENERATION_STUMPS, (g.id,))]
-        g.posts = [_post(p) for p in await self.db.execute_fetchall(GENERATION_POSTS, (g.id,))]
-        return g
+        for r in rows["attempts"]:
+            a = _cols(r)
+            text = dec(a["text"])
+            own = blocks.get(a["id"], [])
+            if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
+                own = await self.streamed_blocks(a["id"])
+                text = join_text(own)
+            out[a["generation_id"]].attempts.append(
+                Attempt(
+                    id=a["id"],
+                    generation_id=a["generation_id"],
+                    segment=a["segment"],
+                    index=a["idx"],
+                    text=text,
+                    outcome=Outcome(a["outcome"]),
+                    stop_reason=a["stop_reason"],
+                    discard_reason=a["discard_reason"],
+                    error=a["error"],
+                    output_tokens=a["output_tokens"],
+                    request_id=a["request_id"],
+                    replaced_by=a["replaced_by"],
+                    started_at=a["started_at"],
+                    ended_at=a["ended_at"],
+                    stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
+                    blocks=own,
+                    request_replacements=a["request_replacements"],
+                )
+            )
+        for r in rows["segments"]:
+            s = _cols(r)
+            out[s["generation_id"]].segments.append(
+                Segment(
+                    index=s["idx"],
+                    attempt_id=s["attempt_id"],
+                    stop_reason=s["stop_reason"],
+                    chars=s["chars"],
+                    output_tokens=s["output_tokens"],
+                    overlap_removed=s["overlap_removed"],
+                )
+            )
+        for r in rows["stumps"]:
+            out[r["generation_id"]].stumps.append(_stump(r))
+        for r in rows["posts"]:
+            out[r["generation_id"]].posts.append(_post(r))
+        return out
 
     async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
         """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
@@ -415,51 +456,6 @@ class Ledger:
             part = ids[i : i + 500]
             sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
             out.update((r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part)))
-        return out
-
-    async def _attempts(self, gid: str) -> list[Attempt]:
-        blocks: dict[str, list[Block]] = {}
-        for r in await self.db.execute_fetchall(GENERATION_BLOCKS, (gid,)):
-            b = _cols(r)
-            blocks.setdefault(b["attempt_id"], []).append(
-                Block(
-                    b["idx"],
-                    b["type"],
-                    dec(b["content"]),
-                    json.loads(b["start"]) if b["start"] else None,
-                    json.loads(b["extras"]) if b["extras"] else [],
-                    b["text_offset"],
-                )
-            )
-        out = []
-        for r in await self.db.execute_fetchall(GENERATION_ATTEMPTS, (gid,)):
-            a = _cols(r)
-            text = dec(a["text"])
-            own = blocks.get(a["id"], [])
-            if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
-                own = await self.streamed_blocks(a["id"])
-                text = join_text(own)
-            out.append(
-                Attempt(
-                    id=a["id"],
-                    generation_id=gid,
-                    segment=a["segment"],
-                    index=a["idx"],
-                    text=text,
-                    outcome=Outcome(a["outcome"]),
-                    stop_reason=a["stop_reason"],
-                    discard_reason=a["discard_reason"],
-                    error=a["error"],
-                    output_tokens=a["output_tokens"],
-                    request_id=a["request_id"],
-                    replaced_by=a["replaced_by"],
-                    started_at=a["started_at"],
-                    ended_at=a["ended_at"],
-                    stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
-                    blocks=own,
-                    request_replacements=a["request_replacements"],
-                )
-            )
         return out
 
     async def streamed_blocks(self, attempt_id: str) -> list[Block]:
@@ -553,13 +549,8 @@ class Ledger:
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
-        """Generations with attempts and stumps, for the context compiler (no posts needed)."""
-        out = {}
-        for gid in dict.fromkeys(ids):
-            g = await self.get_generation(gid)
-            if g is not None:
-                out[gid] = g
-        return out
+        """Generations with attempts and stumps, for the context compiler (no posts or requests needed)."""
+        return await self._generations(list(dict.fromkeys(ids)), brief=True)
 
     async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
         params = [residence] if channel is None else [residence, channel]
@@ -657,16 +648,39 @@ UNDELIVERED = (
     "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
     " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
 )
-# A generation read whole (`get_generation`: context, provenance, `ledger show`), by its id.
-GENERATION = "SELECT * FROM generations WHERE id=?"
+# Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
+# context compiler), by id: each query a seek per id ({marks}: one `?` each).
+GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
 GENERATION_BLOCKS = (
-    "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
+    "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
     " ORDER BY b.attempt_id, b.pos"
 )
-GENERATION_ATTEMPTS = "SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid"
-GENERATION_SEGMENTS = "SELECT * FROM segments WHERE generation_id=? ORDER BY idx"
-GENERATION_STUMPS = "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid"
-GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id=? ORDER BY seq"
+GENERATION_ATTEMPTS = (
+    "SELECT * FROM attempts WHERE generation_id IN ({marks}) ORDER BY generation_id, started_at, rowid"
+)
+GENERATION_SEGMENTS = "SELECT * FROM segments WHERE generation_id IN ({marks}) ORDER BY generation_id, idx"
+GENERATION_STUMPS = "SELECT * FROM stumps WHERE generation_id IN ({marks}) ORDER BY generation_id, created_at, rowid"
+GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id IN ({marks}) ORDER BY generation_id, seq"
+
+
+def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> dict[str, list[Any]]:
+    """The rows of generations `ids` and of their records, table by table (`Ledger._generations`)."""
+    out: dict[str, list[Any]] = {k: [] for k in ("generations", "blocks", "attempts", "segments", "stumps", "posts")}
+    queries = [
+        ("generations", GENERATIONS),
+        ("blocks", GENERATION_BLOCKS),
+        ("attempts", GENERATION_ATTEMPTS),
+        ("segments", GENERATION_SEGMENTS),
+        ("stumps", GENERATION_STUMPS),
+    ] + ([] if brief else [("posts", GENERATION_POSTS)])
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for key, sql in queries:
+            out[key] += conn.execute(sql.format(marks=marks), part).fetchall()
+    return out
+
+
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
