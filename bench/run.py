@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import ledger_writes, live, overhead, plot, scaling
+from . import ledger_scale, ledger_writes, live, overhead, plot, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -158,11 +158,14 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["ledger-scale"]:  # `python -m bench ledger-scale --generations N --db PATH`
+        return ledger_scale.main(args[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer rounds, 10 concurrent generations")
     p.add_argument("--out", default=HERE, help="folder for results.json and scaling.png (default: bench/)")
     p.add_argument("-v", "--verbose", action="store_true")
-    a = p.parse_args(argv)
+    a = p.parse_args(args)
     logging.basicConfig(
         level=logging.INFO if a.verbose else logging.WARNING,
         stream=sys.stderr,

@@ -365,7 +365,8 @@ CREATE INDEX live_messages_generation ON live_messages(generation_id);
 # The reads people and start-up make, each an index seek or an ORDER BY ... LIMIT walked on an index,
 # never a scan of a big table (tests/test_ledger_scale.py checks every one with EXPLAIN QUERY PLAN):
 # `ledger list` and `ledger stumps` newest first, the stumps of one cause, crash settlement's pending
-# generations and streaming attempts, delivery's undelivered posts, live messages left in progress.
+# generations and streaming attempts, a residence's latest generation in a channel (/continue), live
+# messages left in progress. (Undelivered posts are found on `posts_message`, by their NULL message id.)
 step(
     "m031_read_indexes",
     """
@@ -374,7 +375,7 @@ CREATE INDEX generations_pending ON generations(created_at) WHERE status = 'pend
 CREATE INDEX stumps_created ON stumps(created_at);
 CREATE INDEX stumps_cause ON stumps(cause, created_at);
 CREATE INDEX attempts_streaming ON attempts(generation_id) WHERE outcome = 'streaming';
-CREATE INDEX posts_undelivered ON posts(generation_id, seq) WHERE message_id IS NULL;
+CREATE INDEX generations_channel ON generations(residence, channel, created_at);
 CREATE INDEX live_messages_live ON live_messages(residence, created_at) WHERE state = 'live';
 """,
 )

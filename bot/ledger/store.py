@@ -437,7 +437,7 @@ class Ledger:
     async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
         """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
         if cols.get("request_ref") is not None:
-            return requests.unpack(cols["request_ref"], await self._parts(requests.part_ids(cols["request_ref"])))
+            return requests.unpack(cols["request_ref"], await self._parts(cols["request_ref"]))
         return json.loads(dec(cols["request"])) if cols["request"] is not None else None
 
     async def request_json(self, gid: str) -> bytes | None:
@@ -447,15 +447,20 @@ class Ledger:
             return None
         request, ref = rows[0]
         if ref is not None:
-            return requests.unpack_bytes(ref, await self._parts(requests.part_ids(ref)))
+            return requests.unpack_bytes(ref, await self._parts(ref))
         return bytes(request) if request is not None else None
 
-    async def _parts(self, ids: list[int]) -> dict[int, bytes]:
+    async def _parts(self, ref: bytes) -> dict[int, bytes]:
+        """The stored parts a request's ref names: its runs, then their lines (two seeks per key)."""
         out: dict[int, bytes] = {}
-        for i in range(0, len(ids), 500):
-            part = ids[i : i + 500]
-            sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
-            out.update((r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part)))
+        while ids := requests.needed(ref, out):
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+                got = [(r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part))]
+                if len(got) < len(part):
+                    raise LedgerError(f"a request names {len(part) - len(got)} part(s) not in request_parts")
+                out.update(got)
         return out
 
     async def streamed_blocks(self, attempt_id: str) -> list[Block]:
