@@ -247,8 +247,9 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
     return {**counts, "build_s": time.perf_counter() - t0, "db_bytes": os.path.getsize(path)}
 
 
-async def _reads(path: str, rounds: int) -> dict[str, float]:
-    """Median milliseconds of each read people and start-up make (the ledger already open, as in a process)."""
+async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
+    """Median milliseconds (wall and CPU) of each read people and start-up make, the ledger already open
+    as in a running process (the first round reads cold pages; the median is of warm ones)."""
     from bot.context.compile import RoomMessage, ledger_message_ids, own_generation_ids
     from bot.ledger import live
 
@@ -291,31 +292,50 @@ async def _reads(path: str, rounds: int) -> dict[str, float]:
             "compile_context": compile_reads,
             "latest_generation": lambda: lg.latest_generation(residence, channel),
         }
-        out = {}
+        out: dict[str, dict[str, float]] = {}
         for name, fn in reads.items():
-            times = []
+            walls, cpus = [], []
             for _ in range(rounds):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 await fn()
-                times.append((time.perf_counter() - t) * 1e3)
-            out[name] = statistics.median(times)
+                walls.append((time.perf_counter() - t) * 1e3)
+                cpus.append((time.process_time() - c) * 1e3)  # the ledger's thread included
+            out[name] = {
+                "wall_ms": statistics.median(walls),
+                "cpu_ms": statistics.median(cpus),
+                "max_wall_ms": max(walls),
+            }
         return out
 
 
 def verify(path: str) -> dict[str, Any]:
-    """`residents ledger verify` as a whole process: its time, the rate and its peak RSS."""
+    """`residents ledger verify` as a whole process: its time, CPU and peak RSS (the kernel's high-water
+    mark of that process, read until it ends: a forked child's rusage would count this process too)."""
     exe = os.path.join(os.path.dirname(sys.executable), "residents")
     t = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run([exe, "ledger", "verify", "--db", path], capture_output=True, text=True, check=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(
+        [exe, "ledger", "verify", "--db", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    peak_kib = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak_kib = max(peak_kib, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    out, err = proc.communicate()
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
-        "ok": out.returncode == 0,
-        "output": (out.stdout or out.stderr).strip().splitlines()[-1:] if (out.stdout or out.stderr) else [],
+        "ok": proc.returncode == 0,
+        "output": (out or err).strip().splitlines()[-1:] if (out or err) else [],
         "wall_s": wall,
         "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-        "peak_rss_mib": after.ru_maxrss / 1024,
+        "peak_rss_mib": peak_kib / 1024,
     }
 
 
@@ -330,19 +350,34 @@ def run(path: str, n: int, rounds: int = 9, check: bool = True) -> dict[str, Any
     return r
 
 
+def at_scale(n: int) -> dict[str, Any]:
+    """The default run's figure: a ledger of `n` generations built in a scratch folder, measured, removed."""
+    import shutil
+
+    from .common import scratch
+
+    where = scratch("ledger-scale")
+    try:
+        return run(os.path.join(where, "ledger.db"), n)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def table(r: dict[str, Any]) -> str:
     b = r["built"]
     lines = [
         f"ledger at {r['generations']:,} generations: built in {b['build_s']:.0f} s, "
         f"{b['db_bytes'] / 2**20:,.0f} MiB ({r['bytes_per_generation'] / 1024:.1f} KiB a generation); "
         f"{b['attempts']:,} attempts, {b['stumps']:,} stumps, {b['posts']:,} posts, {b['chain']:,} chain entries",
-        "   read (median ms): " + ", ".join(f"{k} {v:.2f}" for k, v in r["reads_ms"].items()),
+        "   reads, median ms wall/cpu: "
+        + ", ".join(f"{k} {v['wall_ms']:.2f}/{v['cpu_ms']:.2f}" for k, v in r["reads_ms"].items()),
     ]
     v = r.get("verify")
     if v:
         lines.append(
             f"   ledger verify: {'ok' if v['ok'] else 'FAILED: ' + ' '.join(v['output'])}, {v['wall_s']:.1f} s "
-            f"({v['generations_per_s']:,.0f} generations/s), peak RSS {v['peak_rss_mib']:.0f} MiB"
+            f"({v['generations_per_s']:,.0f} generations/s; CPU {v['cpu_s']:.1f} s, "
+            f"{r['generations'] / max(v['cpu_s'], 1e-9):,.0f}/s), peak RSS {v['peak_rss_mib']:.0f} MiB"
         )
     return "\n".join(lines)
 

@@ -52,6 +52,8 @@ def run(quick: bool) -> dict[str, Any]:
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
     log.info("5/5 first visible text, live and not")
     r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
+    log.info("+ the ledger at scale (1,000,000 on demand: python -m bench ledger-scale)")
+    r["ledger_scale"] = ledger_scale.at_scale(10_000 if k else 100_000)
     r["targets"] = {"overhead_max_ratio": TARGET, "linear_max_exponent": LINEAR}
     for section in ("overhead", "process"):
         for label, v in r[section].items():
@@ -147,6 +149,8 @@ def table(r: dict[str, Any]) -> str:
             f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
             f"whole reply {lv['live']['whole_reply_s']:.2f} s",
         ]
+    if r.get("ledger_scale"):
+        lines += ["", ledger_scale.table(r["ledger_scale"])]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
     lines += [
