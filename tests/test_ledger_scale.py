@@ -84,6 +84,7 @@ async def test_start_up_finds_settled_generations_without_posts_through_the_sche
     lg = pipeline.ledger
     await pipeline.turn(pipeline.resident(residence()), Room(), "Hello.", [Call(sse=sse.stream("Hi there."))])
     assert await lg.generations_without_posts() == []
+    assert [r[0] for r in await lg.db.execute_fetchall("SELECT planned FROM generations")] == [1]
     g = Generation(id="g-unplanned00", residence="cairn", channel="room", model="m", status="completed")
     await lg.create_generation(g)
     await lg.db.execute("UPDATE generations SET status='completed' WHERE id=?", (g.id,))
@@ -209,4 +210,3 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(chain, "BATCH", 2)
     assert asyncio.run(run()) == whole
-

@@ -688,7 +688,7 @@ def _check(conn: sqlite3.Connection) -> ChainReport:
     for batch in _payloads(db):
         for kind, record, payload, seq, body in batch:
             what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
-            if seq is None:
+            if seq is None or body is None:
                 unattested.append((kind, what))
                 continue
             _mark(attests, seq)
