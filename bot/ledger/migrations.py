@@ -425,9 +425,10 @@ ALTER TABLE generations ADD COLUMN request_ref BLOB;  -- JSON (bot.ledger.reques
 def _convert_requests(conn: sqlite3.Connection) -> None:
     """Store the requests of rows written before m033 by content; a row whose JSON would not come back
     byte for byte stays as it was (in `request`), so no request ever reads back different."""
-    from .requests import pack, unpack_bytes
+    from .requests import Part, pack, unpack_bytes
 
-    known: set[int] = set()
+    known: set[int] = set()  # parts written in this step (bounded: INSERT OR IGNORE keeps it right anyway)
+    memo: dict[str, Part] = {}  # lines seen in this step: each is hashed once however many requests carry it
     last = -1
     while True:
         rows = conn.execute(
@@ -438,7 +439,10 @@ def _convert_requests(conn: sqlite3.Connection) -> None:
             return
         for rowid, blob in rows:
             last = rowid
-            packed = pack(json.loads(bytes(blob).decode("utf-8", "surrogatepass")))
+            if len(memo) > 100_000 or len(known) > 1_000_000:
+                memo.clear()
+                known.clear()
+            packed = pack(json.loads(bytes(blob).decode("utf-8", "surrogatepass")), memo)
             parts = {p.id: p.body for p in packed.parts}
             if unpack_bytes(packed.ref, parts) != bytes(blob):
                 continue
