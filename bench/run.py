@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import ledger_writes, live, overhead, plot, scaling
+from . import ledger_scale, ledger_writes, live, overhead, plot, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ def run(quick: bool) -> dict[str, Any]:
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
     log.info("5/5 first visible text, live and not")
     r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
+    log.info("+ the ledger at scale (1,000,000 on demand: python -m bench ledger-scale)")
+    r["ledger_scale"] = ledger_scale.at_scale(10_000 if k else 100_000)
     r["targets"] = {"overhead_max_ratio": TARGET, "process_max_ratio": PROCESS_TARGET, "linear_max_exponent": LINEAR}
     for label, v in r["overhead"].items():
         r["targets"][f"overhead_{label}_cpu_met"] = v["cpu_ratio"] <= TARGET
@@ -151,6 +153,8 @@ def table(r: dict[str, Any]) -> str:
             f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
             f"whole reply {lv['live']['whole_reply_s']:.2f} s",
         ]
+    if r.get("ledger_scale"):
+        lines += ["", ledger_scale.table(r["ledger_scale"])]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
     lines += [
@@ -163,11 +167,14 @@ def table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["ledger-scale"]:  # `python -m bench ledger-scale --generations N --db PATH`
+        return ledger_scale.main(args[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer rounds, 10 concurrent generations")
     p.add_argument("--out", default=HERE, help="folder for results.json and scaling.png (default: bench/)")
     p.add_argument("-v", "--verbose", action="store_true")
-    a = p.parse_args(argv)
+    a = p.parse_args(args)
     logging.basicConfig(
         level=logging.INFO if a.verbose else logging.WARNING,
         stream=sys.stderr,

@@ -123,8 +123,10 @@ async def test_an_image_and_a_text_file_reach_the_provider_as_an_image_block_and
         "type": "image",
         "source": {"type": "sha256", "media_type": "image/png", "sha256": hashlib.sha256(image).hexdigest()},
     }
-    raw = await pipeline.ledger.db.execute_fetchall("SELECT request FROM generations WHERE id=?", (g.id,))
-    assert b64(image) not in bytes(raw[0][0]).decode()
+    stored_json = await pipeline.ledger.request_json(g.id)
+    assert stored_json is not None and b64(image) not in stored_json.decode()
+    parts = await pipeline.ledger.db.execute_fetchall("SELECT body FROM request_parts")
+    assert parts and not any(b64(image).encode() in bytes(body) for (body,) in parts)
     assert (
         f"  shot.png · image/png · {len(image)} bytes · sha256 {hashlib.sha256(image).hexdigest()} · shown as image"
         " · message m1"

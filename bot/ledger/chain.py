@@ -39,9 +39,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
+import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,9 +60,12 @@ Statement = tuple[str, tuple[Any, ...]]
 RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered", "stump-access", "stump-read")
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def canonical(obj: Any) -> str:
     """The one serialisation that is hashed: sorted keys, no spaces, every non-ASCII character escaped."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return _CANONICAL.encode(obj)
 
 
 def sha256_text(text: str | bytes) -> str:
@@ -403,14 +408,18 @@ class Entry:
         return export_line(self.seq, self.prev, self.body, self.hash)
 
 
-def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str | None:
-    """Why entry `e` does not follow the entry (last_seq, last_hash), or does not hash to itself."""
+def _link_problem(e: Entry, last_seq: int, last_hash: str, parsed: bool = False) -> str | None:
+    """Why entry `e` does not follow the entry (last_seq, last_hash), or does not hash to itself.
+
+    `parsed`: its body is already known canonical, with its own kind and record (`check`)."""
     if e.seq != last_seq + 1:
         return f"follows entry {last_seq}" + (
             f"; entries {last_seq + 1}..{e.seq - 1} are missing" if e.seq > last_seq + 1 else ""
         )
     if e.prev != last_hash:
         return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
+    if parsed:
+        return "its hash does not match its content" if entry_hash(e.seq, e.prev, e.body) != e.hash else None
     try:
         obj = json.loads(e.body)
     except ValueError:
@@ -468,57 +477,280 @@ def _short(v: Any) -> str:
     return s[:16] + "…" if len(s) > 20 else s
 
 
+# `check` streams: records and entries are read in batches of this many rows, so its memory stays flat
+# however long the ledger is (two bitmaps of one bit per entry aside).
+BATCH = 2000
+
+
+def _latest(kind: str) -> str:
+    """The newest entry of `kind` for the record `x.id`: a seek on `chain_record`."""
+    return f"LEFT JOIN chain c ON c.seq = (SELECT max(seq) FROM chain WHERE record = x.id AND kind = '{kind}')"
+
+
+# What each record's latest entry must say, read table by table in rowid order, a batch at a time, each
+# record with its latest entry's seq and body. In the order `expected` gives them (deliveries last).
+RECORDS: list[tuple[str, str]] = [
+    (
+        "attempt",
+        "SELECT x.rowid, x.id, x.generation_id, x.segment, x.idx, x.outcome, x.stop_reason, x.discard_reason,"
+        " x.error, x.text, x.output_tokens, c.seq, c.body FROM attempts x " + _latest("attempt") + " WHERE x.rowid > ?"
+        " AND x.outcome != 'streaming' ORDER BY x.rowid LIMIT ?",
+    ),
+    (
+        "generation",
+        "SELECT x.rowid, x.id, x.residence, x.channel, x.model, x.status, x.stop_reason, x.text, x.output_tokens,"
+        " x.standing, x.continuation_ended, c.seq, c.body FROM generations x " + _latest("generation") + " WHERE"
+        " x.rowid > ? AND x.status != 'pending' ORDER BY x.rowid LIMIT ?",
+    ),
+    (
+        "stump",
+        "SELECT x.rowid, x.id, x.generation_id, x.attempt_id, x.residence, x.scope, x.cause, x.text, x.output_tokens,"
+        " x.block, x.block_type, c.seq, c.body FROM stumps x " + _latest("stump") + " WHERE x.rowid > ?"
+        " ORDER BY x.rowid LIMIT ?",
+    ),
+    (
+        "post",
+        "SELECT x.rowid, x.id, x.generation_id, x.seq, x.kind, x.content, x.channel, c.seq, c.body FROM posts x "
+        + _latest("post")
+        + " WHERE x.rowid > ? ORDER BY x.rowid LIMIT ?",
+    ),
+    (
+        "delivered",
+        "SELECT x.rowid, x.id, x.message_id, c.seq, c.body FROM posts x " + _latest("delivered") + " WHERE x.rowid > ?"
+        " AND x.message_id IS NOT NULL ORDER BY x.rowid LIMIT ?",
+    ),
+]
+BLOCKS_OF = (
+    "SELECT attempt_id, idx, type, content FROM attempt_blocks WHERE attempt_id IN ({marks}) ORDER BY attempt_id, pos"
+)
+SEGMENTS_OF = (
+    "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
+    " WHERE generation_id IN ({marks})"
+)
+ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > ? ORDER BY seq LIMIT ?"
+LATER = "SELECT 1 FROM chain WHERE record = ? AND kind = ? AND seq > ? LIMIT 1"
+
+
+def _rows(db: sqlite3.Cursor, sql: str) -> Iterator[list[Any]]:
+    """Every row of a keyset-paged query (`rowid > ? ... LIMIT ?`, rowid first), a batch at a time."""
+    last = -(2**63)
+    while True:
+        batch = db.execute(sql, (last, BATCH)).fetchall()
+        if not batch:
+            return
+        yield batch
+        last = batch[-1][0]
+
+
+def _payloads(db: sqlite3.Cursor) -> Iterator[list[tuple[str, str, dict[str, Any], int | None, str | None]]]:
+    """(kind, record id, payload, latest entry's seq or None, its body) of every record, in `expected`'s
+    order, a batch at a time: what `check` holds against the chain without loading the ledger."""
+    for kind, sql in RECORDS:
+        if kind == "delivered":
+            yield _access(db)
+        for batch in _rows(db, sql):
+            out = []
+            if kind == "attempt":
+                blocks: dict[str, list[Block]] = defaultdict(list)
+                ids = [r[1] for r in batch]
+                for b in db.execute(BLOCKS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
+                    blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
+                for a in batch:
+                    att = Attempt(
+                        id=a[1],
+                        generation_id=a[2],
+                        segment=a[3],
+                        index=a[4],
+                        outcome=a[5],
+                        stop_reason=a[6],
+                        discard_reason=a[7],
+                        error=a[8],
+                        text=_dec(a[9]),
+                        output_tokens=a[10],
+                        blocks=blocks.get(a[1], []),
+                    )
+                    out.append((kind, att.id, attempt_payload(att), a[11], a[12]))
+            elif kind == "generation":
+                segments: dict[str, list[Segment]] = defaultdict(list)
+                ids = [r[1] for r in batch]
+                for sg in db.execute(SEGMENTS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
+                    segments[sg[0]].append(Segment(sg[1], sg[2], sg[3], sg[4], sg[5], sg[6]))
+                for g in batch:
+                    gen = Generation(
+                        id=g[1],
+                        residence=g[2],
+                        channel=g[3],
+                        model=g[4],
+                        status=g[5],
+                        stop_reason=g[6],
+                        text=_dec(g[7]),
+                        output_tokens=g[8],
+                        standing=g[9],
+                        continuation_ended=g[10],
+                        segments=segments.get(g[1], []),
+                    )
+                    out.append((kind, gen.id, generation_payload(gen), g[11], g[12]))
+            elif kind == "stump":
+                for x in batch:
+                    st = Stump(
+                        id=x[1],
+                        generation_id=x[2],
+                        attempt_id=x[3],
+                        residence=x[4],
+                        scope=x[5],
+                        cause=x[6],
+                        text=_dec(x[7]),
+                        output_tokens=x[8],
+                        block=x[9],
+                        block_type=x[10],
+                    )
+                    out.append((kind, st.id, stump_payload(st), x[11], x[12]))
+            elif kind == "post":
+                for x in batch:
+                    post = Post(
+                        id=x[1],
+                        generation_id=x[2],
+                        seq=x[3],
+                        kind=x[4],
+                        content=_dec(x[5]),
+                        channel=x[6],
+                        replacements=0,
+                    )
+                    out.append((kind, post.id, post_payload(post), x[7], x[8]))
+            else:
+                out = [(kind, x[1], delivered_payload(x[1], x[2]), x[3], x[4]) for x in batch]
+            yield out
+
+
+def _access(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any], int | None, str | None]]:
+    """Each stump's latest access choice and latest read (few: one per stump a resident or moderator touched)."""
+    out = []
+    for kind, sql, build in (
+        (
+            "stump-access",
+            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes ORDER BY rowid",
+            stump_access_payload,
+        ),
+        (
+            "stump-read",
+            "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
+            stump_read_payload,
+        ),
+    ):
+        latest = {r[0]: r for r in db.execute(sql).fetchall()}
+        for sid, r in latest.items():
+            got = db.execute(
+                "SELECT seq, body FROM chain WHERE record = ? AND kind = ? ORDER BY seq DESC LIMIT 1", (sid, kind)
+            ).fetchall()
+            out.append((kind, sid, build(*r), got[0][0] if got else None, got[0][1] if got else None))
+    return out
+
+
+_AT = re.compile(r'[{,]"at":(-?[0-9]+)[,}]')
+
+
+def _stated_at(body: str) -> int | None:
+    """The `at` of an entry's canonical body, read without parsing it (None where it is not so written)."""
+    m = _AT.search(body)
+    return int(m.group(1)) if m else None
+
+
+def _mark(bits: bytearray, seq: int) -> None:
+    if 0 < seq < len(bits) * 8:
+        bits[seq >> 3] |= 1 << (seq & 7)
+
+
+def _marked(bits: bytearray, seq: int) -> bool:
+    return 0 < seq < len(bits) * 8 and bool(bits[seq >> 3] & (1 << (seq & 7)))
+
+
 async def check(db: aiosqlite.Connection) -> ChainReport:
-    """The chain hashes link up, and each record's latest entry still says what the record says."""
+    """The chain hashes link up, and each record's latest entry still says what the record says.
+
+    Streams: each record is read once beside its latest entry (a seek), then the chain once in order;
+    what is remembered between the two is one bit per entry (whether it was some record's latest, and
+    whether it was exactly the entry the record gives, so canonical with the right kind and id). Runs
+    in the connection's own thread, in one trip.
+    """
+    return await db._execute(_check, db._conn)  # aiosqlite's own queue
+
+
+def _check(conn: sqlite3.Connection) -> ChainReport:
+    db = conn.cursor()
+    db.row_factory = None
     rep = ChainReport()
-    found: list[tuple[int, str]] = []
+    found: list[tuple[int, int, str]] = []  # (seq, phase, line): link problems first at one seq
+    got = db.execute("SELECT seq FROM chain ORDER BY seq DESC LIMIT 1").fetchall()
+    top = got[0][0] if got else 0
+    attests = bytearray(top // 8 + 1)  # the entry is some record's latest
+    exact = bytearray(top // 8 + 1)  # ... and is byte for byte the entry that record gives now
+    unattested: list[tuple[str, str]] = []
+    for batch in _payloads(db):
+        for kind, record, payload, seq, body in batch:
+            what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
+            if seq is None or body is None:
+                unattested.append((kind, what))
+                continue
+            _mark(attests, seq)
+            at = _stated_at(body)
+            if at is not None and canonical({**payload, "kind": kind, "at": at}) == body:
+                _mark(exact, seq)
+                continue
+            try:
+                stated = json.loads(body)
+            except ValueError:
+                continue  # reported as a broken link
+            diff = _differs(stated, payload) if isinstance(stated, dict) else ["its body"]
+            if diff:
+                found.append(
+                    (
+                        seq,
+                        1,
+                        f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff),
+                    )
+                )
     last_seq, last_hash = 0, GENESIS_PREV
-    newest: dict[tuple[str, str], Entry] = {}
-    for e in await entries(db):
-        problem = _link_problem(e, last_seq, last_hash)
-        if problem:
-            found.append(
-                (
-                    e.seq,
-                    f"chain entry {e.seq}"
-                    + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
-                    + f": {problem}",
-                )
+    while True:
+        rows = db.execute(ENTRIES, (last_seq, BATCH)).fetchall()
+        if not rows:
+            break
+        for r in rows:
+            e = Entry(*r)
+            problem = (
+                _link_problem(e, last_seq, last_hash, parsed=True)
+                if _marked(exact, e.seq)
+                else _link_problem(e, last_seq, last_hash)
             )
-        if e.kind in RECORD_KINDS and e.record is not None:
-            newest[(e.kind, e.record)] = e
-        last_seq, last_hash = e.seq, e.hash
-        rep.entries += 1
+            if problem:
+                found.append(
+                    (
+                        e.seq,
+                        0,
+                        f"chain entry {e.seq}"
+                        + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
+                        + f": {problem}",
+                    )
+                )
+            if (
+                e.kind in RECORD_KINDS
+                and e.record is not None
+                and not _marked(attests, e.seq)
+                and not db.execute(LATER, (e.record, e.kind, e.seq)).fetchall()
+            ):
+                found.append(
+                    (
+                        e.seq,
+                        2,
+                        f"chain entry {e.seq} ({e.kind} {e.record}): the record it attests is "
+                        + ("no longer delivered" if e.kind == "delivered" else "not in the ledger")
+                        + (" (or no longer settled)" if e.kind == "generation" else ""),
+                    )
+                )
+            last_seq, last_hash = e.seq, e.hash
+            rep.entries += 1
     rep.head = last_hash
-    for kind, record, payload in await expected(db):
-        attesting = newest.pop((kind, record), None)
-        what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
-        if attesting is None:
-            found.append((last_seq + 1, f"{what}: not in the chain"))
-            continue
-        try:
-            stated = json.loads(attesting.body)
-        except ValueError:
-            continue  # already reported as a broken link
-        diff = _differs(stated, payload)
-        if diff:
-            found.append(
-                (
-                    attesting.seq,
-                    f"chain entry {attesting.seq} ({kind} {record}): the ledger no longer matches it: "
-                    + ", ".join(diff),
-                )
-            )
-    for (kind, record), e in newest.items():
-        found.append(
-            (
-                e.seq,
-                f"chain entry {e.seq} ({kind} {record}): the record it attests is "
-                + ("no longer delivered" if kind == "delivered" else "not in the ledger")
-                + (" (or no longer settled)" if kind == "generation" else ""),
-            )
-        )
-    rep.violations = [line for _, line in sorted(found, key=lambda f: f[0])]
+    found += [(last_seq + 1, 1, f"{what}: not in the chain") for _, what in unattested]
+    rep.violations = [line for _, _, line in sorted(found, key=lambda f: (f[0], f[1]))]
     return rep
 
 

@@ -104,11 +104,13 @@ async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) ->
     )
 
 
+# On `live_messages_live` (m031): only the messages still in progress are in it.
+IN_PROGRESS = "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx"
+
+
 async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
     """Live messages a stopped process left in progress, oldest first."""
-    rows = await ledger.db.execute_fetchall(
-        "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx", (residence,)
-    )
+    rows = await ledger.db.execute_fetchall(IN_PROGRESS, (residence,))
     return [_row(r) for r in rows]
 
 

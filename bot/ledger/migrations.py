@@ -5,18 +5,27 @@ A step is never edited after it ships; a change is a new step, so any old ledger
 
 from __future__ import annotations
 
+import json
 import logging
+import sqlite3
 import time
+from collections.abc import Callable
 
 import aiosqlite
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS: list[tuple[str, str]] = []
+MIGRATIONS: list[tuple[str, str | Callable[[sqlite3.Connection], None]]] = []
 
 
 def step(name: str, sql: str) -> None:
     MIGRATIONS.append((name, sql))
+
+
+def pystep(name: str, run: Callable[[sqlite3.Connection], None]) -> None:
+    """A step SQL alone cannot express (rewriting rows by content); it runs in the connection's thread,
+    inside the step's transaction."""
+    MIGRATIONS.append((name, run))
 
 
 # Text columns are BLOBs of UTF-8 (surrogates passed through), so every emitted text is kept
@@ -352,6 +361,102 @@ CREATE INDEX live_messages_generation ON live_messages(generation_id);
 """,
 )
 
+
+# The reads people and start-up make, each an index seek or an ORDER BY ... LIMIT walked on an index,
+# never a scan of a big table (tests/test_ledger_scale.py checks every one with EXPLAIN QUERY PLAN):
+# `ledger list` and `ledger stumps` newest first, the stumps of one cause, crash settlement's pending
+# generations and streaming attempts, a residence's latest generation in a channel (/continue), live
+# messages left in progress. (Undelivered posts are found on `posts_message`, by their NULL message id.)
+step(
+    "m031_read_indexes",
+    """
+CREATE INDEX generations_created ON generations(created_at);
+CREATE INDEX generations_pending ON generations(created_at) WHERE status = 'pending';
+CREATE INDEX stumps_created ON stumps(created_at);
+CREATE INDEX stumps_cause ON stumps(cause, created_at);
+CREATE INDEX attempts_streaming ON attempts(generation_id) WHERE outcome = 'streaming';
+CREATE INDEX generations_channel ON generations(residence, channel, created_at);
+CREATE INDEX live_messages_live ON live_messages(residence, created_at) WHERE state = 'live';
+""",
+)
+
+# Whether a generation has its own posts planned (any post not publishing a stump), kept by the schema
+# in the same insert as the post, so start-up finds settled generations with none through an index
+# of only those (`Ledger.generations_without_posts`) instead of reading every generation.
+step(
+    "m032_generation_planned",
+    """
+ALTER TABLE generations ADD COLUMN planned INTEGER NOT NULL DEFAULT 0;
+UPDATE generations SET planned = 1
+ WHERE EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = generations.id AND p.stump_id IS NULL);
+CREATE TRIGGER posts_planned AFTER INSERT ON posts
+WHEN NEW.generation_id IS NOT NULL AND NEW.stump_id IS NULL
+BEGIN
+  UPDATE generations SET planned = 1 WHERE id = NEW.generation_id AND planned = 0;
+END;
+CREATE INDEX generations_unplanned ON generations(created_at) WHERE planned = 0 AND status != 'pending';
+""",
+)
+
+
+# A generation's request stored by content (`bot.ledger.requests`): each part of its messages (a room
+# line of a text message, or a whole message of blocks) once in `request_parts`, keyed by its SHA-256;
+# the generation keeps `request_ref`, the request less its messages' text plus the parts' keys. So a
+# busy room's ledger grows with what was said, not with the history repeated in every turn's request.
+# The conversion of rows written before this step is `m034_request_parts_convert` (Python, below).
+step(
+    "m033_request_parts",
+    """
+CREATE TABLE request_parts (
+  id INTEGER PRIMARY KEY,       -- the SHA-256's first 8 bytes, a signed big-endian integer
+  sha256 BLOB NOT NULL,         -- the whole SHA-256 of body
+  body BLOB NOT NULL            -- UTF-8, lone surrogates passed through
+);
+CREATE TRIGGER request_parts_collision BEFORE INSERT ON request_parts
+WHEN EXISTS (SELECT 1 FROM request_parts WHERE id = NEW.id AND sha256 != NEW.sha256)
+BEGIN
+  SELECT RAISE(ABORT, 'two request parts share the first 8 bytes of their SHA-256');
+END;
+ALTER TABLE generations ADD COLUMN request_ref BLOB;  -- JSON (bot.ledger.requests); NULL: see `request`
+""",
+)
+
+
+def _convert_requests(conn: sqlite3.Connection) -> None:
+    """Store the requests of rows written before m033 by content; a row whose JSON would not come back
+    byte for byte stays as it was (in `request`), so no request ever reads back different."""
+    from .requests import Part, pack, unpack_bytes
+
+    known: set[int] = set()  # parts written in this step (bounded: INSERT OR IGNORE keeps it right anyway)
+    memo: dict[str, Part] = {}  # lines seen in this step: each is hashed once however many requests carry it
+    last = -1
+    while True:
+        rows = conn.execute(
+            "SELECT rowid, request FROM generations WHERE rowid > ? AND request IS NOT NULL ORDER BY rowid LIMIT 500",
+            (last,),
+        ).fetchall()
+        if not rows:
+            return
+        for rowid, blob in rows:
+            last = rowid
+            if len(memo) > 100_000 or len(known) > 1_000_000:
+                memo.clear()
+                known.clear()
+            packed = pack(json.loads(bytes(blob).decode("utf-8", "surrogatepass")), memo)
+            parts = {p.id: p.body for p in packed.parts}
+            if unpack_bytes(packed.ref, parts) != bytes(blob):
+                continue
+            conn.executemany(
+                "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)",
+                [(p.id, p.sha256, p.body) for p in packed.parts if p.id not in known],
+            )
+            known.update(parts)
+            conn.execute("UPDATE generations SET request_ref=?, request=NULL WHERE rowid=?", (packed.ref, rowid))
+
+
+pystep("m034_request_parts_convert", _convert_requests)
+
+
 # The files a generation's request was compiled with (`bot.context.attachments`): each by name, type,
 # size and SHA-256, never its bytes, and how it was shown (`shown`: image | text | described; `reason`:
 # why one was described). The stored request holds each image as a reference to the same SHA-256.
@@ -381,6 +486,18 @@ async def apply(db: aiosqlite.Connection) -> list[str]:
     applied = []
     for name, sql in MIGRATIONS:
         if name in done:
+            continue
+        if callable(sql):
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                await db._execute(sql, db._conn)  # aiosqlite's own queue: the connection's thread
+                await db.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+            log.info("ledger migration applied: %s", name)
+            applied.append(name)
             continue
         await db.executescript(f"BEGIN;\n{sql}\nINSERT INTO _migrations VALUES ('{name}', {time.time()});\nCOMMIT;")
         log.info("ledger migration applied: %s", name)

@@ -34,7 +34,7 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import attachments, chain, migrations
+from . import attachments, chain, migrations, requests
 
 
 class LedgerError(Exception):
@@ -120,38 +120,41 @@ class Ledger:
     async def create_generation(self, g: Generation) -> None:
         await self._tx(self._generation_insert(g))
 
-    @staticmethod
-    def _generation_insert(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
-        """The generation's row (its request without image bytes) and its request's attachments."""
-        return [
-            Ledger._generation_row(g),
+    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)"
+
+    @classmethod
+    def _generation_insert(
+        cls, g: Generation, memo: dict[str, requests.Part] | None = None
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The generation's row, its request stored by content (`bot.ledger.requests`, images as their
+        SHA-256, never their bytes): parts, then the row, then the request's attachments."""
+        packed = requests.pack(attachments.stored_request(g.request), memo) if g.request is not None else None
+        parts = [(cls.PART_INSERT, (p.id, p.sha256, p.body)) for p in packed.parts] if packed else []
+        return parts + [
+            (
+                "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    g.id,
+                    g.residence,
+                    g.channel,
+                    g.model,
+                    g.status,
+                    g.stop_reason,
+                    enc(g.text),
+                    g.chars,
+                    g.output_tokens,
+                    g.standing,
+                    g.continuation_ended,
+                    g.trigger,
+                    packed.ref if packed is not None else None,
+                    g.created_at,
+                    g.seen_upto,
+                ),
+            ),
             *attachments.insert(g.id, g.attachments),
         ]
-
-    @staticmethod
-    def _generation_row(g: Generation) -> tuple[str, tuple[Any, ...]]:
-        return (
-            "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-            " output_tokens, standing, continuation_ended, trigger, request, created_at, seen_upto)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                g.id,
-                g.residence,
-                g.channel,
-                g.model,
-                g.status,
-                g.stop_reason,
-                enc(g.text),
-                g.chars,
-                g.output_tokens,
-                g.standing,
-                g.continuation_ended,
-                g.trigger,
-                enc(json.dumps(attachments.stored_request(g.request))) if g.request is not None else None,
-                g.created_at,
-                g.seen_upto,
-            ),
-        )
 
     async def start_attempt(
         self, a: Attempt, new_generation: Generation | None = None, replaces: Attempt | None = None
@@ -348,71 +351,34 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     async def get_generation(self, gid: str) -> Generation | None:
-        rows = list(await self.db.execute_fetchall("SELECT * FROM generations WHERE id=?", (gid,)))
-        if not rows:
-            return None
-        g = await self._generation(rows[0])
-        return g
+        return (await self._generations([gid])).get(gid)
 
-    async def _generation(self, r: aiosqlite.Row) -> Generation:
-        cols = _cols(r)
-        g = Generation(
-            id=cols["id"],
-            residence=cols["residence"],
-            channel=cols["channel"],
-            model=cols["model"],
-            status=Status(cols["status"]),
-            stop_reason=cols["stop_reason"],
-            text=dec(cols["text"]),
-            output_tokens=cols["output_tokens"],
-            standing=cols["standing"],
-            continuation_ended=ContinuationEnd(cols["continuation_ended"]),
-            trigger=cols["trigger"],
-            seen_upto=cols["seen_upto"],
-            request=json.loads(dec(cols["request"])) if cols["request"] is not None else None,
-            created_at=cols["created_at"],
-            finished_at=cols["finished_at"],
-        )
-        g.attempts = await self._attempts(g.id)
-        g.segments = [
-            Segment(
-                index=s["idx"],
-                attempt_id=s["attempt_id"],
-                stop_reason=s["stop_reason"],
-                chars=s["chars"],
-                output_tokens=s["output_tokens"],
-                overlap_removed=s["overlap_removed"],
+    async def _generations(self, ids: list[str], brief: bool = False) -> dict[str, Generation]:
+        """Generations whole, read in one trip to the connection's thread, a few batched queries on
+        indexes however many; `brief` (the context compiler's) leaves out requests and posts."""
+        rows = await self.db._execute(_generation_rows, self.db._conn, ids, brief)  # aiosqlite's own queue
+        out: dict[str, Generation] = {}
+        for r in rows["generations"]:
+            cols = _cols(r)
+            out[cols["id"]] = Generation(
+                id=cols["id"],
+                residence=cols["residence"],
+                channel=cols["channel"],
+                model=cols["model"],
+                status=Status(cols["status"]),
+                stop_reason=cols["stop_reason"],
+                text=dec(cols["text"]),
+                output_tokens=cols["output_tokens"],
+                standing=cols["standing"],
+                continuation_ended=ContinuationEnd(cols["continuation_ended"]),
+                trigger=cols["trigger"],
+                seen_upto=cols["seen_upto"],
+                request=None if brief else await self._request(cols),
+                created_at=cols["created_at"],
+                finished_at=cols["finished_at"],
             )
-            for s in map(
-                _cols,
-                await self.db.execute_fetchall("SELECT * FROM segments WHERE generation_id=? ORDER BY idx", (g.id,)),
-            )
-        ]
-        g.stumps = [
-            _stump(s)
-            for s in await self.db.execute_fetchall(
-                "SELECT * FROM stumps WHERE generation_id=? ORDER BY created_at, rowid", (g.id,)
-            )
-        ]
-        g.posts = [
-            _post(p)
-            for p in await self.db.execute_fetchall("SELECT * FROM posts WHERE generation_id=? ORDER BY seq", (g.id,))
-        ]
-        g.attachments = [
-            attachments.from_row(_cols(a))
-            for a in await self.db.execute_fetchall(
-                "SELECT * FROM attachments WHERE generation_id=? ORDER BY rowid", (g.id,)
-            )
-        ]
-        return g
-
-    async def _attempts(self, gid: str) -> list[Attempt]:
         blocks: dict[str, list[Block]] = {}
-        for r in await self.db.execute_fetchall(
-            "SELECT b.* FROM attempt_blocks b JOIN attempts a ON a.id = b.attempt_id WHERE a.generation_id=?"
-            " ORDER BY b.attempt_id, b.pos",
-            (gid,),
-        ):
+        for r in rows["blocks"]:
             b = _cols(r)
             blocks.setdefault(b["attempt_id"], []).append(
                 Block(
@@ -424,20 +390,17 @@ class Ledger:
                     b["text_offset"],
                 )
             )
-        out = []
-        for r in await self.db.execute_fetchall(
-            "SELECT * FROM attempts WHERE generation_id=? ORDER BY started_at, rowid", (gid,)
-        ):
+        for r in rows["attempts"]:
             a = _cols(r)
             text = dec(a["text"])
             own = blocks.get(a["id"], [])
             if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
                 own = await self.streamed_blocks(a["id"])
                 text = join_text(own)
-            out.append(
+            out[a["generation_id"]].attempts.append(
                 Attempt(
                     id=a["id"],
-                    generation_id=gid,
+                    generation_id=a["generation_id"],
                     segment=a["segment"],
                     index=a["idx"],
                     text=text,
@@ -455,6 +418,54 @@ class Ledger:
                     request_replacements=a["request_replacements"],
                 )
             )
+        for r in rows["segments"]:
+            s = _cols(r)
+            out[s["generation_id"]].segments.append(
+                Segment(
+                    index=s["idx"],
+                    attempt_id=s["attempt_id"],
+                    stop_reason=s["stop_reason"],
+                    chars=s["chars"],
+                    output_tokens=s["output_tokens"],
+                    overlap_removed=s["overlap_removed"],
+                )
+            )
+        for r in rows["stumps"]:
+            out[r["generation_id"]].stumps.append(_stump(r))
+        for r in rows["posts"]:
+            out[r["generation_id"]].posts.append(_post(r))
+        for r in rows["attachments"]:
+            a = _cols(r)
+            out[a["generation_id"]].attachments.append(attachments.from_row(a))
+        return out
+
+    async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
+        """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
+        if cols.get("request_ref") is not None:
+            return requests.unpack(cols["request_ref"], await self._parts(cols["request_ref"]))
+        return json.loads(dec(cols["request"])) if cols["request"] is not None else None
+
+    async def request_json(self, gid: str) -> bytes | None:
+        """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
+        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=?", (gid,)))
+        if not rows:
+            return None
+        request, ref = rows[0]
+        if ref is not None:
+            return requests.unpack_bytes(ref, await self._parts(ref))
+        return bytes(request) if request is not None else None
+
+    async def _parts(self, ref: bytes) -> dict[int, bytes]:
+        """The stored parts a request's ref names: its runs, then their lines (two seeks per key)."""
+        out: dict[int, bytes] = {}
+        while ids := requests.needed(ref, out):
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+                got = [(r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part))]
+                if len(got) < len(part):
+                    raise LedgerError(f"a request names {len(part) - len(got)} part(s) not in request_parts")
+                out.update(got)
         return out
 
     async def streamed_blocks(self, attempt_id: str) -> list[Block]:
@@ -484,17 +495,10 @@ class Ledger:
         return join_text(await self.streamed_blocks(attempt_id))
 
     async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
-        sql = (
-            "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
-            " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
-            " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
-        )
-        params: tuple[Any, ...] = ()
-        if residence:
-            sql += " WHERE residence=?"
-            params = (residence,)
-        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ?"
-        return [_cols(r) for r in await self.db.execute_fetchall(sql, params + (limit,))]
+        params: tuple[Any, ...] = (residence,) if residence else ()
+        return [
+            _cols(r) for r in await self.db.execute_fetchall(list_generations_sql(bool(residence)), params + (limit,))
+        ]
 
     async def list_stumps(self, residence: str | None = None, cause: str | None = None, limit: int = 50) -> list[Stump]:
         sql = "SELECT * FROM stumps WHERE 1=1"
@@ -523,33 +527,20 @@ class Ledger:
         `before` pages on: only stumps older than that stump (none if it does not exist); `channels`
         keeps only stumps of generations in those channels (an empty collection: none).
         """
-        sql = (
-            "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
-            " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
-        )
-        where: list[str] = []
         params: list[Any] = []
-        if channels is not None:
-            chans = list(channels)
+        chans = None if channels is None else list(channels)
+        if chans is not None:
             if not chans:
                 return []
-            sql += " JOIN generations g ON g.id = s.generation_id"
-            where.append(f"g.channel IN ({','.join('?' * len(chans))})")
             params += chans
-        if residence:
-            where.append("s.residence=?")
-            params.append(residence)
-        if cause:
-            where.append("s.cause=?")
-            params.append(cause)
-        if before is not None:
-            where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
-            params.append(before)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
-        params.append(limit)
-        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+        params += [x for x in (residence, cause, before) if x]
+        sql = stump_meta_sql(
+            residence=bool(residence),
+            cause=bool(cause),
+            before=before is not None,
+            channels=None if chans is None else len(chans),
+        )
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
 
     async def get_stump(self, sid: str) -> Stump | None:
         rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
@@ -562,71 +553,37 @@ class Ledger:
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
             marks = ",".join("?" * len(part))
-            for r in await self.db.execute_fetchall(f"SELECT * FROM posts WHERE message_id IN ({marks})", tuple(part)):
+            for r in await self.db.execute_fetchall(POSTS_BY_MESSAGE.format(marks=marks), tuple(part)):
                 p = _post(r)
                 out[p.message_id or ""] = p
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
-        """Generations with attempts and stumps, for the context compiler (no posts needed)."""
-        out = {}
-        for gid in dict.fromkeys(ids):
-            g = await self.get_generation(gid)
-            if g is not None:
-                out[gid] = g
-        return out
+        """Generations with attempts and stumps, for the context compiler (no posts or requests needed)."""
+        return await self._generations(list(dict.fromkeys(ids)), brief=True)
 
     async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
-        sql, params = "SELECT id FROM generations WHERE residence=?", [residence]
-        if channel is not None:
-            sql += " AND channel=?"
-            params.append(channel)
-        rows = list(
-            await self.db.execute_fetchall(sql + " ORDER BY created_at DESC, rowid DESC LIMIT 1", tuple(params))
-        )
+        params = [residence] if channel is None else [residence, channel]
+        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=?")
+        rows = list(await self.db.execute_fetchall(sql, tuple(params)))
         return await self.get_generation(rows[0][0]) if rows else None
 
     async def unsettled_generations(self) -> list[str]:
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(UNSETTLED)]
 
     # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
 
     async def streaming_generations(self) -> list[str]:
         """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT DISTINCT g.id FROM generations g JOIN attempts a ON a.generation_id = g.id"
-                " WHERE g.status != 'pending' AND a.outcome = 'streaming' ORDER BY g.created_at, g.rowid"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(STREAMING)]
 
     async def generations_without_posts(self) -> list[str]:
         """Settled generations with no post planned: the process stopped between settling and planning."""
-        return [
-            r[0]
-            for r in await self.db.execute_fetchall(
-                "SELECT id FROM generations g WHERE status != 'pending'"
-                " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
-                " ORDER BY created_at, rowid"
-            )
-        ]
+        return [r[0] for r in await self.db.execute_fetchall(WITHOUT_POSTS)]
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
-        return [
-            _post(r)
-            for r in await self.db.execute_fetchall(
-                "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
-                " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq",
-                (residence,),
-            )
-        ]
+        return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
 
     async def recover_generation(
         self, g: Generation, settled: list[Attempt], new_stumps: list[Stump], posts: list[Post]
@@ -680,6 +637,99 @@ class Ledger:
             " VALUES (?,?,?,?,?,?,?,?,?)",
             (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel, p.replacements, p.stump_id, p.reason),
         )
+
+
+# ---------------------------------------------------------------------- the reads people and start-up make
+# Each is an index seek or an ORDER BY ... LIMIT walked on an index (migrations m031, m032), so it stays
+# fast however long the ledger grows; tests/test_ledger_scale.py checks their plans with EXPLAIN QUERY PLAN.
+# `CROSS JOIN` keeps SQLite's join order: the small, indexed side (undelivered posts, streaming attempts) first.
+
+UNSETTLED = "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
+STREAMING = (
+    "SELECT DISTINCT g.id FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.outcome = 'streaming' AND g.status != 'pending' ORDER BY g.created_at, g.rowid"
+)
+WITHOUT_POSTS = (
+    "SELECT id FROM generations g WHERE planned = 0 AND status != 'pending'"
+    " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
+    " ORDER BY created_at, rowid"
+)
+UNDELIVERED = (
+    "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
+    " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+)
+# Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
+# context compiler), by id: each query a seek per id ({marks}: one `?` each).
+GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
+GENERATION_BLOCKS = (
+    "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
+    " ORDER BY b.attempt_id, b.pos"
+)
+GENERATION_ATTEMPTS = (
+    "SELECT * FROM attempts WHERE generation_id IN ({marks}) ORDER BY generation_id, started_at, rowid"
+)
+GENERATION_SEGMENTS = "SELECT * FROM segments WHERE generation_id IN ({marks}) ORDER BY generation_id, idx"
+GENERATION_STUMPS = "SELECT * FROM stumps WHERE generation_id IN ({marks}) ORDER BY generation_id, created_at, rowid"
+GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id IN ({marks}) ORDER BY generation_id, seq"
+GENERATION_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id IN ({marks}) ORDER BY rowid"
+
+
+def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> dict[str, list[Any]]:
+    """The rows of generations `ids` and of their records, table by table (`Ledger._generations`)."""
+    out: dict[str, list[Any]] = {
+        k: [] for k in ("generations", "blocks", "attempts", "segments", "stumps", "posts", "attachments")
+    }
+    queries = [
+        ("generations", GENERATIONS),
+        ("blocks", GENERATION_BLOCKS),
+        ("attempts", GENERATION_ATTEMPTS),
+        ("segments", GENERATION_SEGMENTS),
+        ("stumps", GENERATION_STUMPS),
+    ] + ([] if brief else [("posts", GENERATION_POSTS), ("attachments", GENERATION_ATTACHMENTS)])
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for key, sql in queries:
+            out[key] += conn.execute(sql.format(marks=marks), part).fetchall()
+    return out
+
+
+POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
+REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
+LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+
+
+def list_generations_sql(residence: bool) -> str:
+    """`ledger list`: newest first, walked on `generations_created` (or `generations_residence`)."""
+    return (
+        "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
+        " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
+        " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
+        + (" WHERE residence=?" if residence else "")
+        + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+    )
+
+
+def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None) -> str:
+    """`ledger stumps` and `/stumps list`: newest first on a stumps index; parameters in the order
+    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None."""
+    sql = (
+        "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+        " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
+    )
+    where: list[str] = []
+    if channels is not None:
+        sql += " CROSS JOIN generations g ON g.id = s.generation_id"
+        where.append(f"g.channel IN ({','.join('?' * channels)})")
+    if residence:
+        where.append("s.residence=?")
+    if cause:
+        where.append("s.cause=?")
+    if before:
+        where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
 
 
 def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:

@@ -71,60 +71,113 @@ async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> li
     return r.violations
 
 
+# `check` reads generations a batch at a time (in id order, on the primary key) with their records
+# (range seeks on the indexes by generation id), so its memory stays flat however long the ledger is.
+BATCH = 1000
+_GENS = "SELECT rowid, * FROM generations WHERE id > ? ORDER BY id LIMIT ?"
+# Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
+_OF: list[tuple[str, str]] = [
+    (
+        "attempts",
+        "SELECT * FROM attempts WHERE generation_id > ?{upto} ORDER BY generation_id, segment, idx, started_at",
+    ),
+    ("segments", "SELECT * FROM segments WHERE generation_id > ?{upto} ORDER BY generation_id, idx"),
+    ("stumps", "SELECT * FROM stumps WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid"),
+    ("posts", "SELECT * FROM posts WHERE generation_id > ?{upto} ORDER BY generation_id, seq"),
+]
+_BLOCKS = (
+    "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id"
+    " WHERE a.generation_id > ?{upto} ORDER BY b.attempt_id, b.pos"
+)
+_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > ?{upto} ORDER BY generation_id, rowid"
+_CALLS = (
+    "SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
+    " WHERE generation_id > ?{upto} ORDER BY generation_id, round, pos"
+)
+
+
 async def check(ledger: Ledger) -> Report:
-    """Read the whole ledger once and check it; linear in its size."""
+    """Read the whole ledger once and check it; linear in its size, in memory bounded by a batch."""
     db = ledger.db
-    rows = lambda sql: db.execute_fetchall(sql)  # noqa: E731 - a short local alias
-    gens = [dict(r) for r in await rows("SELECT * FROM generations ORDER BY created_at, rowid")]
-    by_gen: dict[str | None, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-    for table, order in (
-        ("attempts", "segment, idx, started_at"),
-        ("segments", "idx"),
-        ("stumps", "created_at, rowid"),
-        ("posts", "seq"),
-    ):
-        for r in await rows(f"SELECT * FROM {table} ORDER BY generation_id, {order}"):
-            d = dict(r)
-            by_gen[d["generation_id"]][table].append(d)
+    rows = lambda sql, *a: db.execute_fetchall(sql, a)  # noqa: E731 - a short local alias
+    rep = Report()
+    v = rep.violations
     # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
     shown_live = {r[0] for r in await rows("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
-    for s in (s for t in by_gen.values() for s in t["stumps"]):
-        s["shown_live"] = s["id"] in shown_live
     chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
-    blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in await rows("SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
-        blocks[r["attempt_id"]].append(dict(r))
-    calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in await rows(
-        "SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
-        " ORDER BY generation_id, round, pos"
-    ):
-        calls[r["generation_id"]].append(dict(r))
-    rep = Report(generations=len(gens))
-    v = rep.violations
-    known = {g["id"] for g in gens}
-    for gid, tables in by_gen.items():
-        if gid is not None and gid not in known:
-            for table, items in tables.items():
-                v += [f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}" for i in items]
-    for p in by_gen[None]["posts"]:  # notices about no generation (a declined /continue)
-        _check_line(v, f"post {p['id']}", p)
-        if p["kind"] != "notice":
-            v.append(f"post {p['id']}: a {p['kind']} post with no generation")
     # posts publishing a stump at its resident's request are checked with that stump, not as the
     # publishing generation's own text and boundary lines
-    published = [p for t in by_gen.values() for p in t["posts"] if p.get("stump_id") is not None]
-    stumps = {s["id"]: s for t in by_gen.values() for s in t["stumps"]}
-    _check_recovered(v, stumps, published)
-    for g in gens:
-        t = by_gen[g["id"]]
-        rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
-        own = [p for p in t["posts"] if p.get("stump_id") is None]
-        rounds = round_finals(t["attempts"], calls[g["id"]])
-        _check_generation(v, rep.unsettled, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
-        _check_blocks(v, g, t["attempts"], t["segments"], t["stumps"], blocks)
-        check_tool_calls(v, g, t["attempts"], calls[g["id"]])
-    check_attachments(v, [dict(r) for r in await rows("SELECT * FROM attachments ORDER BY rowid")], known)
+    published = [dict(r) for r in await rows("SELECT * FROM posts WHERE stump_id IS NOT NULL ORDER BY rowid")]
+    named = sorted({p["stump_id"] for p in published})
+    stumps: dict[str, dict[str, Any]] = {}
+    for i in range(0, len(named), 500):
+        part = named[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for r in await rows(f"SELECT * FROM stumps WHERE id IN ({marks})", *part):
+            stumps[r["id"]] = dict(r)
+    orphans: list[str] = []
+    for p in await rows("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
+        _check_line(orphans, f"post {p['id']}", dict(p))  # notices about no generation (a declined /continue)
+        if p["kind"] != "notice":
+            orphans.append(f"post {p['id']}: a {p['kind']} post with no generation")
+    recovered_lines: list[str] = []
+    _check_recovered(recovered_lines, stumps, published)
+    recovered = {sid for sid, s in stumps.items() if s.get("recovered")}
+    missing: list[str] = []  # records of generations not in the ledger
+    by_order: list[tuple[float, int, list[str]]] = []  # each generation's violations, in its (created_at, rowid)
+    unsettled: list[tuple[float, int, str]] = []
+    attached: list[str] = []  # attachment rows' violations, after every generation's own
+    lo = ""
+    while True:
+        gens = [dict(r) for r in await rows(_GENS, lo, BATCH)]
+        last = len(gens) < BATCH
+        upto = "" if last else " AND generation_id <= ?"
+        span: tuple[str, ...] = (lo,) if last else (lo, gens[-1]["id"])
+        by_gen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+        for table, sql in _OF:
+            for r in await rows(sql.format(upto=upto), *span):
+                d = dict(r)
+                by_gen[d["generation_id"]][table].append(d)
+        blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in await rows(_BLOCKS.format(upto=upto), *span):
+            blocks[r["attempt_id"]].append(dict(r))
+        calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for r in await rows(_CALLS.format(upto=upto), *span):
+            calls[r["generation_id"]].append(dict(r))
+        known = {g["id"] for g in gens}
+        for gid in sorted(by_gen):
+            if gid not in known:
+                for table, items in by_gen[gid].items():
+                    missing += [
+                        f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
+                        for i in items
+                    ]
+        for g in gens:
+            t = by_gen[g["id"]]
+            for s in t["stumps"]:
+                s["shown_live"] = s["id"] in shown_live
+                s["recovered"] = s["id"] in recovered
+            rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
+            own = [p for p in t["posts"] if p.get("stump_id") is None]
+            rounds = round_finals(t["attempts"], calls[g["id"]])
+            found: list[str] = []
+            pending: list[str] = []
+            _check_generation(found, pending, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
+            _check_blocks(found, g, t["attempts"], t["segments"], t["stumps"], blocks)
+            check_tool_calls(found, g, t["attempts"], calls[g["id"]])
+            if found:
+                by_order.append((g["created_at"], g["rowid"], found))
+            unsettled += [(g["created_at"], g["rowid"], gid) for gid in pending]
+        check_attachments(attached, [dict(r) for r in await rows(_ATTACHMENTS.format(upto=upto), *span)], known)
+        rep.generations += len(gens)
+        if last:
+            break
+        lo = gens[-1]["id"]
+    v += missing + orphans + recovered_lines
+    for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
+        v += found
+    rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
+    v += attached
     links = await chain.check(db)  # the first broken entry first, ahead of the invariants
     rep.violations[:0] = links.violations
     rep.chain_entries, rep.chain_head = links.entries, links.head

@@ -1,0 +1,397 @@
+"""The ledger at scale: build a realistic ledger of N generations fast, then time the reads people and
+start-up make on it, and `ledger verify` (time, rate, peak memory).
+
+`python -m bench ledger-scale --generations 1000000 --db /tmp/big.db` (the default run of `python -m
+bench` takes 100,000). The ledger is written through the real schema (migrations applied by
+`Ledger.open`) with the statements the Ledger itself writes (`Ledger._generation_insert`,
+`_attempt_settle`, ...), the posts the delivery planner plans, and a chain whose entries are the
+chain module's own, hashed here in bulk: `residents ledger verify` passes on it. What goes in:
+
+- several residences in several guilds' channels, each generation one turn of a channel whose
+  request carries that channel's last 50 room lines (`history_limit`'s default), as `compile` does;
+- the field's proportions (assumed, from the issue's replays): 7% of outputs cut at `max_tokens`
+  (partial posts, a receipt, an output stump), 4% with an attempt abandoned and retried (a
+  retry-abandoned stump), the rest completed in one attempt; every post delivered;
+- at the end, as a crash leaves it: a few generations still pending with an attempt streaming, and
+  a few posts not yet delivered.
+
+Each read is timed as the median of several runs of the Ledger method (or module function) that
+start-up, the CLI, the moderation cog and the context compiler call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import resource
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from bot.delivery.plan import plan
+from bot.ledger import Ledger, chain
+from bot.ledger.access import own_stumps
+from bot.ledger.requests import Part
+from bot.records import Attempt, Generation, Post, Segment, Stump, numbered
+from bot.truth import RETRY_ABANDONED, stump_cause
+
+CUT_SHARE = 0.07
+RETRY_SHARE = 0.04
+WINDOW = 50  # room lines in each request: history_limit's default
+RESIDENCES = ("cairn", "sill", "moss", "tarn")
+GUILDS = {"g1": ("c11", "c12", "c13"), "g2": ("c21", "c22"), "g3": ("c31", "c32", "c33", "c34")}
+PENDING = 3  # generations a crash left pending, at the end
+UNDELIVERED = 4  # posts a crash left undelivered, at the end
+WORDS = (
+    "the river runs past the old mill and the light on the water is cold and clear in the morning while "
+    "a heron waits by the reeds for something to move and nobody says much about the weather any more"
+).split()
+
+
+def _texts(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(200_000))
+
+
+def _id(rng: random.Random, prefix: str) -> str:
+    return f"{prefix}{rng.getrandbits(48):012x}"
+
+
+def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any]:
+    """Write a ledger of `n` generations to `path` (a new file); returns what went in and how long it took."""
+    if os.path.exists(path):
+        raise SystemExit(f"{path}: exists; ledger-scale builds a new ledger (remove it or name another)")
+    t0 = time.perf_counter()
+
+    async def migrate() -> None:
+        async with Ledger.open(path):
+            pass
+
+    asyncio.run(migrate())
+    rng = random.Random(seed)
+    corpus = _texts(rng)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute("PRAGMA cache_size=-200000")
+    channels = [(g, c) for g, cs in GUILDS.items() for c in cs]
+    windows: dict[str, deque[tuple[str, str]]] = {c: deque(maxlen=WINDOW) for _, c in channels}
+    memo: dict[str, Part] = {}
+    stored_parts: set[int] = set()
+    seq, prev = 0, chain.GENESIS_PREV
+    message = 10**17
+    counts = {"generations": 0, "attempts": 0, "stumps": 0, "posts": 0, "chain": 0, "cut": 0, "retried": 0}
+    start = time.time() - n * 30.0
+    pending_from = n - PENDING
+
+    def text_of(lo: int, hi: int) -> str:
+        size = rng.randint(lo, hi)
+        at = rng.randrange(0, len(corpus) - size)
+        return corpus[at : at + size].strip() or "ok"
+
+    for first in range(0, n, batch):
+        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        entries: list[tuple[str, str | None, dict[str, Any]]] = []
+        deliveries: list[tuple[Post, str]] = []
+        for i in range(first, min(n, first + batch)):
+            _guild, channel = channels[rng.randrange(len(channels))]
+            residence = RESIDENCES[i % len(RESIDENCES)]
+            at = start + i * 30.0
+            said = f"person{rng.randrange(40)}: {text_of(40, 300)}"
+            window = windows[channel]
+            window.append(("user", said))
+            message += 1
+            request = {
+                "model": "claude-sonnet-4-6",
+                "max_tokens": 1024,
+                "system": f"You are {residence}, a resident of this room.",
+                "messages": [{"role": r, "content": t} for r, t in window],
+            }
+            g = Generation(
+                id=_id(rng, "g-"),
+                residence=residence,
+                channel=channel,
+                model="claude-sonnet-4-6",
+                trigger=str(message),
+                seen_upto=str(message),
+                request=request,
+                created_at=at,
+            )
+            for st in Ledger._generation_insert(g, memo):  # each part once per build, as the ledger keeps it
+                if st[0] == Ledger.PART_INSERT:
+                    if st[1][0] in stored_parts:
+                        continue
+                    stored_parts.add(st[1][0])
+                stmts.append(st)
+            counts["generations"] += 1
+            if i >= pending_from:  # a crash: still pending, its attempt streaming with what reached disk
+                a = Attempt(id=_id(rng, "a-"), generation_id=g.id, segment=1, index=1, started_at=at)
+                stmts.append(
+                    (
+                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                        (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
+                    )
+                )
+                stmts.append((Ledger._CHUNK, (a.id, 0, 0, "text", text_of(50, 400).encode(), None)))
+                counts["attempts"] += 1
+                continue
+            cut = rng.random() < CUT_SHARE
+            retried = rng.random() < RETRY_SHARE
+            attempts: list[Attempt] = []
+            stumps: list[Stump] = []
+            if retried:
+                a0 = Attempt(id=_id(rng, "a-"), generation_id=g.id, segment=1, index=1, started_at=at)
+                a0.text, a0.outcome, a0.discard_reason, a0.ended_at = (
+                    text_of(20, 600),
+                    "abandoned",
+                    RETRY_ABANDONED,
+                    at + 2,
+                )
+                a0.error = "overloaded_error"
+                attempts.append(a0)
+            a = Attempt(id=_id(rng, "a-"), generation_id=g.id, segment=1, index=len(attempts) + 1, started_at=at + 3)
+            a.text = text_of(2500, 4500) if cut else text_of(60, 900)
+            a.outcome, a.stop_reason = ("truncated", "max_tokens") if cut else ("completed", "end_turn")
+            a.output_tokens, a.ended_at = len(a.text) // 4, at + 9
+            if retried:
+                attempts[0].replaced_by = a.id
+                stumps.append(
+                    Stump(
+                        id=_id(rng, "s-"),
+                        generation_id=g.id,
+                        attempt_id=attempts[0].id,
+                        cause=RETRY_ABANDONED,
+                        text=attempts[0].text,
+                        output_tokens=None,
+                        replaced_by=a.id,
+                        created_at=at + 2,
+                        residence=residence,
+                    )
+                )
+            attempts.append(a)
+            g.attempts = attempts
+            g.text, g.status, g.stop_reason, g.output_tokens = a.text, a.outcome, a.stop_reason, a.output_tokens
+            g.segments = [Segment(1, a.id, a.stop_reason, len(a.text), a.output_tokens)]
+            g.finished_at = at + 9
+            cause = stump_cause(g.status, g.stop_reason)
+            if cause is not None:
+                stumps.append(
+                    Stump(
+                        id=_id(rng, "s-"),
+                        generation_id=g.id,
+                        attempt_id=a.id,
+                        cause=cause,
+                        text=g.text,
+                        output_tokens=g.output_tokens,
+                        scope="output",
+                        published=True,
+                        created_at=at + 9,
+                        residence=residence,
+                    )
+                )
+            counts["cut"] += cut
+            counts["retried"] += retried
+            for x in attempts:
+                stmts.append(
+                    (
+                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                        (x.id, x.generation_id, x.segment, x.index, "streaming", x.started_at),
+                    )
+                )
+                stmts += [st for st in Ledger._attempt_settle(x) if st[0] != chain._APPEND and "DELETE" not in st[0]]
+                entries.append(("attempt", x.id, chain.attempt_payload(x)))
+            stmts += [st for st in Ledger._generation_settle(g) if "DELETE" not in st[0]]
+            entries.append(("generation", g.id, chain.generation_payload(g)))
+            stmts += [Ledger._stump_insert(s) for s in stumps]
+            entries += [("stump", s.id, chain.stump_payload(s)) for s in stumps]
+            posts = numbered(plan(g.ending(), g.text), g.id, channel, 1)
+            stmts += [Ledger._post_insert(p) for p in posts]
+            entries += [("post", p.id, chain.post_payload(p)) for p in posts]
+            for p in posts:
+                message += 1
+                if i < n - 1 or len(deliveries) < len(posts) - UNDELIVERED:
+                    deliveries.append((p, str(message)))
+            window.append(("assistant", g.text))
+            counts["attempts"] += len(attempts)
+            counts["stumps"] += len(stumps)
+            counts["posts"] += len(posts)
+        if first + batch >= n:  # the last few posts of the ledger wait for delivery, as after a crash
+            deliveries = deliveries[: max(0, len(deliveries) - UNDELIVERED)]
+        for p, mid in deliveries:
+            stmts.append(("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (mid, time.time(), p.id)))
+            entries.append(("delivered", p.id, chain.delivered_payload(p.id, mid)))
+        rows = []
+        for kind, record, payload in entries:
+            seq += 1
+            body = chain.append(kind, record, payload)[1][2]
+            digest = chain.entry_hash(seq, prev, body)
+            rows.append((seq, kind, record, prev, body, digest))
+            prev = digest
+        counts["chain"] += len(rows)
+        by_sql: dict[str, list[tuple[Any, ...]]] = {}  # each statement in bulk, in the order first written
+        for sql, params in stmts:
+            by_sql.setdefault(sql, []).append(params)
+        conn.execute("BEGIN")
+        for sql, rows_ in by_sql.items():
+            conn.executemany(sql, rows_)
+        conn.executemany("INSERT INTO chain (seq, kind, record, prev, body, hash) VALUES (?,?,?,?,?,?)", rows)
+        conn.execute("COMMIT")
+        if len(memo) > 200_000:
+            memo.clear()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return {**counts, "build_s": time.perf_counter() - t0, "db_bytes": os.path.getsize(path)}
+
+
+async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
+    """Median milliseconds (wall and CPU) of each read people and start-up make, the ledger already open
+    as in a running process (the first round reads cold pages; the median is of warm ones)."""
+    from bot.context.compile import RoomMessage, ledger_message_ids, own_generation_ids
+    from bot.ledger import live
+
+    async with Ledger.open(path) as lg:
+        last = list(
+            await lg.db.execute_fetchall(
+                "SELECT g.residence, g.channel FROM generations g ORDER BY created_at DESC LIMIT 1 OFFSET 10"
+            )
+        )[0]
+        residence, channel = last[0], last[1]
+        delivered = [
+            r[0]
+            for r in await lg.db.execute_fetchall(
+                "SELECT p.message_id FROM posts p CROSS JOIN generations g ON g.id = p.generation_id WHERE g.channel=?"
+                " AND p.message_id IS NOT NULL ORDER BY g.created_at DESC LIMIT 60",
+                (channel,),
+            )
+        ]
+
+        async def compile_reads() -> None:  # what Resident._context reads for one turn: posts, then generations
+            history = [RoomMessage(m, "cairn", True, "") for m in delivered]
+            posts = await lg.posts_by_message(ledger_message_ids(history))
+            await lg.generations_brief(own_generation_ids(history, posts))
+
+        async def settle() -> None:  # bot.generation.recovery and bot.delivery.resume at start-up
+            await lg.unsettled_generations()
+            await lg.streaming_generations()
+            await lg.generations_without_posts()
+
+        reads = {
+            "ledger_list": lambda: lg.list_generations(None, 20),
+            "ledger_list_residence": lambda: lg.list_generations(residence, 20),
+            "ledger_stumps": lambda: lg.list_stump_meta(None, None, limit=51),
+            "ledger_stumps_cause": lambda: lg.list_stump_meta(None, "max_tokens", limit=51),
+            "stumps_list_cog": lambda: lg.list_stump_meta(None, None, limit=11, channels=GUILDS["g2"]),
+            "stumps_tool": lambda: own_stumps(lg, residence, channel, 20),
+            "undelivered_posts": lambda: lg.undelivered_posts_of(residence),
+            "crash_settlement": settle,
+            "live_left_in_progress": lambda: live.in_progress(lg, residence),
+            "compile_context": compile_reads,
+            "latest_generation": lambda: lg.latest_generation(residence, channel),
+        }
+        out: dict[str, dict[str, float]] = {}
+        for name, fn in reads.items():
+            walls, cpus = [], []
+            for _ in range(rounds):
+                t, c = time.perf_counter(), time.process_time()
+                await fn()
+                walls.append((time.perf_counter() - t) * 1e3)
+                cpus.append((time.process_time() - c) * 1e3)  # the ledger's thread included
+            out[name] = {
+                "wall_ms": statistics.median(walls),
+                "cpu_ms": statistics.median(cpus),
+                "max_wall_ms": max(walls),
+            }
+        return out
+
+
+def verify(path: str) -> dict[str, Any]:
+    """`residents ledger verify` as a whole process: its time, CPU and peak RSS (the kernel's high-water
+    mark of that process, read until it ends: a forked child's rusage would count this process too)."""
+    exe = os.path.join(os.path.dirname(sys.executable), "residents")
+    t = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(
+        [exe, "ledger", "verify", "--db", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    peak_kib = 0
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak_kib = max(peak_kib, int(line.split()[1]))
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    out, err = proc.communicate()
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "ok": proc.returncode == 0,
+        "output": (out or err).strip().splitlines()[-1:] if (out or err) else [],
+        "wall_s": wall,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "peak_rss_mib": peak_kib / 1024,
+    }
+
+
+def run(path: str, n: int, rounds: int = 9, check: bool = True) -> dict[str, Any]:
+    built = build(path, n)
+    r: dict[str, Any] = {"generations": n, "built": built, "reads_ms": asyncio.run(_reads(path, rounds))}
+    r["bytes_per_generation"] = built["db_bytes"] / n
+    if check:
+        v = verify(path)
+        v["generations_per_s"] = n / v["wall_s"]
+        r["verify"] = v
+    return r
+
+
+def at_scale(n: int) -> dict[str, Any]:
+    """The default run's figure: a ledger of `n` generations built in a scratch folder, measured, removed."""
+    import shutil
+
+    from .common import scratch
+
+    where = scratch("ledger-scale")
+    try:
+        return run(os.path.join(where, "ledger.db"), n)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+def table(r: dict[str, Any]) -> str:
+    b = r["built"]
+    lines = [
+        f"ledger at {r['generations']:,} generations: built in {b['build_s']:.0f} s, "
+        f"{b['db_bytes'] / 2**20:,.0f} MiB ({r['bytes_per_generation'] / 1024:.1f} KiB a generation); "
+        f"{b['attempts']:,} attempts, {b['stumps']:,} stumps, {b['posts']:,} posts, {b['chain']:,} chain entries",
+        "   reads, median ms wall/cpu: "
+        + ", ".join(f"{k} {v['wall_ms']:.2f}/{v['cpu_ms']:.2f}" for k, v in r["reads_ms"].items()),
+    ]
+    v = r.get("verify")
+    if v:
+        lines.append(
+            f"   ledger verify: {'ok' if v['ok'] else 'FAILED: ' + ' '.join(v['output'])}, {v['wall_s']:.1f} s "
+            f"({v['generations_per_s']:,.0f} generations/s; CPU {v['cpu_s']:.1f} s, "
+            f"{r['generations'] / max(v['cpu_s'], 1e-9):,.0f}/s), peak RSS {v['peak_rss_mib']:.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m bench ledger-scale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--generations", type=int, default=100_000, help="how many generations (default 100,000)")
+    p.add_argument("--db", required=True, help="the ledger file to build (must not exist)")
+    p.add_argument("--no-verify", action="store_true", help="skip timing `residents ledger verify`")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    a = p.parse_args(argv)
+    r = run(a.db, a.generations, check=not a.no_verify)
+    print(json.dumps(r, indent=1) if a.json else table(r))
+    return 0

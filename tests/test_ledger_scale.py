@@ -1,0 +1,212 @@
+"""The ledger at scale: the reads people and start-up make stay on indexes, `verify` streams, and a
+request is stored by content so a busy room's ledger grows with what was said."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import sqlite3
+
+import aiosqlite
+from conftest import Room, residence
+
+from bot.ledger import Ledger, live, migrations, store
+from bot.ledger.verify import check
+from bot.localservers import sse
+from bot.localservers.provider import Call
+from bot.records import Generation
+
+# Every read people and start-up make, as the code runs it (ledger list, ledger stumps and /stumps list
+# with each of their filters, crash settlement, resume's undelivered posts, the context compiler's and
+# provenance's reads of generations, /continue's latest generation, live messages left in progress).
+READS = {
+    "ledger list": store.list_generations_sql(False),
+    "ledger list --residence": store.list_generations_sql(True),
+    **{
+        f"stumps residence={r} cause={c} before={b} channels={n}": store.stump_meta_sql(
+            residence=r, cause=c, before=b, channels=n
+        )
+        for r in (False, True)
+        for c in (False, True)
+        for b in (False, True)
+        for n in (None, 3)
+    },
+    "unsettled generations": store.UNSETTLED,
+    "streaming attempts": store.STREAMING,
+    "generations without posts": store.WITHOUT_POSTS,
+    "undelivered posts": store.UNDELIVERED,
+    "posts by message": store.POSTS_BY_MESSAGE.format(marks="?,?,?"),
+    "generations": store.GENERATIONS.format(marks="?,?,?"),
+    "their blocks": store.GENERATION_BLOCKS.format(marks="?,?,?"),
+    "their attempts": store.GENERATION_ATTEMPTS.format(marks="?,?,?"),
+    "their segments": store.GENERATION_SEGMENTS.format(marks="?,?,?"),
+    "their stumps": store.GENERATION_STUMPS.format(marks="?,?,?"),
+    "their posts": store.GENERATION_POSTS.format(marks="?,?,?"),
+    "their requests' parts": store.REQUEST_PARTS.format(marks="?,?,?"),
+    "latest generation": store.LATEST_GENERATION.format(channel=""),
+    "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=?"),
+    "live messages in progress": live.IN_PROGRESS,
+}
+# Listings newest first: the ORDER BY ... LIMIT must be walked on an index, never a sort of every row.
+PAGED = ("ledger list", "stumps ")
+# The index each of the reads that was a full scan before must use now.
+USES = {
+    "ledger list": "generations_created",
+    "stumps residence=False cause=False before=False channels=None": "stumps_created",
+    "stumps residence=False cause=False before=False channels=3": "stumps_created",
+    "stumps residence=False cause=True before=False channels=None": "stumps_cause",
+    "unsettled generations": "generations_pending",
+    "streaming attempts": "attempts_streaming",
+    "generations without posts": "generations_unplanned",
+    "latest generation in a channel": "generations_channel",
+    "live messages in progress": "live_messages_live",
+}
+
+
+async def test_every_read_people_and_start_up_make_is_an_index_seek(tmp_path):
+    """EXPLAIN QUERY PLAN of each read, on a ledger as migrations leave it (no ANALYZE, as in production):
+    no table is scanned but along an index, and no listing sorts its whole table to take a page."""
+    async with Ledger.open(tmp_path / "l.db") as lg:
+        for name, sql in READS.items():
+            plan = [r[3] for r in await lg.db.execute_fetchall("EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?"))]
+            for line in plan:
+                assert not re.match(r"SCAN \w+$", line) and ("SCAN" not in line or "INDEX" in line), (name, plan)
+                if name.startswith(PAGED):
+                    assert "TEMP B-TREE FOR ORDER BY" not in line, (name, plan)
+            if name in USES:
+                assert any(USES[name] in line for line in plan), (name, plan)
+
+
+async def test_start_up_finds_settled_generations_without_posts_through_the_schema(pipeline):
+    """`planned` (m032) is kept by the schema: a generation's own post marks it, a stump's publication does not."""
+    lg = pipeline.ledger
+    await pipeline.turn(pipeline.resident(residence()), Room(), "Hello.", [Call(sse=sse.stream("Hi there."))])
+    assert await lg.generations_without_posts() == []
+    assert [r[0] for r in await lg.db.execute_fetchall("SELECT planned FROM generations")] == [1]
+    g = Generation(id="g-unplanned00", residence="cairn", channel="room", model="m", status="completed")
+    await lg.create_generation(g)
+    await lg.db.execute("UPDATE generations SET status='completed' WHERE id=?", (g.id,))
+    assert await lg.generations_without_posts() == [g.id]
+
+
+REQUEST = {
+    "model": "claude-3-opus-20240229",
+    "max_tokens": 4096,
+    "system": "You are Cairn.",
+    "messages": [
+        {"role": "user", "content": "ana: héllo \ud800 lone\n\nben: second line\n\n"},
+        {"role": "assistant", "content": "An answer, \u2603."},
+        {"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "tool_use", "id": "t", "name": "n"}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "{}"}]},
+        {"content": "keys in another order", "role": "user"},
+        {"role": "user", "content": ""},
+    ],
+    "temperature": 0.7,
+    "stop_sequences": ["\n\nHuman:"],
+}
+
+
+async def test_a_request_reads_back_as_the_exact_json_it_was_stored_from(tmp_path):
+    async with Ledger.open(tmp_path / "l.db") as lg:
+        g = Generation(id="g-request0001", residence="cairn", channel="room", model="m", request=REQUEST)
+        await lg.create_generation(g)
+        assert await lg.request_json(g.id) == json.dumps(REQUEST).encode("ascii")
+        back = await lg.get_generation(g.id)
+        assert back is not None and back.request == REQUEST
+        [(whole, ref)] = await lg.db.execute_fetchall("SELECT request, request_ref FROM generations")
+        assert whole is None and b"ana" not in ref  # the text lives in the parts, once
+
+
+async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tmp_path):
+    """A ledger from before m033 keeps its whole request per row; opening it stores them by content
+    (m034), every request reading back as the same JSON bytes and the chain still whole."""
+    path = tmp_path / "old.db"
+    first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
+    db = await aiosqlite.connect(path, isolation_level=None)
+    saved = list(migrations.MIGRATIONS)
+    try:
+        migrations.MIGRATIONS[:] = saved[:first]
+        await migrations.apply(db)
+    finally:
+        migrations.MIGRATIONS[:] = saved
+    blobs = {}
+    for i in range(3):
+        req = {**REQUEST, "messages": REQUEST["messages"][: 3 + i]}
+        blobs[f"g-old{i:09d}"] = json.dumps(req).encode("utf-8", "surrogatepass")
+    blobs["g-oldspaced01"] = json.dumps(REQUEST, indent=1).encode()  # not json.dumps' own form: left whole
+    for gid, blob in blobs.items():
+        await db.execute(
+            "INSERT INTO generations (id, residence, channel, model, status, standing, continuation_ended, request,"
+            " created_at) VALUES (?, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', ?, 1.0)",
+            (gid, blob),
+        )
+    await db.close()
+    async with Ledger.open(path) as lg:
+        for gid, blob in blobs.items():
+            assert await lg.request_json(gid) == blob
+            g = await lg.get_generation(gid)
+            assert g is not None and g.request == json.loads(blob)
+        kept = [r[0] for r in await lg.db.execute_fetchall("SELECT id FROM generations WHERE request IS NOT NULL")]
+        assert kept == ["g-oldspaced01"]
+        assert (await check(lg)).ok
+
+
+async def test_a_busy_rooms_requests_grow_with_what_was_said_not_history_times_turns(pipeline):
+    """Forty turns in one channel, each request carrying the room's last 50 lines: what the ledger keeps
+    of the requests stays within a small multiple of what was said, not the ~20× of whole requests."""
+    rng = random.Random(7)
+    words = "river mill heron reeds light water cold morning weather quiet stone".split()
+
+    def line() -> str:
+        return " ".join(rng.choice(words) for _ in range(70))
+
+    res, room = pipeline.resident(residence()), Room()
+    said = 0
+    for _ in range(40):
+        content, reply = line(), line()
+        said += len(content) + len(reply)
+        await pipeline.turn(res, room, content, [Call(sse=sse.stream(reply))])
+    db = pipeline.ledger.db
+    [(rows,)] = await db.execute_fetchall(
+        "SELECT sum(coalesce(length(request), 0) + coalesce(length(request_ref), 0)) FROM generations"
+    )
+    [(parts,)] = await db.execute_fetchall("SELECT coalesce(sum(length(body)), 0) FROM request_parts")
+    whole = 0
+    for (gid,) in await db.execute_fetchall("SELECT id FROM generations"):
+        whole += len(await pipeline.ledger.request_json(gid) or b"")
+    assert whole > 15 * said  # what storing each request whole costs: history × turns
+    assert rows + parts < 2 * said, (rows, parts, said)
+    assert (await check(pipeline.ledger)).ok
+
+
+def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order(tmp_path, monkeypatch):
+    """`verify` streams (generations, their records and the chain a batch at a time): with batches of 2
+    it names the same violations, in the same order (the first broken chain entry first, then the
+    generations oldest first), as with every row at once."""
+    from bot.ledger import chain, verify
+
+    async def build() -> None:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            for i in range(7):  # ids ascending, created newest first: the order of ids is not the verdicts'
+                g = Generation(id=f"g-batch{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
+                await lg.create_generation(g)
+                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
+                await lg.finish_generation(g, [])
+
+    async def run() -> list[str]:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            return (await check(lg)).violations
+
+    asyncio.run(build())
+    with sqlite3.connect(tmp_path / "l.db") as raw:
+        raw.execute("UPDATE generations SET model = 'other' WHERE id IN ('g-batch1', 'g-batch5')")
+    whole = asyncio.run(run())
+    assert whole[0].startswith("chain entry 2 (generation g-batch1): the ledger no longer matches it: model")
+    assert whole[1].startswith("chain entry 6 (generation g-batch5)")
+    named = [line.split()[1].rstrip(":") for line in whole if line.startswith("generation ")]
+    assert list(dict.fromkeys(named)) == [f"g-batch{i}" for i in range(6, -1, -1)]
+    monkeypatch.setattr(verify, "BATCH", 2)
+    monkeypatch.setattr(chain, "BATCH", 2)
+    assert asyncio.run(run()) == whole
