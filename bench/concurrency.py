@@ -1,6 +1,6 @@
 """Section 3: many generations streaming at once in one process, as a busy bot would run them.
 
-Runs as its own process (`python -m bench.concurrency N TOKENS [PACE]`, JSON on stdout) so its peak memory is
+Runs as its own process (`python -m bench.concurrency N TOKENS [PACE [STALL]]`, JSON on stdout) so its peak memory is
 its own. The delay from a delta's arrival to its flush is measured by a LedgerSink subclass put in
 place of the real one for this process only (the bot's code is unchanged): arrival is when the SDK
 hands the delta to the sink; flushed is when the ledger write holding it has committed, whether that
@@ -82,8 +82,8 @@ def _status_kib(field_name: str) -> int:
     return 0
 
 
-async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
-    server = ServerProcess([tokens], pace)
+async def run(n: int, tokens: int, pace: float | None, stall: float = 0.0) -> dict[str, Any]:
+    server = ServerProcess([tokens], pace, stall)
     folder = scratch("concurrency")
     async with TimedLedger.open(os.path.join(folder, "ledger.db")) as ledger:
         client = make_client(server.url, "bench")
@@ -110,6 +110,7 @@ async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
         "generations": n,
         "tokens_each": tokens,
         "pace_tokens_per_s": pace,
+        "stall_max_s": stall,
         "chars_total": chars,
         "deltas_total": len(DELAYS),
         "wall_s": wall,
@@ -129,4 +130,5 @@ async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     pace = float(sys.argv[3]) if len(sys.argv) > 3 else None
-    json.dump(asyncio.run(run(int(sys.argv[1]), int(sys.argv[2]), pace)), sys.stdout)
+    stall = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    json.dump(asyncio.run(run(int(sys.argv[1]), int(sys.argv[2]), pace, stall)), sys.stdout)
