@@ -101,9 +101,13 @@ class LedgerSink(BlockSink):
             n = len(b.parts)
             if b.written < n or not b.on_disk:
                 start = json.dumps(b.start, ensure_ascii=False) if b.start and not b.on_disk else None
-                rows.append((self._seq, b.index, b.type, "".join(b.parts[b.written : n]), start))
+                text = "".join(b.parts[b.written : n])
+                rows.append((self._seq, b.index, b.type, text, start))
                 self._seq += 1
-                b.written, b.on_disk = n, True
+                # The written deltas are kept as the one string just written (the same object as the row's):
+                # a long reply is a few chunks in memory, not thousands of 4-character strings.
+                b.parts[b.written : n] = [text]
+                b.written, b.on_disk = b.written + 1, True
         return rows
 
     async def flush(self) -> None:
