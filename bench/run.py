@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import ledger_writes, live, overhead, plot, scaling
+from . import e2e, ledger_writes, live, memory, overhead, plot, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,9 @@ TARGET = 1.10
 LINEAR = 1.15  # the largest log–log exponent of time against size still called linear
 
 
-def _concurrency(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
+def _concurrency(n: int, tokens: int, pace: float | None, stall: float = 0.0) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.concurrency", str(n), str(tokens)] + ([str(pace)] if pace else [])
+    cmd += [str(stall)] if stall else []
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"bench.concurrency failed: {out.stderr[-2000:]}")
@@ -47,11 +48,19 @@ def run(quick: bool) -> dict[str, Any]:
     r["scaling"] = scaling.run()
     log.info("3/5 concurrency")
     n = 10 if k else 100
-    r["concurrency"] = {"saturated": _concurrency(n, 4096, None), "paced": _concurrency(n, 320, 64.0)}
+    r["concurrency"] = {
+        "saturated": _concurrency(n, 4096, None),
+        "paced": _concurrency(n, 320, 64.0),
+        "stalls": _concurrency(n, 320, 64.0, 3.0),  # each stream stalls once, for up to 3 s
+    }
     log.info("4/5 ledger")
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
     log.info("5/5 first visible text, live and not")
     r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
+    log.info("memory: residents run idle, and with 100 generations of 16 KB in flight")
+    r["memory"] = asyncio.run(memory.run())
+    log.info("end to end: a person's message to the first post, against bare SDK + one POST")
+    r["e2e"] = asyncio.run(e2e.run(rounds=3 if k else 7))
     r["targets"] = {"overhead_max_ratio": TARGET, "linear_max_exponent": LINEAR}
     for section in ("overhead", "process"):
         for label, v in r[section].items():
@@ -123,6 +132,7 @@ def table(r: dict[str, Any]) -> str:
             f"{c['generations_per_s']:7.1f} {c['deltas_per_s']:9.0f}  {c['flush_delay_p50_ms']:9.0f}/{c['flush_delay_p99_ms']:.0f}"
             f"            {c['peak_rss_mib']:.0f} ({c['peak_rss_growth_mib']:.0f})"
         )
+    lines.append("   (stalls: every paced stream goes silent once, for up to 3 s; target: p99 ≤ 250 ms)")
     lr = r["ledger"]["records"]
     lines += [
         "",
@@ -146,6 +156,27 @@ def table(r: dict[str, Any]) -> str:
             f"   settled delivery: first text {lv['settled']['first_visible_s']:.2f} s, whole reply "
             f"{lv['settled']['whole_reply_s']:.2f} s · live: first text {lv['live']['first_visible_s']:.2f} s, "
             f"whole reply {lv['live']['whole_reply_s']:.2f} s",
+        ]
+    mem = r.get("memory")
+    if mem:
+        lines += [
+            "",
+            f"memory of `residents run` ({mem['residents']} residents, {mem['channels']} channels)",
+            f"   idle RSS {mem['idle_rss_mib']:.0f} MiB · 100 generations of 16 KB: peak {mem['load_peak_rss_mib']:.0f} MiB,"
+            f" {mem['after_rss_mib']:.0f} MiB after (targets: idle < 120 MB "
+            f"{'met' if mem['idle_rss_mib'] * 2**20 < 120e6 else 'MISSED'}, peak < 200 MB "
+            f"{'met' if mem['load_peak_rss_mib'] * 2**20 < 200e6 else 'MISSED'})",
+        ]
+    e = r.get("e2e")
+    if e:
+        lines += [
+            "",
+            f"end to end: a person's message → first post, {e['reply_chars']}-char reply, median of {e['rounds']}",
+            f"   residents {e['residents']['wall_ms']:.1f} ms ({e['residents']['wall_range_ms'][0]:.1f}–"
+            f"{e['residents']['wall_range_ms'][1]:.1f}) · minimum {e['minimum']['wall_ms']:.1f} ms"
+            f" ({e['minimum']['wall_range_ms'][0]:.1f}–{e['minimum']['wall_range_ms'][1]:.1f}) ·"
+            f" ratio {e['wall_ratio']:.2f}× wall, {e['cpu_ratio']:.2f}× CPU"
+            f" (target ≤ 1.5× {'met' if e['wall_ratio'] <= 1.5 else 'MISSED'})",
         ]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
