@@ -4,7 +4,9 @@ Runs as its own process (`python -m bench.concurrency N TOKENS [PACE [STALL]]`, 
 its own. The delay from a delta's arrival to its flush is measured by a LedgerSink subclass put in
 place of the real one for this process only (the bot's code is unchanged): arrival is when the SDK
 hands the delta to the sink; flushed is when the ledger write holding it has committed, whether that
-is a streaming chunk or, for the tail after the last chunk, the attempt's settlement.
+is a streaming chunk or, for the tail after the last chunk, the attempt's settlement. The commit's
+moment is the one the ledger's thread read as the COMMIT returned (`Ledger.committed_at`), not when the
+event loop got round to resuming the writer: on a busy loop those differ, and only the first is disk.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class TimedSink(LedgerSink):
         self.settle(self.settled, max(self.settled, self._upto))
 
     def settle(self, start: int, end: int) -> None:
-        now = time.perf_counter()
+        now = self.ledger.committed_at  # the commit that just returned to this writer
         DELAYS.extend(now - t for t in self.arrivals[start:end])
         self.settled = end
 

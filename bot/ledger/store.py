@@ -62,6 +62,9 @@ class Ledger:
         self._queue: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future[None]]] = []
         self._idle = asyncio.Event()  # no commit in the connection's thread
         self._idle.set()
+        # When the last commit returned, by time.perf_counter() read in the connection's thread: the moment
+        # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
+        self.committed_at = 0.0
 
     @classmethod
     def open(cls, path: str | Path) -> _Opening:
@@ -142,12 +145,15 @@ class Ledger:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
                 errors = [e] * len(changes)
-            loop.call_soon_threadsafe(self._committed, batch, errors)
+            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
 
         self._idle.clear()
         self.db._tx.put_nowait((None, work))  # aiosqlite's own queue: in order with every read
 
-    def _committed(self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None]) -> None:
+    def _committed(
+        self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
+    ) -> None:
+        self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
         for (_, done), err in zip(batch, errors, strict=True):
             if done.done():
                 continue
