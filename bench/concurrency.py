@@ -1,10 +1,12 @@
 """Section 3: many generations streaming at once in one process, as a busy bot would run them.
 
-Runs as its own process (`python -m bench.concurrency N TOKENS [PACE]`, JSON on stdout) so its peak memory is
+Runs as its own process (`python -m bench.concurrency N TOKENS [PACE [STALL]]`, JSON on stdout) so its peak memory is
 its own. The delay from a delta's arrival to its flush is measured by a LedgerSink subclass put in
 place of the real one for this process only (the bot's code is unchanged): arrival is when the SDK
 hands the delta to the sink; flushed is when the ledger write holding it has committed, whether that
-is a streaming chunk or, for the tail after the last chunk, the attempt's settlement.
+is a streaming chunk or, for the tail after the last chunk, the attempt's settlement. The commit's
+moment is the one the ledger's thread read as the COMMIT returned (`Ledger.committed_at`), not when the
+event loop got round to resuming the writer: on a busy loop those differ, and only the first is disk.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class TimedSink(LedgerSink):
         self.settle(self.settled, max(self.settled, self._upto))
 
     def settle(self, start: int, end: int) -> None:
-        now = time.perf_counter()
+        now = self.ledger.committed_at  # the commit that just returned to this writer
         DELAYS.extend(now - t for t in self.arrivals[start:end])
         self.settled = end
 
@@ -82,8 +84,8 @@ def _status_kib(field_name: str) -> int:
     return 0
 
 
-async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
-    server = ServerProcess([tokens], pace)
+async def run(n: int, tokens: int, pace: float | None, stall: float = 0.0) -> dict[str, Any]:
+    server = ServerProcess([tokens], pace, stall)
     folder = scratch("concurrency")
     async with TimedLedger.open(os.path.join(folder, "ledger.db")) as ledger:
         client = make_client(server.url, "bench")
@@ -110,6 +112,7 @@ async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
         "generations": n,
         "tokens_each": tokens,
         "pace_tokens_per_s": pace,
+        "stall_max_s": stall,
         "chars_total": chars,
         "deltas_total": len(DELAYS),
         "wall_s": wall,
@@ -129,4 +132,5 @@ async def run(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
     pace = float(sys.argv[3]) if len(sys.argv) > 3 else None
-    json.dump(asyncio.run(run(int(sys.argv[1]), int(sys.argv[2]), pace)), sys.stdout)
+    stall = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    json.dump(asyncio.run(run(int(sys.argv[1]), int(sys.argv[2]), pace, stall)), sys.stdout)

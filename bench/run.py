@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import ledger_scale, ledger_writes, live, overhead, plot, scaling
+from . import e2e, ledger_scale, ledger_writes, live, memory, overhead, plot, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,9 @@ BIG_CHARS, TINY_CHARS = 2_000_000, 64  # the whole-process streams: per-stream c
 LINEAR = 1.15  # the largest log–log exponent of time against size still called linear
 
 
-def _concurrency(n: int, tokens: int, pace: float | None) -> dict[str, Any]:
+def _concurrency(n: int, tokens: int, pace: float | None, stall: float = 0.0) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.concurrency", str(n), str(tokens)] + ([str(pace)] if pace else [])
+    cmd += [str(stall)] if stall else []
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"bench.concurrency failed: {out.stderr[-2000:]}")
@@ -39,23 +40,31 @@ def run(quick: bool) -> dict[str, Any]:
     r: dict[str, Any] = {"machine": machine(), "started": datetime.datetime.now().isoformat(timespec="seconds")}
     t0 = time.perf_counter()
     k = 1 if quick else 0  # --quick: fewer rounds and smaller loads, for a smoke run
-    log.info("1/5 overhead in one process")
+    log.info("1/8 overhead in one process")
     r["overhead"] = asyncio.run(
         overhead.in_process({"4k": (4096, 3 if k else 20, True), "128k": (128_000, 1 if k else 5, False)})
     )
-    log.info("1/5 overhead as whole processes, per stream")
+    log.info("1/8 overhead as whole processes, per stream")
     r["process"] = overhead.processes(BIG_CHARS // 8 if k else BIG_CHARS, TINY_CHARS, 2 if k else 5)
-    log.info("2/5 scaling")
+    log.info("2/8 scaling")
     r["scaling"] = scaling.run()
-    log.info("3/5 concurrency")
+    log.info("3/8 concurrency (paced, then with stalls)")
     n = 10 if k else 100
-    r["concurrency"] = {"saturated": _concurrency(n, 4096, None), "paced": _concurrency(n, 320, 64.0)}
-    log.info("4/5 ledger")
+    r["concurrency"] = {
+        "saturated": _concurrency(n, 4096, None),
+        "paced": _concurrency(n, 320, 64.0),
+        "stalls": _concurrency(n, 320, 64.0, 3.0),  # each stream stalls once, for up to 3 s
+    }
+    log.info("4/8 ledger writes")
     r["ledger"] = asyncio.run(ledger_writes.run(200 if k else 1000))
-    log.info("5/5 first visible text, live and not")
+    log.info("5/8 first visible text, live and not")
     r["live"] = asyncio.run(live.run(rounds=1 if k else 3))
-    log.info("+ the ledger at scale (1,000,000 on demand: python -m bench ledger-scale)")
+    log.info("6/8 the ledger at scale (1,000,000 on demand: python -m bench ledger-scale)")
     r["ledger_scale"] = ledger_scale.at_scale(10_000 if k else 100_000)
+    log.info("7/8 memory: residents run idle, and with 100 generations of 16 KB in flight")
+    r["memory"] = asyncio.run(memory.run())
+    log.info("8/8 end to end: a person's message to the first post, against bare SDK + one POST")
+    r["e2e"] = asyncio.run(e2e.run(rounds=3 if k else 7))
     r["targets"] = {"overhead_max_ratio": TARGET, "process_max_ratio": PROCESS_TARGET, "linear_max_exponent": LINEAR}
     for label, v in r["overhead"].items():
         r["targets"][f"overhead_{label}_cpu_met"] = v["cpu_ratio"] <= TARGET
@@ -129,6 +138,7 @@ def table(r: dict[str, Any]) -> str:
             f"{c['generations_per_s']:7.1f} {c['deltas_per_s']:9.0f}  {c['flush_delay_p50_ms']:9.0f}/{c['flush_delay_p99_ms']:.0f}"
             f"            {c['peak_rss_mib']:.0f} ({c['peak_rss_growth_mib']:.0f})"
         )
+    lines.append("   (stalls: every paced stream goes silent once, for up to 3 s; target: p99 ≤ 250 ms)")
     lr = r["ledger"]["records"]
     lines += [
         "",
@@ -155,6 +165,27 @@ def table(r: dict[str, Any]) -> str:
         ]
     if r.get("ledger_scale"):
         lines += ["", ledger_scale.table(r["ledger_scale"])]
+    mem = r.get("memory")
+    if mem:
+        lines += [
+            "",
+            f"memory of `residents run` ({mem['residents']} residents, {mem['channels']} channels)",
+            f"   idle RSS {mem['idle_rss_mib']:.0f} MiB · 100 generations of 16 KB: peak {mem['load_peak_rss_mib']:.0f} MiB,"
+            f" {mem['after_rss_mib']:.0f} MiB after (targets: idle < 120 MB "
+            f"{'met' if mem['idle_rss_mib'] * 2**20 < 120e6 else 'MISSED'}, peak < 200 MB "
+            f"{'met' if mem['load_peak_rss_mib'] * 2**20 < 200e6 else 'MISSED'})",
+        ]
+    e = r.get("e2e")
+    if e:
+        lines += [
+            "",
+            f"8/8 end to end: a person's message → first post, {e['reply_chars']}-char reply, median of {e['rounds']}",
+            f"   residents {e['residents']['wall_ms']:.1f} ms ({e['residents']['wall_range_ms'][0]:.1f}–"
+            f"{e['residents']['wall_range_ms'][1]:.1f}) · minimum {e['minimum']['wall_ms']:.1f} ms"
+            f" ({e['minimum']['wall_range_ms'][0]:.1f}–{e['minimum']['wall_range_ms'][1]:.1f}) ·"
+            f" ratio {e['wall_ratio']:.2f}× wall, {e['cpu_ratio']:.2f}× CPU"
+            f" (target ≤ 1.5× {'met' if e['wall_ratio'] <= 1.5 else 'MISSED'})",
+        ]
     t = r["targets"]
     verdicts = [f"{k.removesuffix('_met')} {'met' if v else 'MISSED'}" for k, v in t.items() if k.endswith("_met")]
     lines += [

@@ -5,7 +5,9 @@ under test, so a ratio compares the client paths alone. A request's `max_tokens`
 output of exactly that many tokens, cut at the ceiling (stop reason `max_tokens`), the costlier ending
 for the pipeline (a stump is written besides the generation). Unpaced, a stream is written as fast as
 the socket takes it (the local ProviderServer as is); with --pace, deltas go out at about N tokens a
-second per stream, in 50 ms batches, like a provider's steady output.
+second per stream, in 50 ms batches, like a provider's steady output; with --stall S as well, every
+paced stream goes silent once, at a point and for a time (S/4 to S seconds) drawn from a seeded RNG
+per request, as a provider stalls mid-stream.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -38,8 +41,13 @@ def respond(request: dict[str, Any]) -> Call:
     return Call(sse=body(int(request["max_tokens"])))
 
 
-def paced_handler(rate: float) -> Any:
+def paced_handler(rate: float, stall: float = 0.0) -> Any:
+    served = 0
+
     async def handle(request: web.Request) -> web.StreamResponse:
+        nonlocal served
+        served += 1
+        rng = random.Random(served)  # the n-th request stalls the same way in every run
         tokens = int((await request.json())["max_tokens"])
         text = streams.text(tokens * streams.CHARS_PER_TOKEN)
         parts = streams.deltas(text)
@@ -52,8 +60,14 @@ def paced_handler(rate: float) -> Any:
         per_tick = max(1, round(rate * TICK))
         loop = asyncio.get_running_loop()
         start = loop.time()
+        ticks = -(-len(parts) // per_tick)
+        stall_at = rng.randrange(1, ticks) if stall and ticks > 1 else -1
         for i in range(0, len(parts), per_tick):
             await resp.write(b"".join(sse.delta(p) for p in parts[i : i + per_tick]))
+            if i // per_tick == stall_at:
+                gap = stall * rng.uniform(0.25, 1.0)
+                await asyncio.sleep(gap)
+                start += gap
             delay = start + (i // per_tick + 1) * TICK - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -64,10 +78,10 @@ def paced_handler(rate: float) -> Any:
     return handle
 
 
-async def serve(preload: list[int], pace: float | None) -> None:
+async def serve(preload: list[int], pace: float | None, stall: float = 0.0) -> None:
     if pace:
         app = web.Application()
-        app.router.add_post("/v1/messages", paced_handler(pace))
+        app.router.add_post("/v1/messages", paced_handler(pace, stall))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -88,8 +102,9 @@ async def serve(preload: list[int], pace: float | None) -> None:
 class ServerProcess:
     """A `bench.server` child; its URL is read from its first line of output."""
 
-    def __init__(self, preload: list[int], pace: float | None = None) -> None:
+    def __init__(self, preload: list[int], pace: float | None = None, stall: float = 0.0) -> None:
         cmd = [sys.executable, "-m", "bench.server", *map(str, preload)] + (["--pace", str(pace)] if pace else [])
+        cmd += ["--stall", str(stall)] if stall else []
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
@@ -117,5 +132,6 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("tokens", nargs="*", type=int)
     p.add_argument("--pace", type=float, default=None)
+    p.add_argument("--stall", type=float, default=0.0, help="with --pace: each stream stalls once, up to this long")
     a = p.parse_args()
-    asyncio.run(serve(a.tokens, a.pace))
+    asyncio.run(serve(a.tokens, a.pace, a.stall))

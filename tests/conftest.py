@@ -196,6 +196,8 @@ E2E_MODULES = frozenset(
         "test_demo",
         "test_discord_e2e",
         "test_faults_provider",
+        "test_flush_load",
+        "test_memory",
         "test_fuzz_config",
         "test_discord_text",
         "test_faults_discord",

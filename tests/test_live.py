@@ -153,7 +153,10 @@ async def test_an_attempt_failing_after_its_text_was_shown_is_a_published_stump_
     first = sse.head("claude-3-opus-20240229") + b"".join(sse.delta(p) for p in sse.pieces(fragment)) + sse.error()
     reply = "The harbour is quiet this morning."
     async with deployed(
-        tmp_path, [res(policy=LIVE)], calls=[paced(first, 1.5, chunk=400), Call(sse=sse.stream(reply))]
+        # The retry streams over ~0.5 s too: shown live before it ends, however the ledger orders its commits.
+        tmp_path,
+        [res(policy=LIVE)],
+        calls=[paced(first, 1.5, chunk=400), paced(sse.stream(reply), 0.5, chunk=150)],
     ) as d:
         async with watching(d) as w:
             d.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])

@@ -49,6 +49,10 @@ class ResidentBot(commands.Bot):
             help_command=None,
             allowed_mentions=discord.AllowedMentions.none(),
             guild_ready_timeout=guild_ready_timeout,
+            # No message cache: a resident reads history through the API and keeps nothing of a message
+            # after handling it; discord.py's default of 1,000 per bot held every long reply (each
+            # bot of the process caching every other's) and kept ~60 MB after 100 replies of 16 KB.
+            max_messages=None,
         )
         self.resident = resident
         self.registry = registry

@@ -27,10 +27,13 @@ from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text
 
 log = logging.getLogger(__name__)
 
-# Streaming content reaches the ledger at least every FLUSH_CHARS characters, and content that has
-# waited FLUSH_SECONDS is written even when no further delta arrives: together, what a crash can lose.
+# Streaming content reaches the ledger at least every FLUSH_CHARS characters, and content is on disk
+# FLUSH_SECONDS after it arrived even when no further delta arrives: together, what a crash can lose.
+# The timer hands it to the ledger after FLUSH_TIMER, leaving the rest of the bound for the commit it
+# joins (one group commit for every stream of the process: bench/concurrency.py measures it under load).
 FLUSH_CHARS = 2048
 FLUSH_SECONDS = 0.25
+FLUSH_TIMER = 0.15
 
 Sleep = Callable[[float], Awaitable[Any]]
 
@@ -61,7 +64,7 @@ class LedgerSink(BlockSink):
         self._new_block = True
         due = super().start(index, btype, content, start)
         if self._timer is None:
-            self._timer = self._loop.call_later(FLUSH_SECONDS, self._due)
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
         return due
 
     def add(self, text: str) -> bool:
@@ -71,11 +74,11 @@ class LedgerSink(BlockSink):
         if self._pending + self._inflight >= FLUSH_CHARS:
             return True
         if self._timer is None:
-            self._timer = self._loop.call_later(FLUSH_SECONDS, self._due)
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
         return False
 
     def _due(self) -> None:
-        """The timer: what has waited FLUSH_SECONDS is written now, by a task of its own."""
+        """The timer: what has waited FLUSH_TIMER is written now, by a task of its own."""
         self._timer = None
         if self._pending or self._new_block:
             task = self._loop.create_task(self.flush())
@@ -99,9 +102,13 @@ class LedgerSink(BlockSink):
             n = len(b.parts)
             if b.written < n or not b.on_disk:
                 start = json.dumps(b.start, ensure_ascii=False) if b.start and not b.on_disk else None
-                rows.append((self._seq, b.index, b.type, "".join(b.parts[b.written : n]), start))
+                text = "".join(b.parts[b.written : n])
+                rows.append((self._seq, b.index, b.type, text, start))
                 self._seq += 1
-                b.written, b.on_disk = n, True
+                # The written deltas are kept as the one string just written (the same object as the row's):
+                # a long reply is a few chunks in memory, not thousands of 4-character strings.
+                b.parts[b.written : n] = [text]
+                b.written, b.on_disk = b.written + 1, True
         return rows
 
     async def flush(self) -> None:

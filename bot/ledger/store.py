@@ -1,7 +1,9 @@
 """The SQLite ledger (aiosqlite, WAL): writes as the pipeline goes, reads for context and moderators.
 
-Writes are serialised behind one lock and each logical change is one transaction, so a crash leaves
-either the old or the new state of a record, and streaming text reaches disk in bounded chunks.
+Writes go through one writer (group commit): every change asked for while the previous commit was in the
+connection's thread goes to disk in the next single commit, each change in a savepoint of its own, so a
+crash leaves either the old or the new state of a record, one change that fails leaves the others of
+its commit alone, and 100 streams flushing at once wait for one commit, not for 100 queued ones.
 """
 
 from __future__ import annotations
@@ -57,7 +59,12 @@ class Ledger:
     def __init__(self, db: aiosqlite.Connection, path: str) -> None:
         self.db = db
         self.path = path
-        self._lock = asyncio.Lock()
+        self._queue: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future[None]]] = []
+        self._idle = asyncio.Event()  # no commit in the connection's thread
+        self._idle.set()
+        # When the last commit returned, by time.perf_counter() read in the connection's thread: the moment
+        # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
+        self.committed_at = 0.0
 
     @classmethod
     def open(cls, path: str | Path) -> _Opening:
@@ -92,6 +99,10 @@ class Ledger:
         return cls(db, path)
 
     async def close(self) -> None:
+        while self._queue or not self._idle.is_set():  # what was asked for before closing still reaches disk
+            if self._idle.is_set():
+                self._commit_waiting()
+            await self._idle.wait()
         await self.db.close()
 
     async def __aenter__(self) -> Ledger:
@@ -101,19 +112,58 @@ class Ledger:
         await self.close()
 
     async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
-        # Shielded: a caller cancelled mid-write still gets CancelledError, but the transaction runs to
-        # its COMMIT or ROLLBACK instead of being torn between them (a write either happened or not).
-        await asyncio.shield(self._run_tx(list(statements)))
+        """One logical change, in one transaction (a savepoint of the writer's next commit); returns once
+        committed. Shielded: a caller cancelled mid-write still gets CancelledError, but the change runs to
+        its commit or rollback instead of being torn between them (a write either happened or not)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._queue and self._idle.is_set():  # the first change since the last commit began
+            asyncio.get_running_loop().call_soon(self._commit_waiting)
+        self._queue.append((list(statements), done))
+        await asyncio.shield(done)
 
-    async def _run_tx(self, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        if len(statements) == 1:  # one statement is atomic on its own: one trip to the thread, not three
-            async with self._lock:
-                await self.db.execute(*statements[0])
+    def _commit_waiting(self) -> None:
+        """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
+
+        No timer and no task: a change that finds no commit in flight goes at the end of the loop's
+        current turn (with every other change asked for in that turn); changes arriving during a commit
+        wait only for it, however many streams asked. The thread hands the outcome back with one
+        callback, which starts the next commit.
+        """
+        batch, self._queue = self._queue, []
+        if not batch:
             return
-        async with self._lock:
-            # The whole transaction goes to the connection's thread in one trip: a trip cost more than a
-            # row's write (bench/README.md), and each chain entry is one more statement in it.
-            await self.db._execute(_transaction, self.db._conn, statements)  # aiosqlite's own queue
+        loop = asyncio.get_running_loop()
+        if not self.db._running:
+            for _, done in batch:
+                done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
+            return
+        conn = self.db._conn
+        changes = [st for st, _ in batch]
+
+        def work() -> None:  # in the connection's thread
+            try:
+                errors = _commit(conn, changes)
+            except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
+                errors = [e] * len(changes)
+            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
+
+        self._idle.clear()
+        self.db._tx.put_nowait((None, work))  # aiosqlite's own queue: in order with every read
+
+    def _committed(
+        self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
+    ) -> None:
+        self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
+        for (_, done), err in zip(batch, errors, strict=True):
+            if done.done():
+                continue
+            if err is None:
+                done.set_result(None)
+            else:
+                done.set_exception(err)
+        self._idle.set()
+        if self._queue:
+            self._commit_waiting()
 
     # ------------------------------------------------------------------ writes
 
@@ -192,11 +242,6 @@ class Ledger:
         self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
     ) -> None:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
-        if len(rows) == 1:  # the common case: one statement, one trip, no transaction around it
-            seq, block, btype, text, start = rows[0]
-            async with self._lock:
-                await self.db.execute(self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
-            return
         await self._tx(
             [
                 (self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
@@ -732,17 +777,55 @@ def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int 
     return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
 
 
+def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
+    """Several logical changes in one commit, run in the connection's own thread; each one's error, or None.
+
+    Alone, a change is its own transaction (one statement: none around it). Together, each is a
+    savepoint of one BEGIN IMMEDIATE … COMMIT: one that fails is rolled back to its savepoint and
+    reported to its caller only; a failed COMMIT is reported to all (nothing of the batch is on disk).
+    """
+    if len(changes) == 1:
+        try:
+            _statements(conn, changes[0]) if len(changes[0]) == 1 else _transaction(conn, changes[0])
+        except Exception as e:
+            return [e]
+        return [None]
+    errors: list[BaseException | None] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statements in changes:
+            conn.execute("SAVEPOINT change")
+            try:
+                _statements(conn, statements)
+            except sqlite3.Error as e:
+                conn.execute("ROLLBACK TO change")
+                errors.append(e)
+            else:
+                errors.append(None)
+            conn.execute("RELEASE change")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return errors
+
+
+def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    # A run of one statement (a reply's posts) is one executemany.
+    for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
+        rows = [params for _, params in run]
+        if len(rows) == 1:
+            conn.execute(sql, rows[0])
+        else:
+            conn.executemany(sql, rows)
+
+
 def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     """BEGIN IMMEDIATE, the statements, COMMIT (or ROLLBACK), run in the connection's own thread."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        # A run of one statement (a reply's posts) is one executemany.
-        for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
-            rows = [params for _, params in run]
-            if len(rows) == 1:
-                conn.execute(sql, rows[0])
-            else:
-                conn.executemany(sql, rows)
+        _statements(conn, statements)
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

@@ -64,6 +64,7 @@ class Call:
     stall_seconds: float = 30.0  # with end="stall": how long to hold the connection open, silent
     chunk_bytes: int = 0  # 0: write the body at once; else in pieces of this size
     chunk_delay: float = 0.0  # with chunk_bytes: seconds between pieces, so a stream takes a known time
+    delay_seconds: float = 0.0  # silence after the headers, before the body: streams sent at one moment
 
 
 Responder = Callable[[dict[str, Any]], Call | None]
@@ -149,6 +150,8 @@ class ProviderServer:
             },
         )
         await resp.prepare(request)
+        if call.delay_seconds > 0:
+            await asyncio.sleep(call.delay_seconds)
         data = call.sse or b""
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
