@@ -413,3 +413,56 @@ async def test_reasoning_is_read_from_either_field_once():
     thinking, text = sink.blocks()
     assert (thinking.type, thinking.content) == ("thinking", "Two tides. Moon.")
     assert (text.type, text.content, end.stop_reason, end.output_tokens) == ("text", "Twice a day.", "stop", None)
+
+
+def _tool_delta(call: dict[str, Any]) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        pytest.param(  # OpenAI: index on every delta, id and name on the first only
+            [
+                {"index": 0, "id": "call_a", "type": "function", "function": {"name": "look", "arguments": ""}},
+                {"index": 0, "function": {"arguments": '{"q":'}},
+                {"index": 0, "function": {"arguments": "1}"}},
+                {"index": 1, "id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":2}'}},
+            ],
+            id="openai",
+        ),
+        pytest.param(  # Gemini's compatible endpoint: no index at all; a new id is a new call
+            [
+                {"id": "call_a", "type": "function", "function": {"name": "look", "arguments": '{"q":'}},
+                {"function": {"arguments": "1}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":2}'}},
+            ],
+            id="no-index",
+        ),
+        pytest.param(  # Ollama: every call at index 0, each with its own id
+            [
+                {"index": 0, "id": "call_a", "type": "function", "function": {"name": "look", "arguments": '{"q":1}'}},
+                {"index": 0, "id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":'}},
+                {"index": 0, "id": "call_b", "function": {"arguments": "2}"}},
+            ],
+            id="index-reused",
+        ),
+    ],
+)
+async def test_each_tool_call_is_its_own_block_however_the_server_numbers_them(calls):
+    """Two calls' arguments are never joined into one block (`{"q":1}{"q":2}` is no call at all)."""
+    server = ProviderServer()
+    await server.start()
+    chunks = [_tool_delta(c) for c in calls]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    try:
+        server.enqueue([Call(sse=raw.encode())])
+        end, sink = await call(server, REQ)
+    finally:
+        await server.stop()
+    assert end.failure is None and end.stop_reason == "tool_calls"
+    assert [(b.type, b.start, b.content) for b in sink.blocks()] == [
+        ("tool_use", {"id": "call_a", "name": "look"}, '{"q":1}'),
+        ("tool_use", {"id": "call_b", "name": "look"}, '{"q":2}'),
+    ]

@@ -144,7 +144,8 @@ class _Blocks:
         self.sink = sink
         self.next = 0
         self.cur: tuple[int, str] | None = None  # (block index, type) of the block that takes plain deltas
-        self.tools: dict[int, int] = {}  # the chunk's tool-call index → block index
+        self.tools: dict[int, tuple[int, str]] = {}  # a tool call's key → its block index and id
+        self.last: int | None = None  # the key of the tool call started last
         self.at: int | None = None  # the block the sink has current
         self.refused = False
 
@@ -159,20 +160,29 @@ class _Blocks:
         return self.sink.start(i, btype, text, None)
 
     def tool(self, call: dict[str, Any]) -> bool:
-        ti = call.get("index", 0)
+        """A tool-call delta. Its `index` says which call it continues, but not every server numbers them:
+        Gemini's compatible endpoint sends none, Ollama `0` for every call. So an id other than the one of
+        the call at that index starts a new call, and a delta without an index continues the last one."""
+        ti = call.get("index")
         fn = call.get("function") or {}
-        if not isinstance(fn, dict) or not isinstance(ti, int):
+        cid = call.get("id") or ""
+        if not isinstance(fn, dict) or not isinstance(ti, int | None) or not isinstance(cid, str):
             raise TypeError("a tool call of the wrong shape")
         args = fn.get("arguments") or ""
         if not isinstance(args, str):
             raise TypeError("tool call arguments that are not a string")
-        if ti not in self.tools:
+        key = self.last if ti is None else ti
+        known = self.tools.get(key) if key is not None else None
+        if known is None or (cid and known[1] and cid != known[1]):
+            key = ti if ti is not None else -1 - self.next  # the newest call at an index takes its key
             i = self.next
             self.next += 1
-            self.tools[ti], self.cur, self.at = i, None, i
-            start = {"id": call.get("id") or "", "name": fn.get("name") or ""}
+            self.tools[key], self.last, self.cur, self.at = (i, cid), key, None, i
+            start = {"id": cid, "name": fn.get("name") or ""}
             return self.sink.start(i, "tool_use", args, start)
-        return self._add(self.tools[ti], args) if args else False
+        if ti is not None:
+            self.last = key
+        return self._add(known[0], args) if args else False
 
     def _add(self, i: int, text: str) -> bool:
         if self.at != i:
