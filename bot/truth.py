@@ -41,11 +41,14 @@ def is_tool_round(stop_reason: str | None) -> bool:
     return stop_reason in TOOL_ROUND_STOPS
 
 
-def chat_stop_reason(finish_reason: str | None, refusal_text: bool) -> str | None:
+def chat_stop_reason(finish_reason: str | None, refusal_text: bool, tool_calls: bool = False) -> str | None:
     """The stop reason of a chat-completions stream: its `finish_reason` as given, except that a stream
-    whose model wrote a `refusal` (not content) and stopped is the provider declining the reply."""
+    whose model wrote a `refusal` (not content) and stopped is the provider declining the reply, and one
+    that called tools and said `stop` (as Gemini's compatible endpoint does) is a round of the tool loop."""
     if refusal_text and finish_reason in (None, "stop"):
         return REFUSAL
+    if tool_calls and finish_reason == "stop":
+        return "tool_calls"
     return finish_reason
 
 

@@ -466,3 +466,23 @@ async def test_each_tool_call_is_its_own_block_however_the_server_numbers_them(c
         ("tool_use", {"id": "call_a", "name": "look"}, '{"q":1}'),
         ("tool_use", {"id": "call_b", "name": "look"}, '{"q":2}'),
     ]
+
+
+def test_tool_calls_ended_with_stop_are_a_round_of_the_tool_loop(work, capsys):
+    """Gemini's compatible endpoint ends a reply that calls tools with `stop`, not `tool_calls`: the calls
+    still run (a reply that says it will look and then never does is not a completed turn), and the
+    finish_reason as given stays on record."""
+    specimens = work / "scenarios" / "specimens"
+    sse = (specimens / "openai-tool-list.sse").read_text()
+    (specimens / "stop-tool-list.sse").write_text(
+        sse.replace('"finish_reason": "tool_calls"', '"finish_reason": "stop"')
+    )
+    scenario = (work / "scenarios" / "openai-tool-calls.yaml").read_text()
+    (work / "scenarios" / "stop-tools.yaml").write_text(scenario.replace("openai-tool-list.sse", "stop-tool-list.sse"))
+    out = replay(work, capsys, "stop-tools.yaml")
+    [turn] = out["turns"]
+    g = turn["generation"]
+    first = g["attempts"][0]
+    assert (first["stop_reason"], first["stop_details"]) == ("tool_calls", {"finish_reason": "stop"})
+    assert [r["name"] for r in g["tool_rounds"]] == ["stumps"] and turn["provider_calls"] == 2
+    assert g["status"] == "completed" and kinds(turn) == ["speech"]

@@ -253,8 +253,8 @@ async def openai_stream_once(
         end.failure = _classify(e, started=True)
     finally:
         await stream.close()
-    end.stop_reason = truth.chat_stop_reason(finish, blocks.refused)
-    if end.stop_reason != finish:  # a refusal: the finish_reason as given stays on record
+    end.stop_reason = truth.chat_stop_reason(finish, blocks.refused, bool(blocks.tools))
+    if end.stop_reason != finish:  # a refusal, or tools called: the finish_reason as given stays on record
         end.stop_details = {"finish_reason": finish}
     return end
 
