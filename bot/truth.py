@@ -509,7 +509,7 @@ def provenance_closes(count: int) -> str:
 
 # ----- attachments: what a resident's request carries of the files people post (bot.context.attachments)
 
-IMAGE_LIMIT = 5 * 1024 * 1024  # bytes of one image sent as an image block
+IMAGE_LIMIT = 5 * 1024 * 1024  # of one image block's base64 data (what Anthropic counts): 3.75 MB of file
 TEXT_LIMIT = 100 * 1024  # bytes of one text file given inline
 IMAGES_PER_MESSAGE = 4
 IMAGES_PER_REQUEST = 20  # the newest messages' images first; older ones are described
@@ -530,8 +530,10 @@ def _not_shown(reason: NotShown, kind: str) -> str:
             return "type not supported"
         case NotShown.NOT_UTF8:
             return "text not valid UTF-8"
-        case NotShown.TOO_LARGE if kind in ("image", "text"):
-            return f"larger than the {fmt_size(IMAGE_LIMIT if kind == 'image' else TEXT_LIMIT)} {kind} limit"
+        case NotShown.TOO_LARGE if kind == "image":
+            return f"larger than the {fmt_size(IMAGE_LIMIT)} image limit once base64-encoded"
+        case NotShown.TOO_LARGE if kind == "text":
+            return f"larger than the {fmt_size(TEXT_LIMIT)} text limit"
         case NotShown.TOO_LARGE:  # not read, of no declared kind: over the largest limit there is
             return f"larger than {fmt_size(max(IMAGE_LIMIT, TEXT_LIMIT))}"
         case NotShown.TOO_MANY:

@@ -202,7 +202,7 @@ async def test_limits_and_unsupported_types_are_one_line_each(pipeline):
         "alice: the rest\n"
         + f"[attachment: report.pdf, {len(PDF)} bytes, not shown: type not supported]\n"
         + "[attachment: latin1.txt, 4 bytes, not shown: text not valid UTF-8]\n"
-        + "[attachment: huge.png, 5 MB, not shown: larger than the 5 MB image limit]\n"
+        + "[attachment: huge.png, 5 MB, not shown: larger than the 5 MB image limit once base64-encoded]\n"
         + "[attachment: long.txt, 100 KB, not shown: larger than the 100 KB text limit]\n"
         + "[attachment: video.mp4, 21 MB, not shown: larger than 5 MB]\n"
         + "[attachment: gone.png, 1.2 KB, not shown: file could not be fetched]"
@@ -358,4 +358,24 @@ async def test_ledger_verify_checks_each_attachment_row(pipeline):
         f"attachment 'r.pdf' of generation {g.id} (message m1 #1): described as unsupported but its bytes were not read",
         f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as image without the SHA-256 of what was shown",
         f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as an image of type 'video/quicktime'",
+    ]
+
+
+async def test_the_image_limit_holds_for_the_base64_data_the_provider_counts(pipeline):
+    """Anthropic refuses an image whose base64 data is over 5 MB (`image exceeds 5 MB maximum: 6275800
+    bytes > 5242880 bytes`), and the refused image would stay in every later request of the channel. So
+    a 4.5 MB photo is a line, and the largest image sent is one whose base64 is at most the limit."""
+    fits = png() + b"\x00" * (truth.IMAGE_LIMIT * 3 // 4 - len(png()))
+    over = png() + b"\x00" * (truth.IMAGE_LIMIT * 9 // 10 - len(png()))
+    history = [said("m1", "two photos", f("fits.png", fits, "image/png"), f("photo.png", over, "image/png"))]
+    g, body = await one_turn(pipeline, residence(), history)
+    content = body["messages"][0]["content"]
+    [image] = [b for b in content if b["type"] == "image"]
+    assert len(image["source"]["data"]) == truth.IMAGE_LIMIT
+    text = "\n".join(b["text"] for b in content if b["type"] == "text")
+    assert "[attachment: photo.png, 4.5 MB, not shown: larger than the 5 MB image limit once base64-encoded]" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [(a.name, a.shown, a.reason) for a in stored.attachments] == [
+        ("fits.png", "image", None),
+        ("photo.png", "described", "too-large"),
     ]

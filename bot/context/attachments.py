@@ -45,6 +45,11 @@ def as_text(data: bytes) -> str | None:
         return None
 
 
+def base64_size(n: int) -> int:
+    """The length of `n` bytes as base64: what a provider holds to its image limit (a third more)."""
+    return 4 * ((n + 2) // 3)
+
+
 NAME_CHARS = 100  # of a file name as the request shows it (the ledger keeps it whole)
 
 
@@ -111,7 +116,7 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
             continue
         media = image_type(data)
         if media is not None:
-            if size > truth.IMAGE_LIMIT:
+            if base64_size(size) > truth.IMAGE_LIMIT:
                 placed.append(_described(f, message_id, pos, size, digest, NotShown.TOO_LARGE, "image", media))
             elif not images_ok:
                 placed.append(_described(f, message_id, pos, size, digest, NotShown.NO_IMAGES, "image", media))
