@@ -486,3 +486,33 @@ def test_tool_calls_ended_with_stop_are_a_round_of_the_tool_loop(work, capsys):
     assert (first["stop_reason"], first["stop_details"]) == ("tool_calls", {"finish_reason": "stop"})
     assert [r["name"] for r in g["tool_rounds"]] == ["stumps"] and turn["provider_calls"] == 2
     assert g["status"] == "completed" and kinds(turn) == ["speech"]
+
+
+async def test_an_error_body_that_is_not_an_error_object_keeps_its_words():
+    """A proxy's HTML page, Ollama's `404 page not found` at a base_url without `/v1`, or an error given as a
+    bare string: the kind is the status (or a stream error), and the message the operator reads in the log
+    is what the server said, not only `Error code: 404`."""
+    server = ProviderServer()
+    await server.start()
+    try:
+        server.enqueue(
+            [
+                Call(status=404, body="404 page not found"),
+                Call(status=502, body={"error": "upstream connect error"}),
+                Call(
+                    sse=b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\ndata: {"error": "model unloaded"}\n\n'
+                ),
+            ]
+        )
+        got = []
+        for _ in range(3):
+            end, _sink = await call(server, REQ)
+            assert end.failure is not None
+            got.append((end.failure.kind, end.failure.retryable, end.failure.message))
+    finally:
+        await server.stop()
+    assert got == [
+        ("http-404", False, "HTTP 404: 404 page not found"),
+        ("http-502", True, "HTTP 502: upstream connect error"),
+        ("stream-error", True, "model unloaded"),
+    ]

@@ -264,7 +264,7 @@ def _classify(e: BaseException, started: bool) -> Failure:
     if isinstance(e, openai.APIStatusError):
         code = e.status_code
         body = e.body if isinstance(e.body, dict) else {}
-        msg = str(body.get("message")) if body.get("message") else str(e)
+        msg = str(body.get("message")) if body.get("message") else _said(code, e.body) or str(e)
         if code in (401, 403):  # whatever type the body names, this is the key refused
             return Failure(f"http-{code}", False, msg, code)
         etype = body.get("type")
@@ -283,6 +283,8 @@ def _classify(e: BaseException, started: bool) -> Failure:
         body = e.body if isinstance(e.body, dict) else {}
         etype = body.get("type")
         if not isinstance(etype, str) or not etype or truth.is_internal(etype):
+            if isinstance(e.body, str) and e.body.strip():  # `{"error": "model unloaded"}`
+                return Failure("stream-error", True, e.body.strip()[:200], 200)
             if not body.get("message"):
                 return Failure("malformed-stream", True, f"an error object of the wrong shape: {str(e)[:200]}", 200)
             etype = "stream-error"
@@ -301,6 +303,13 @@ def _classify(e: BaseException, started: bool) -> Failure:
         return Failure("api-error", False, str(e))
     log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
     return Failure(truth.internal_error(type(e).__name__), False, str(e))
+
+
+def _said(code: int, body: object) -> str:
+    """A body that is not an error object (an HTML page, `404 page not found`, a bare string): its words, for the log."""
+    if not isinstance(body, str) or not body.strip():
+        return ""
+    return f"HTTP {code}: {' '.join(body.split())[:200]}"
 
 
 def _request_id(response: Any) -> str | None:
