@@ -511,6 +511,7 @@ def provenance_closes(count: int) -> str:
 
 IMAGE_LIMIT = 5 * 1024 * 1024  # of one image block's base64 data (what Anthropic counts): 3.75 MB of file
 TEXT_LIMIT = 100 * 1024  # bytes of one text file given inline
+IMAGE_SIDE_LIMIT = 8000  # pixels on either side of an image Anthropic takes; larger ones refuse the request
 IMAGES_PER_MESSAGE = 4
 IMAGES_PER_REQUEST = 20  # the newest messages' images first; older ones are described
 IMAGE_BYTES_PER_REQUEST = 20 * 1024 * 1024  # raw bytes (base64 adds a third) under the provider's request size
@@ -536,6 +537,8 @@ def _not_shown(reason: NotShown, kind: str) -> str:
             return f"larger than the {fmt_size(TEXT_LIMIT)} text limit"
         case NotShown.TOO_LARGE:  # not read, of no declared kind: over the largest limit there is
             return f"larger than {fmt_size(max(IMAGE_LIMIT, TEXT_LIMIT))}"
+        case NotShown.TOO_MANY_PIXELS:
+            return f"over {IMAGE_SIDE_LIMIT:,} pixels on a side"
         case NotShown.TOO_MANY:
             return f"more than {IMAGES_PER_MESSAGE} images in one message"
         case NotShown.NO_IMAGES:

@@ -379,3 +379,46 @@ async def test_the_image_limit_holds_for_the_base64_data_the_provider_counts(pip
         ("fits.png", "image", None),
         ("photo.png", "described", "too-large"),
     ]
+
+
+def _webp_vp8x(width: int, height: int) -> bytes:
+    """A WebP's extended header: its canvas size, less one, in 24-bit little-endian."""
+    size = (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    return b"RIFF\x20\x00\x00\x00WEBPVP8X\x0a\x00\x00\x00\x00\x00\x00\x00" + size + b"\x00" * 8
+
+
+def _jpeg(width: int, height: int) -> bytes:
+    """A JPEG's opening segments: APP0, then a baseline frame header with its height and width."""
+    app0 = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    sof0 = b"\xff\xc0\x00\x11\x08" + height.to_bytes(2, "big") + width.to_bytes(2, "big") + b"\x03" + b"\x00" * 9
+    return b"\xff\xd8" + app0 + sof0 + b"\xff\xd9"
+
+
+async def test_an_image_over_8000_pixels_a_side_is_a_line_not_a_request_the_provider_refuses(pipeline):
+    """Anthropic refuses an image over 8,000 pixels on a side, and the refused image would stay in every
+    later request of the channel: a full-page screenshot is described, read from its header alone."""
+    history = [
+        said(
+            "m1",
+            "screenshots",
+            f("page.png", png(1280, 8001), "image/png"),
+            f("wide.jpg", _jpeg(8200, 600), "image/jpeg"),
+            f("tall.webp", _webp_vp8x(900, 9000), "image/webp"),
+            f("ok.png", png(8000, 2), "image/png"),
+        )
+    ]
+    g, body = await one_turn(pipeline, residence(), history)
+    content = body["messages"][0]["content"]
+    assert [b["type"] for b in content].count("image") == 1
+    text = "\n".join(b["text"] for b in content if b["type"] == "text")
+    for name in ("page.png", "wide.jpg", "tall.webp"):
+        assert f"[attachment: {name}, " in text, name
+    assert text.count("not shown: over 8,000 pixels on a side]") == 3
+    assert "[attachment: ok.png," in text and "image:]" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [(a.name, a.shown, a.reason) for a in stored.attachments] == [
+        ("page.png", "described", "too-many-pixels"),
+        ("wide.jpg", "described", "too-many-pixels"),
+        ("tall.webp", "described", "too-many-pixels"),
+        ("ok.png", "image", None),
+    ]
