@@ -348,9 +348,9 @@ async def test_ledger_verify_checks_each_attachment_row(pipeline):
     g, _ = await one_turn(pipeline, residence(), history)
     assert await verify(pipeline.ledger) == []
     db = pipeline.ledger.db
-    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='shot.png'")
-    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='r.pdf'")
-    await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name='big.mov'")
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('shot.png' AS BLOB)")
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('r.pdf' AS BLOB)")
+    await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name=CAST('big.mov' AS BLOB)")
     await db.commit()
     problems = await verify(pipeline.ledger)
     assert problems == [
@@ -422,3 +422,16 @@ async def test_an_image_over_8000_pixels_a_side_is_a_line_not_a_request_the_prov
         ("tall.webp", "described", "too-many-pixels"),
         ("ok.png", "image", None),
     ]
+
+
+async def test_a_file_name_with_a_lone_surrogate_is_kept_exactly_and_the_turn_goes_on(pipeline):
+    """A name comes from the room's JSON, whose `\\ud800` escapes can make a lone surrogate: the request
+    shows it as a space (as any control character), the ledger keeps it byte-exact like every other text,
+    and verify holds."""
+    history = [said("m1", "look", f("shot\ud800.png", png(), "image/png"), f("n\udfff.txt", b"hi", "text/plain"))]
+    g, body = await one_turn(pipeline, residence(), history)
+    text = "\n".join(b["text"] for b in body["messages"][0]["content"] if b["type"] == "text")
+    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\nhi" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [a.name for a in stored.attachments] == ["shot\ud800.png", "n\udfff.txt"]
+    assert await verify(pipeline.ledger) == []
