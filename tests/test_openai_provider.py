@@ -516,3 +516,31 @@ async def test_an_error_body_that_is_not_an_error_object_keeps_its_words():
         ("http-502", True, "HTTP 502: upstream connect error"),
         ("stream-error", True, "model unloaded"),
     ]
+
+
+def test_a_gemini_tool_call_goes_back_with_its_thought_signature(work, capsys):
+    """Gemini 3 through its compatible endpoint: the call has no index, carries its thought signature in
+    `extra_content`, and ends with `stop`; the next round must send that signature back with the call,
+    or Gemini refuses the request (HTTP 400)."""
+    extra = {"google": {"thought_signature": "c2lnbmF0dXJl"}}
+    call = {
+        "id": "function-call-1",
+        "type": "function",
+        "function": {"name": "stumps", "arguments": '{"action":"list"}'},
+    }
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{**call, "extra_content": extra}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    specimens = work / "scenarios" / "specimens"
+    (specimens / "gemini-call.sse").write_text(
+        "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    )
+    scenario = (work / "scenarios" / "openai-tool-calls.yaml").read_text()
+    (work / "scenarios" / "gemini.yaml").write_text(scenario.replace("openai-tool-list.sse", "gemini-call.sse"))
+    out = replay(work, capsys, "gemini.yaml")
+    [turn] = out["turns"]
+    assert turn["provider_calls"] == 2 and turn["generation"]["status"] == "completed"
+    sent = turn["requests"][1]["messages"][-2]
+    [back] = sent["tool_calls"]
+    assert (back["id"], back["function"]["name"], back["extra_content"]) == ("function-call-1", "stumps", extra)

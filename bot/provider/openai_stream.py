@@ -95,6 +95,7 @@ def _messages_of(m: dict[str, Any]) -> list[dict[str, Any]]:
                     "name": b.get("name", ""),
                     "arguments": json.dumps(b.get("input", {}), ensure_ascii=False),
                 },
+                **({"extra_content": b["extra_content"]} if "extra_content" in b else {}),
             }
             for b in content
             if b.get("type") == "tool_use"
@@ -179,6 +180,8 @@ class _Blocks:
             self.next += 1
             self.tools[key], self.last, self.cur, self.at = (i, cid), key, None, i
             start = {"id": cid, "name": fn.get("name") or ""}
+            if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature: sent back with the call
+                start["extra_content"] = call["extra_content"]
             return self.sink.start(i, "tool_use", args, start)
         if ti is not None:
             self.last = key
