@@ -544,3 +544,21 @@ def test_a_gemini_tool_call_goes_back_with_its_thought_signature(work, capsys):
     sent = turn["requests"][1]["messages"][-2]
     [back] = sent["tool_calls"]
     assert (back["id"], back["function"]["name"], back["extra_content"]) == ("function-call-1", "stumps", extra)
+
+
+async def test_a_429_for_an_exhausted_quota_is_not_retried():
+    """OpenAI answers an account out of credit with HTTP 429 `insufficient_quota`: no later attempt mends
+    it, unlike a rate limit, so it is not retried (the receipt names it after one attempt)."""
+    server = ProviderServer()
+    await server.start()
+    quota = {"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota", "code": None}}
+    try:
+        server.enqueue([Call(status=429, body=quota), Call(status=429)])
+        got = []
+        for _ in range(2):
+            end, _sink = await call(server, REQ)
+            assert end.failure is not None
+            got.append((end.failure.kind, end.failure.retryable))
+    finally:
+        await server.stop()
+    assert got == [("insufficient_quota", False), ("rate_limit_exceeded", True)]

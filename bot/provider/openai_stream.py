@@ -272,7 +272,8 @@ def _classify(e: BaseException, started: bool) -> Failure:
             return Failure(f"http-{code}", False, msg, code)
         etype = body.get("type")
         kind = etype if isinstance(etype, str) and etype and not truth.is_internal(etype) else f"http-{code}"
-        retryable = code in _RETRYABLE_STATUS or code >= 500
+        # A 429 for an account out of credit (`insufficient_quota`) is no rate limit: no later attempt mends it.
+        retryable = (code in _RETRYABLE_STATUS or code >= 500) and kind not in _FINAL_TYPES
         return Failure(kind, retryable, msg, code, _retry_after(e.response.headers))
     if isinstance(e, openai.APITimeoutError):
         if started:
