@@ -486,6 +486,7 @@ class NotShown(StrEnum):
     NOT_UTF8 = "not-utf8"  # declared as text, but its bytes are not UTF-8
     TOO_LARGE = "too-large"  # over the limit for its kind
     TOO_MANY = "too-many"  # an image past the per-message count
+    TOO_MANY_PIXELS = "too-many-pixels"  # an image over the pixels a side the provider takes
     NO_IMAGES = "no-images"  # the model's row says it takes no images
     REQUEST_LIMIT = "request-limit"  # past the images one request carries (older messages give way)
     UNAVAILABLE = "unavailable"  # its bytes could not be fetched

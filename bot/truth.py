@@ -41,11 +41,14 @@ def is_tool_round(stop_reason: str | None) -> bool:
     return stop_reason in TOOL_ROUND_STOPS
 
 
-def chat_stop_reason(finish_reason: str | None, refusal_text: bool) -> str | None:
+def chat_stop_reason(finish_reason: str | None, refusal_text: bool, tool_calls: bool = False) -> str | None:
     """The stop reason of a chat-completions stream: its `finish_reason` as given, except that a stream
-    whose model wrote a `refusal` (not content) and stopped is the provider declining the reply."""
+    whose model wrote a `refusal` (not content) and stopped is the provider declining the reply, and one
+    that called tools and said `stop` (as Gemini's compatible endpoint does) is a round of the tool loop."""
     if refusal_text and finish_reason in (None, "stop"):
         return REFUSAL
+    if tool_calls and finish_reason == "stop":
+        return "tool_calls"
     return finish_reason
 
 
@@ -506,8 +509,9 @@ def provenance_closes(count: int) -> str:
 
 # ----- attachments: what a resident's request carries of the files people post (bot.context.attachments)
 
-IMAGE_LIMIT = 5 * 1024 * 1024  # bytes of one image sent as an image block
+IMAGE_LIMIT = 5 * 1024 * 1024  # of one image block's base64 data (what Anthropic counts): 3.75 MB of file
 TEXT_LIMIT = 100 * 1024  # bytes of one text file given inline
+IMAGE_SIDE_LIMIT = 8000  # pixels on either side of an image Anthropic takes; larger ones refuse the request
 IMAGES_PER_MESSAGE = 4
 IMAGES_PER_REQUEST = 20  # the newest messages' images first; older ones are described
 IMAGE_BYTES_PER_REQUEST = 20 * 1024 * 1024  # raw bytes (base64 adds a third) under the provider's request size
@@ -527,10 +531,14 @@ def _not_shown(reason: NotShown, kind: str) -> str:
             return "type not supported"
         case NotShown.NOT_UTF8:
             return "text not valid UTF-8"
-        case NotShown.TOO_LARGE if kind in ("image", "text"):
-            return f"larger than the {fmt_size(IMAGE_LIMIT if kind == 'image' else TEXT_LIMIT)} {kind} limit"
+        case NotShown.TOO_LARGE if kind == "image":
+            return f"larger than the {fmt_size(IMAGE_LIMIT)} image limit once base64-encoded"
+        case NotShown.TOO_LARGE if kind == "text":
+            return f"larger than the {fmt_size(TEXT_LIMIT)} text limit"
         case NotShown.TOO_LARGE:  # not read, of no declared kind: over the largest limit there is
             return f"larger than {fmt_size(max(IMAGE_LIMIT, TEXT_LIMIT))}"
+        case NotShown.TOO_MANY_PIXELS:
+            return f"over {IMAGE_SIDE_LIMIT:,} pixels on a side"
         case NotShown.TOO_MANY:
             return f"more than {IMAGES_PER_MESSAGE} images in one message"
         case NotShown.NO_IMAGES:

@@ -204,7 +204,7 @@ async def test_limits_and_unsupported_types_are_one_line_each(pipeline):
         "alice: the rest\n"
         + f"[attachment: report.pdf, {len(PDF)} bytes, not shown: type not supported]\n"
         + "[attachment: latin1.txt, 4 bytes, not shown: text not valid UTF-8]\n"
-        + "[attachment: huge.png, 5 MB, not shown: larger than the 5 MB image limit]\n"
+        + "[attachment: huge.png, 5 MB, not shown: larger than the 5 MB image limit once base64-encoded]\n"
         + "[attachment: long.txt, 100 KB, not shown: larger than the 100 KB text limit]\n"
         + "[attachment: video.mp4, 21 MB, not shown: larger than 5 MB]\n"
         + "[attachment: gone.png, 1.2 KB, not shown: file could not be fetched]"
@@ -350,9 +350,9 @@ async def test_ledger_verify_checks_each_attachment_row(pipeline):
     g, _ = await one_turn(pipeline, residence(), history)
     assert await verify(pipeline.ledger) == []
     db = pipeline.ledger.db
-    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='shot.png'")
-    await db.execute("UPDATE attachments SET sha256=NULL WHERE name='r.pdf'")
-    await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name='big.mov'")
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('shot.png' AS BLOB)")
+    await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('r.pdf' AS BLOB)")
+    await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name=CAST('big.mov' AS BLOB)")
     await db.commit()
     problems = await verify(pipeline.ledger)
     assert problems == [
@@ -361,3 +361,79 @@ async def test_ledger_verify_checks_each_attachment_row(pipeline):
         f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as image without the SHA-256 of what was shown",
         f"attachment 'big.mov' of generation {g.id} (message m1 #2): shown as an image of type 'video/quicktime'",
     ]
+
+
+async def test_the_image_limit_holds_for_the_base64_data_the_provider_counts(pipeline):
+    """Anthropic refuses an image whose base64 data is over 5 MB (`image exceeds 5 MB maximum: 6275800
+    bytes > 5242880 bytes`), and the refused image would stay in every later request of the channel. So
+    a 4.5 MB photo is a line, and the largest image sent is one whose base64 is at most the limit."""
+    fits = png() + b"\x00" * (truth.IMAGE_LIMIT * 3 // 4 - len(png()))
+    over = png() + b"\x00" * (truth.IMAGE_LIMIT * 9 // 10 - len(png()))
+    history = [said("m1", "two photos", f("fits.png", fits, "image/png"), f("photo.png", over, "image/png"))]
+    g, body = await one_turn(pipeline, residence(), history)
+    content = body["messages"][0]["content"]
+    [image] = [b for b in content if b["type"] == "image"]
+    assert len(image["source"]["data"]) == truth.IMAGE_LIMIT
+    text = "\n".join(b["text"] for b in content if b["type"] == "text")
+    assert "[attachment: photo.png, 4.5 MB, not shown: larger than the 5 MB image limit once base64-encoded]" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [(a.name, a.shown, a.reason) for a in stored.attachments] == [
+        ("fits.png", "image", None),
+        ("photo.png", "described", "too-large"),
+    ]
+
+
+def _webp_vp8x(width: int, height: int) -> bytes:
+    """A WebP's extended header: its canvas size, less one, in 24-bit little-endian."""
+    size = (width - 1).to_bytes(3, "little") + (height - 1).to_bytes(3, "little")
+    return b"RIFF\x20\x00\x00\x00WEBPVP8X\x0a\x00\x00\x00\x00\x00\x00\x00" + size + b"\x00" * 8
+
+
+def _jpeg(width: int, height: int) -> bytes:
+    """A JPEG's opening segments: APP0, then a baseline frame header with its height and width."""
+    app0 = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
+    sof0 = b"\xff\xc0\x00\x11\x08" + height.to_bytes(2, "big") + width.to_bytes(2, "big") + b"\x03" + b"\x00" * 9
+    return b"\xff\xd8" + app0 + sof0 + b"\xff\xd9"
+
+
+async def test_an_image_over_8000_pixels_a_side_is_a_line_not_a_request_the_provider_refuses(pipeline):
+    """Anthropic refuses an image over 8,000 pixels on a side, and the refused image would stay in every
+    later request of the channel: a full-page screenshot is described, read from its header alone."""
+    history = [
+        said(
+            "m1",
+            "screenshots",
+            f("page.png", png(1280, 8001), "image/png"),
+            f("wide.jpg", _jpeg(8200, 600), "image/jpeg"),
+            f("tall.webp", _webp_vp8x(900, 9000), "image/webp"),
+            f("ok.png", png(8000, 2), "image/png"),
+        )
+    ]
+    g, body = await one_turn(pipeline, residence(), history)
+    content = body["messages"][0]["content"]
+    assert [b["type"] for b in content].count("image") == 1
+    text = "\n".join(b["text"] for b in content if b["type"] == "text")
+    for name in ("page.png", "wide.jpg", "tall.webp"):
+        assert f"[attachment: {name}, " in text, name
+    assert text.count("not shown: over 8,000 pixels on a side]") == 3
+    assert "[attachment: ok.png," in text and "image:]" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [(a.name, a.shown, a.reason) for a in stored.attachments] == [
+        ("page.png", "described", "too-many-pixels"),
+        ("wide.jpg", "described", "too-many-pixels"),
+        ("tall.webp", "described", "too-many-pixels"),
+        ("ok.png", "image", None),
+    ]
+
+
+async def test_a_file_name_with_a_lone_surrogate_is_kept_exactly_and_the_turn_goes_on(pipeline):
+    """A name comes from the room's JSON, whose `\\ud800` escapes can make a lone surrogate: the request
+    shows it as a space (as any control character), the ledger keeps it byte-exact like every other text,
+    and verify holds."""
+    history = [said("m1", "look", f("shot\ud800.png", png(), "image/png"), f("n\udfff.txt", b"hi", "text/plain"))]
+    g, body = await one_turn(pipeline, residence(), history)
+    text = "\n".join(b["text"] for b in body["messages"][0]["content"] if b["type"] == "text")
+    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\nhi" in text
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert [a.name for a in stored.attachments] == ["shot\ud800.png", "n\udfff.txt"]
+    assert await verify(pipeline.ledger) == []

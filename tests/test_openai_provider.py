@@ -413,3 +413,152 @@ async def test_reasoning_is_read_from_either_field_once():
     thinking, text = sink.blocks()
     assert (thinking.type, thinking.content) == ("thinking", "Two tides. Moon.")
     assert (text.type, text.content, end.stop_reason, end.output_tokens) == ("text", "Twice a day.", "stop", None)
+
+
+def _tool_delta(call: dict[str, Any]) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]}
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        pytest.param(  # OpenAI: index on every delta, id and name on the first only
+            [
+                {"index": 0, "id": "call_a", "type": "function", "function": {"name": "look", "arguments": ""}},
+                {"index": 0, "function": {"arguments": '{"q":'}},
+                {"index": 0, "function": {"arguments": "1}"}},
+                {"index": 1, "id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":2}'}},
+            ],
+            id="openai",
+        ),
+        pytest.param(  # Gemini's compatible endpoint: no index at all; a new id is a new call
+            [
+                {"id": "call_a", "type": "function", "function": {"name": "look", "arguments": '{"q":'}},
+                {"function": {"arguments": "1}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":2}'}},
+            ],
+            id="no-index",
+        ),
+        pytest.param(  # Ollama: every call at index 0, each with its own id
+            [
+                {"index": 0, "id": "call_a", "type": "function", "function": {"name": "look", "arguments": '{"q":1}'}},
+                {"index": 0, "id": "call_b", "type": "function", "function": {"name": "look", "arguments": '{"q":'}},
+                {"index": 0, "id": "call_b", "function": {"arguments": "2}"}},
+            ],
+            id="index-reused",
+        ),
+    ],
+)
+async def test_each_tool_call_is_its_own_block_however_the_server_numbers_them(calls):
+    """Two calls' arguments are never joined into one block (`{"q":1}{"q":2}` is no call at all)."""
+    server = ProviderServer()
+    await server.start()
+    chunks = [_tool_delta(c) for c in calls]
+    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    try:
+        server.enqueue([Call(sse=raw.encode())])
+        end, sink = await call(server, REQ)
+    finally:
+        await server.stop()
+    assert end.failure is None and end.stop_reason == "tool_calls"
+    assert [(b.type, b.start, b.content) for b in sink.blocks()] == [
+        ("tool_use", {"id": "call_a", "name": "look"}, '{"q":1}'),
+        ("tool_use", {"id": "call_b", "name": "look"}, '{"q":2}'),
+    ]
+
+
+def test_tool_calls_ended_with_stop_are_a_round_of_the_tool_loop(work, capsys):
+    """Gemini's compatible endpoint ends a reply that calls tools with `stop`, not `tool_calls`: the calls
+    still run (a reply that says it will look and then never does is not a completed turn), and the
+    finish_reason as given stays on record."""
+    specimens = work / "scenarios" / "specimens"
+    sse = (specimens / "openai-tool-list.sse").read_text()
+    (specimens / "stop-tool-list.sse").write_text(
+        sse.replace('"finish_reason": "tool_calls"', '"finish_reason": "stop"')
+    )
+    scenario = (work / "scenarios" / "openai-tool-calls.yaml").read_text()
+    (work / "scenarios" / "stop-tools.yaml").write_text(scenario.replace("openai-tool-list.sse", "stop-tool-list.sse"))
+    out = replay(work, capsys, "stop-tools.yaml")
+    [turn] = out["turns"]
+    g = turn["generation"]
+    first = g["attempts"][0]
+    assert (first["stop_reason"], first["stop_details"]) == ("tool_calls", {"finish_reason": "stop"})
+    assert [r["name"] for r in g["tool_rounds"]] == ["stumps"] and turn["provider_calls"] == 2
+    assert g["status"] == "completed" and kinds(turn) == ["speech"]
+
+
+async def test_an_error_body_that_is_not_an_error_object_keeps_its_words():
+    """A proxy's HTML page, Ollama's `404 page not found` at a base_url without `/v1`, or an error given as a
+    bare string: the kind is the status (or a stream error), and the message the operator reads in the log
+    is what the server said, not only `Error code: 404`."""
+    server = ProviderServer()
+    await server.start()
+    try:
+        server.enqueue(
+            [
+                Call(status=404, body="404 page not found"),
+                Call(status=502, body={"error": "upstream connect error"}),
+                Call(
+                    sse=b'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\ndata: {"error": "model unloaded"}\n\n'
+                ),
+            ]
+        )
+        got = []
+        for _ in range(3):
+            end, _sink = await call(server, REQ)
+            assert end.failure is not None
+            got.append((end.failure.kind, end.failure.retryable, end.failure.message))
+    finally:
+        await server.stop()
+    assert got == [
+        ("http-404", False, "HTTP 404: 404 page not found"),
+        ("http-502", True, "HTTP 502: upstream connect error"),
+        ("stream-error", True, "model unloaded"),
+    ]
+
+
+def test_a_gemini_tool_call_goes_back_with_its_thought_signature(work, capsys):
+    """Gemini 3 through its compatible endpoint: the call has no index, carries its thought signature in
+    `extra_content`, and ends with `stop`; the next round must send that signature back with the call,
+    or Gemini refuses the request (HTTP 400)."""
+    extra = {"google": {"thought_signature": "c2lnbmF0dXJl"}}
+    call = {
+        "id": "function-call-1",
+        "type": "function",
+        "function": {"name": "stumps", "arguments": '{"action":"list"}'},
+    }
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{**call, "extra_content": extra}]}}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    specimens = work / "scenarios" / "specimens"
+    (specimens / "gemini-call.sse").write_text(
+        "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    )
+    scenario = (work / "scenarios" / "openai-tool-calls.yaml").read_text()
+    (work / "scenarios" / "gemini.yaml").write_text(scenario.replace("openai-tool-list.sse", "gemini-call.sse"))
+    out = replay(work, capsys, "gemini.yaml")
+    [turn] = out["turns"]
+    assert turn["provider_calls"] == 2 and turn["generation"]["status"] == "completed"
+    sent = turn["requests"][1]["messages"][-2]
+    [back] = sent["tool_calls"]
+    assert (back["id"], back["function"]["name"], back["extra_content"]) == ("function-call-1", "stumps", extra)
+
+
+async def test_a_429_for_an_exhausted_quota_is_not_retried():
+    """OpenAI answers an account out of credit with HTTP 429 `insufficient_quota`: no later attempt mends
+    it, unlike a rate limit, so it is not retried (the receipt names it after one attempt)."""
+    server = ProviderServer()
+    await server.start()
+    quota = {"error": {"message": "You exceeded your current quota.", "type": "insufficient_quota", "code": None}}
+    try:
+        server.enqueue([Call(status=429, body=quota), Call(status=429)])
+        got = []
+        for _ in range(2):
+            end, _sink = await call(server, REQ)
+            assert end.failure is not None
+            got.append((end.failure.kind, end.failure.retryable))
+    finally:
+        await server.stop()
+    assert got == [("insufficient_quota", False), ("rate_limit_exceeded", True)]

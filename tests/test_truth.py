@@ -97,6 +97,8 @@ def test_a_chat_refusal_is_declined_with_its_own_finish_reason_on_record():
     assert truth.chat_stop_reason("stop", refusal_text=True) == "refusal"
     assert truth.chat_stop_reason("stop", refusal_text=False) == "stop"
     assert truth.chat_stop_reason("length", refusal_text=True) == "length"
+    assert truth.chat_stop_reason("stop", refusal_text=False, tool_calls=True) == "tool_calls"  # Gemini's way
+    assert truth.chat_stop_reason("length", refusal_text=False, tool_calls=True) == "length"
     line = truth.notice(Ending("refused", "content_filter", None, 0))
     assert line == "Provider declined this reply (stop reason: content_filter); no text was generated."
 

@@ -35,6 +35,48 @@ def image_type(data: bytes) -> str | None:
     return None
 
 
+# JPEG markers of a frame header (SOF0–SOF15 less DHT, JPG and DAC), which carries the image's size.
+_JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    """An image's width and height as its header states them, or None where the header does not say
+    (then the provider decides). Read from the bytes alone: no image library, nothing decoded."""
+    try:
+        if data.startswith(b"\x89PNG\r\n\x1a\n") and data[12:16] == b"IHDR":
+            return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        if data.startswith((b"GIF87a", b"GIF89a")) and len(data) >= 10:
+            return int.from_bytes(data[6:8], "little"), int.from_bytes(data[8:10], "little")
+        if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+            chunk = data[12:16]
+            if chunk == b"VP8X" and len(data) >= 30:
+                return 1 + int.from_bytes(data[24:27], "little"), 1 + int.from_bytes(data[27:30], "little")
+            if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+                bits = int.from_bytes(data[21:25], "little")
+                return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+            if chunk == b"VP8 " and data[23:26] == b"\x9d\x01\x2a" and len(data) >= 30:
+                return int.from_bytes(data[26:28], "little") & 0x3FFF, int.from_bytes(data[28:30], "little") & 0x3FFF
+            return None
+        if data.startswith(b"\xff\xd8"):
+            i = 2
+            while i + 4 <= len(data) and data[i] == 0xFF:
+                marker = data[i + 1]
+                if marker == 0xFF:  # fill byte
+                    i += 1
+                    continue
+                if marker == 0x01 or 0xD0 <= marker <= 0xD9:  # markers without a length
+                    i += 2
+                    continue
+                if marker in _JPEG_FRAMES and i + 9 <= len(data):
+                    return int.from_bytes(data[i + 7 : i + 9], "big"), int.from_bytes(data[i + 5 : i + 7], "big")
+                if marker == 0xDA:  # the scan began with no frame header before it
+                    return None
+                i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
+    except IndexError:
+        return None
+    return None
+
+
 def as_text(data: bytes) -> str | None:
     """The file's text if it is UTF-8 (a BOM allowed) without NUL bytes, else None."""
     if b"\x00" in data:
@@ -43,6 +85,11 @@ def as_text(data: bytes) -> str | None:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
         return None
+
+
+def base64_size(n: int) -> int:
+    """The length of `n` bytes as base64: what a provider holds to its image limit (a third more)."""
+    return 4 * ((n + 2) // 3)
 
 
 NAME_CHARS = 100  # of a file name as the request shows it (the ledger keeps it whole)
@@ -111,10 +158,12 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
             continue
         media = image_type(data)
         if media is not None:
-            if size > truth.IMAGE_LIMIT:
+            if base64_size(size) > truth.IMAGE_LIMIT:
                 placed.append(_described(f, message_id, pos, size, digest, NotShown.TOO_LARGE, "image", media))
             elif not images_ok:
                 placed.append(_described(f, message_id, pos, size, digest, NotShown.NO_IMAGES, "image", media))
+            elif max(image_size(data) or (0, 0)) > truth.IMAGE_SIDE_LIMIT:
+                placed.append(_described(f, message_id, pos, size, digest, NotShown.TOO_MANY_PIXELS, "image", media))
             elif images >= truth.IMAGES_PER_MESSAGE:
                 placed.append(_described(f, message_id, pos, size, digest, NotShown.TOO_MANY, "image", media))
             else:

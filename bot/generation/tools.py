@@ -88,6 +88,8 @@ def assistant_turn(a: Attempt) -> dict[str, Any]:
                     "id": start.get("id", ""),
                     "name": start.get("name", ""),
                     "input": value if problem is None else {},
+                    # A chat-completions server's own data on the call (Gemini's thought signature), sent back as given.
+                    **({"extra_content": start["extra_content"]} if "extra_content" in start else {}),
                 }
             )
     return {"role": "assistant", "content": content}

@@ -74,12 +74,33 @@ INSERT = (
 )
 
 
+def _blob(text: str | None) -> bytes | None:
+    """A name or type as the room gave it, kept byte-exact like every text of the ledger: the room's
+    JSON can carry a lone surrogate (`\\ud800`), which plain TEXT could not store."""
+    return text.encode("utf-8", "surrogatepass") if text is not None else None
+
+
+def text_of(value: bytes | str | None) -> str | None:
+    """A name or type column as written: a BLOB of UTF-8 (surrogates passed through), or TEXT."""
+    return bytes(value).decode("utf-8", "surrogatepass") if isinstance(value, bytes | memoryview) else value
+
+
 def insert(generation_id: str, files: list[SharedFile]) -> list[tuple[str, tuple[Any, ...]]]:
     return [
         (
             INSERT,
-            (generation_id, f.message_id, f.position, f.name, f.media_type, f.size, f.sha256, f.shown, f.reason),
-        )
+            (
+                generation_id,
+                f.message_id,
+                f.position,
+                _blob(f.name),
+                _blob(f.media_type),
+                f.size,
+                f.sha256,
+                f.shown,
+                f.reason,
+            ),
+        )  # fmt: skip
         for f in files
     ]
 
@@ -88,8 +109,8 @@ def from_row(r: Any) -> SharedFile:
     return SharedFile(
         message_id=r["message_id"],
         position=r["position"],
-        name=r["name"],
-        media_type=r["media_type"],
+        name=text_of(r["name"]) or "",
+        media_type=text_of(r["media_type"]),
         size=r["size"],
         sha256=r["sha256"],
         shown=Shown(r["shown"]),

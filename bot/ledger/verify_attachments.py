@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ..records import NotShown, Shown
+from .attachments import text_of
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -15,6 +16,7 @@ _UNREAD = frozenset({NotShown.TOO_LARGE, NotShown.UNAVAILABLE})  # the only reas
 
 def check_attachments(v: list[str], rows: list[dict[str, Any]], generations: set[str]) -> None:
     for r in rows:
+        r = {**r, "name": text_of(r["name"]), "media_type": text_of(r["media_type"])}
         who = (
             f"attachment {r['name']!r} of generation {r['generation_id']} (message {r['message_id']} #{r['position']})"
         )

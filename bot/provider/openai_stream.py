@@ -95,6 +95,7 @@ def _messages_of(m: dict[str, Any]) -> list[dict[str, Any]]:
                     "name": b.get("name", ""),
                     "arguments": json.dumps(b.get("input", {}), ensure_ascii=False),
                 },
+                **({"extra_content": b["extra_content"]} if "extra_content" in b else {}),
             }
             for b in content
             if b.get("type") == "tool_use"
@@ -144,7 +145,8 @@ class _Blocks:
         self.sink = sink
         self.next = 0
         self.cur: tuple[int, str] | None = None  # (block index, type) of the block that takes plain deltas
-        self.tools: dict[int, int] = {}  # the chunk's tool-call index → block index
+        self.tools: dict[int, tuple[int, str]] = {}  # a tool call's key → its block index and id
+        self.last: int | None = None  # the key of the tool call started last
         self.at: int | None = None  # the block the sink has current
         self.refused = False
 
@@ -159,20 +161,31 @@ class _Blocks:
         return self.sink.start(i, btype, text, None)
 
     def tool(self, call: dict[str, Any]) -> bool:
-        ti = call.get("index", 0)
+        """A tool-call delta. Its `index` says which call it continues, but not every server numbers them:
+        Gemini's compatible endpoint sends none, Ollama `0` for every call. So an id other than the one of
+        the call at that index starts a new call, and a delta without an index continues the last one."""
+        ti = call.get("index")
         fn = call.get("function") or {}
-        if not isinstance(fn, dict) or not isinstance(ti, int):
+        cid = call.get("id") or ""
+        if not isinstance(fn, dict) or not isinstance(ti, int | None) or not isinstance(cid, str):
             raise TypeError("a tool call of the wrong shape")
         args = fn.get("arguments") or ""
         if not isinstance(args, str):
             raise TypeError("tool call arguments that are not a string")
-        if ti not in self.tools:
+        key = self.last if ti is None else ti
+        known = self.tools.get(key) if key is not None else None
+        if known is None or (cid and known[1] and cid != known[1]):
+            key = ti if ti is not None else -1 - self.next  # the newest call at an index takes its key
             i = self.next
             self.next += 1
-            self.tools[ti], self.cur, self.at = i, None, i
-            start = {"id": call.get("id") or "", "name": fn.get("name") or ""}
+            self.tools[key], self.last, self.cur, self.at = (i, cid), key, None, i
+            start = {"id": cid, "name": fn.get("name") or ""}
+            if isinstance(call.get("extra_content"), dict):  # Gemini's thought signature: sent back with the call
+                start["extra_content"] = call["extra_content"]
             return self.sink.start(i, "tool_use", args, start)
-        return self._add(self.tools[ti], args) if args else False
+        if ti is not None:
+            self.last = key
+        return self._add(known[0], args) if args else False
 
     def _add(self, i: int, text: str) -> bool:
         if self.at != i:
@@ -243,8 +256,8 @@ async def openai_stream_once(
         end.failure = _classify(e, started=True)
     finally:
         await stream.close()
-    end.stop_reason = truth.chat_stop_reason(finish, blocks.refused)
-    if end.stop_reason != finish:  # a refusal: the finish_reason as given stays on record
+    end.stop_reason = truth.chat_stop_reason(finish, blocks.refused, bool(blocks.tools))
+    if end.stop_reason != finish:  # a refusal, or tools called: the finish_reason as given stays on record
         end.stop_details = {"finish_reason": finish}
     return end
 
@@ -254,12 +267,13 @@ def _classify(e: BaseException, started: bool) -> Failure:
     if isinstance(e, openai.APIStatusError):
         code = e.status_code
         body = e.body if isinstance(e.body, dict) else {}
-        msg = str(body.get("message")) if body.get("message") else str(e)
+        msg = str(body.get("message")) if body.get("message") else _said(code, e.body) or str(e)
         if code in (401, 403):  # whatever type the body names, this is the key refused
             return Failure(f"http-{code}", False, msg, code)
         etype = body.get("type")
         kind = etype if isinstance(etype, str) and etype and not truth.is_internal(etype) else f"http-{code}"
-        retryable = code in _RETRYABLE_STATUS or code >= 500
+        # A 429 for an account out of credit (`insufficient_quota`) is no rate limit: no later attempt mends it.
+        retryable = (code in _RETRYABLE_STATUS or code >= 500) and kind not in _FINAL_TYPES
         return Failure(kind, retryable, msg, code, _retry_after(e.response.headers))
     if isinstance(e, openai.APITimeoutError):
         if started:
@@ -273,6 +287,8 @@ def _classify(e: BaseException, started: bool) -> Failure:
         body = e.body if isinstance(e.body, dict) else {}
         etype = body.get("type")
         if not isinstance(etype, str) or not etype or truth.is_internal(etype):
+            if isinstance(e.body, str) and e.body.strip():  # `{"error": "model unloaded"}`
+                return Failure("stream-error", True, e.body.strip()[:200], 200)
             if not body.get("message"):
                 return Failure("malformed-stream", True, f"an error object of the wrong shape: {str(e)[:200]}", 200)
             etype = "stream-error"
@@ -291,6 +307,13 @@ def _classify(e: BaseException, started: bool) -> Failure:
         return Failure("api-error", False, str(e))
     log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
     return Failure(truth.internal_error(type(e).__name__), False, str(e))
+
+
+def _said(code: int, body: object) -> str:
+    """A body that is not an error object (an HTML page, `404 page not found`, a bare string): its words, for the log."""
+    if not isinstance(body, str) or not body.strip():
+        return ""
+    return f"HTTP {code}: {' '.join(body.split())[:200]}"
 
 
 def _request_id(response: Any) -> str | None:
