@@ -179,7 +179,7 @@ def table(r: dict[str, Any]) -> str:
     if e:
         lines += [
             "",
-            f"8/8 end to end: a person's message → first post, {e['reply_chars']}-char reply, median of {e['rounds']}",
+            f"end to end: a person's message → first post, {e['reply_chars']}-char reply, median of {e['rounds']}",
             f"   residents {e['residents']['wall_ms']:.1f} ms ({e['residents']['wall_range_ms'][0]:.1f}–"
             f"{e['residents']['wall_range_ms'][1]:.1f}) · minimum {e['minimum']['wall_ms']:.1f} ms"
             f" ({e['minimum']['wall_range_ms'][0]:.1f}–{e['minimum']['wall_range_ms'][1]:.1f}) ·"

@@ -62,3 +62,22 @@ async def test_a_long_stream_is_held_as_its_written_chunks_not_its_deltas(tmp_pa
     finally:
         await client.close()
         await server.stop()
+
+
+def test_a_room_of_claude_residents_never_loads_the_openai_sdk() -> None:
+    """Importing the openai SDK costs a process about 30 MB, a quarter of the idle budget: `residents run`
+    with only Anthropic residences, and a call through the generation layer's dispatch, leave it out."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, asyncio\n"
+        "import bot.cli, bot.cli.run, bot.discord.run, bot.generation.attempts, bot.replay.run\n"
+        "from bot.provider import make_client, ListSink\n"
+        "from bot.provider.dispatch import stream_call\n"
+        "client = make_client('http://127.0.0.1:9', 'k')\n"
+        "asyncio.run(stream_call(client, {'model': 'm', 'max_tokens': 1, 'messages': []}, ListSink(), timeout=0.5))\n"
+        "print('openai' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"

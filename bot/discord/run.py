@@ -16,10 +16,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anthropic
 import discord
-import openai
 
 from ..config import Residence, load_all_residences
 from ..delivery.keys import KeyRejections
@@ -30,12 +30,14 @@ from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
 from ..ledger import Ledger
 from ..provider import make_client
-from ..provider.openai_stream import make_openai_client
 from ..resident import Resident
 from . import startup
 from .app import ResidentBot, commands_bot_of, names_channel
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
+
+if TYPE_CHECKING:
+    import openai
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +125,10 @@ async def check_provider_key(client: anthropic.AsyncAnthropic, key_set: bool = T
 
 def openai_clients(residences: list[Residence], env: dict[str, str]) -> dict[str, openai.AsyncOpenAI]:
     """A chat-completions client for each openai-compatible residence, by name; residences with the
-    same server and key share one (and its connection pool). Every call takes its residence's timeout."""
+    same server and key share one (and its connection pool). Every call takes its residence's timeout.
+    The openai SDK is imported here, only when some residence speaks chat completions (`provider.dispatch`)."""
+    from ..provider.openai_stream import make_openai_client
+
     shared: dict[tuple[str, str], openai.AsyncOpenAI] = {}
     out = {}
     for r in residences:
@@ -139,6 +144,8 @@ def openai_clients(residences: list[Residence], env: dict[str, str]) -> dict[str
 
 async def check_openai_key(client: openai.AsyncOpenAI, key_env: str) -> None:
     """As `check_provider_key`, for an openai-compatible server: one `GET /models` before any bot connects."""
+    import openai  # only reached with an openai-compatible residence (see `openai_clients`)
+
     try:
         await client.models.list(timeout=KEY_CHECK_SECONDS)
     except openai.APIStatusError as e:

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anthropic
 
@@ -22,8 +22,11 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..provider import BlockSink
-from ..provider.dispatch import Client, stream_call
+from ..provider.dispatch import stream_call
 from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
+
+if TYPE_CHECKING:
+    from ..provider.dispatch import Client
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from ..ledger import Ledger
 from ..ledger.access import tool_calls_of
 from ..localservers.provider import ProviderServer
 from ..provider import make_client
-from ..provider.openai_stream import make_openai_client
 from ..records import Post
 from ..resident import Resident
 from ..text import outbound
@@ -69,9 +68,11 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
         async with Ledger.open(db_path) as ledger:
             client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
             # An openai-compatible residence's calls go to the same server's chat completions, whatever its base_url.
-            chat = (
-                make_openai_client(server.url + "/v1", "replay-local") if sc.residence.provider != "anthropic" else None
-            )
+            chat = None
+            if sc.residence.provider != "anthropic":
+                from ..provider.openai_stream import make_openai_client  # the SDK only for a scenario that needs it
+
+                chat = make_openai_client(server.url + "/v1", "replay-local")
             try:
                 clients = {sc.residence.name: chat} if chat is not None else {}
                 resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger, clients=clients)), ledger)
