@@ -71,10 +71,13 @@ def test_a_room_of_claude_residents_never_loads_the_openai_sdk() -> None:
     import sys
 
     probe = (
-        "import sys, asyncio\n"
+        "import sys, asyncio, pathlib\n"
+        f"REPO = pathlib.Path({str(Path(__file__).resolve().parents[1])!r})\n"
         "import bot.cli, bot.cli.run, bot.discord.run, bot.generation.attempts, bot.replay.run\n"
         "from bot.provider import make_client, ListSink\n"
         "from bot.provider.dispatch import stream_call\n"
+        "from bot.config import load_all_residences\n"
+        "bot.discord.run.openai_clients(load_all_residences(REPO), {})\n"
         "client = make_client('http://127.0.0.1:9', 'k')\n"
         "asyncio.run(stream_call(client, {'model': 'm', 'max_tokens': 1, 'messages': []}, ListSink(), timeout=0.5))\n"
         "print('openai' in sys.modules)\n"

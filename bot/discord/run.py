@@ -127,8 +127,6 @@ def openai_clients(residences: list[Residence], env: dict[str, str]) -> dict[str
     """A chat-completions client for each openai-compatible residence, by name; residences with the
     same server and key share one (and its connection pool). Every call takes its residence's timeout.
     The openai SDK is imported here, only when some residence speaks chat completions (`provider.dispatch`)."""
-    from ..provider.openai_stream import make_openai_client
-
     shared: dict[tuple[str, str], openai.AsyncOpenAI] = {}
     out = {}
     for r in residences:
@@ -137,6 +135,8 @@ def openai_clients(residences: list[Residence], env: dict[str, str]) -> dict[str
         assert r.base_url is not None and r.api_key_env is not None
         key = env.get(r.api_key_env, "").strip()
         if (r.base_url, key) not in shared:
+            from ..provider.openai_stream import make_openai_client
+
             shared[r.base_url, key] = make_openai_client(r.base_url, key)
         out[r.name] = shared[r.base_url, key]
     return out
