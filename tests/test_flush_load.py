@@ -159,3 +159,23 @@ async def test_streams_stalling_at_once_are_on_disk_within_the_flush_bound(tmp_p
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_change_failing_outside_sqlite_leaves_the_others_of_its_commit_alone(tmp_path: Path) -> None:
+    """A change that fails before SQLite sees it (a lone surrogate in a text parameter, an integer too
+    big for SQLite) is that change's failure only: the changes sharing its commit still reach disk."""
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        ids = await streaming_attempts(ledger, 3)
+        writes = [ledger.add_chunks(a, [(0, 0, "text", "kept", None), (1, 0, "text", "kept too", None)]) for a in ids]
+        surrogate = ledger.add_chunks(ids[0], [(5, 0, "te\ud800xt", "lost", None), (6, 0, "text", "lost", None)])
+        huge = ledger.add_chunks(ids[1], [(2**70, 0, "text", "lost", None), (7, 0, "text", "lost", None)])
+        results = await asyncio.gather(writes[0], surrogate, huge, *writes[1:], return_exceptions=True)
+        assert isinstance(results[1], UnicodeEncodeError) and isinstance(results[2], OverflowError), results
+        assert [results[0], *results[3:]] == [None, None, None], results
+        with sqlite3.connect(db) as other:
+            rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
+        assert dict(rows) == {a: 2 for a in ids}
+        assert not other.in_transaction
+        [(n,)] = await ledger.db.execute_fetchall("SELECT count(*) FROM attempt_chunks")
+        assert n == 6

@@ -797,7 +797,7 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
             conn.execute("SAVEPOINT change")
             try:
                 _statements(conn, statements)
-            except sqlite3.Error as e:
+            except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
                 conn.execute("ROLLBACK TO change")
                 errors.append(e)
             else:
