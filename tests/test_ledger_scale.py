@@ -9,6 +9,8 @@ import random
 import re
 import sqlite3
 
+from typing import Any
+
 import aiosqlite
 from conftest import Room, residence
 
@@ -151,6 +153,39 @@ async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tm
         kept = [r[0] for r in await lg.db.execute_fetchall("SELECT id FROM generations WHERE request IS NOT NULL")]
         assert kept == ["g-oldspaced01"]
         assert (await check(lg)).ok
+
+
+async def test_an_old_ledgers_odd_requests_are_kept_as_they_were_and_the_ledger_opens(tmp_path):
+    """Rows m034 cannot store by content (not JSON, not UTF-8, a request kept as TEXT) stay in their old
+    column byte for byte; the others are converted; the ledger opens and every request reads back."""
+    path = tmp_path / "old.db"
+    first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
+    db = await aiosqlite.connect(path, isolation_level=None)
+    saved = list(migrations.MIGRATIONS)
+    try:
+        migrations.MIGRATIONS[:] = saved[:first]
+        await migrations.apply(db)
+    finally:
+        migrations.MIGRATIONS[:] = saved
+    odd: dict[str, Any] = {
+        "g-notjson0001": b"{not json",
+        "g-notutf80001": b'{"a": "\xff"}',
+        "g-deep00000001": b"[" * 100_000 + b"]" * 100_000,
+        "g-texttype0001": json.dumps(REQUEST),
+    }
+    fine = {"g-fine00000001": json.dumps({**REQUEST, "temperature": 0.1, "messages": []}).encode()}
+    for gid, blob in {**odd, **fine}.items():
+        await db.execute(
+            "INSERT INTO generations (id, residence, channel, model, status, standing, continuation_ended, request,"
+            " created_at) VALUES (?, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', ?, 1.0)",
+            (gid, blob),
+        )
+    await db.close()
+    async with Ledger.open(path) as lg:
+        for gid, blob in fine.items():
+            assert await lg.request_json(gid) == blob
+        rows = await lg.db.execute_fetchall("SELECT id, request FROM generations WHERE request IS NOT NULL")
+        assert dict((r[0], r[1]) for r in rows) == odd
 
 
 async def test_a_busy_rooms_requests_grow_with_what_was_said_not_history_times_turns(pipeline):
