@@ -8,7 +8,6 @@ import json
 import random
 import re
 import sqlite3
-
 from typing import Any
 
 import aiosqlite
