@@ -179,3 +179,34 @@ async def test_a_change_failing_outside_sqlite_leaves_the_others_of_its_commit_a
         assert not other.in_transaction
         [(n,)] = await ledger.db.execute_fetchall("SELECT count(*) FROM attempt_chunks")
         assert n == 6
+
+
+async def test_a_chunk_write_that_failed_is_written_again_not_left_as_a_hole(tmp_path: Path) -> None:
+    """A chunk write that fails (here: refused by a trigger, as a full disk or a busy lock would) leaves its
+    text pending: the next write carries it, so what is on disk is always a prefix of what arrived, never
+    the text with a piece missing from its middle (which recovery after a crash would settle as said)."""
+    from bot.generation.attempts import LedgerSink
+
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        sink = LedgerSink(ledger, aid)
+        sink.start(0, "text", "", None)
+        sink.add("one ")
+        await sink.flush()
+        await ledger.db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON attempt_chunks BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        sink.add("two ")
+        try:
+            await sink.flush()
+        except sqlite3.IntegrityError:
+            pass
+        else:
+            raise AssertionError("the refused write did not fail")
+        await ledger.db.execute("DROP TRIGGER refuse")
+        sink.add("three")
+        await sink.flush()
+        await sink.close()
+        assert await ledger.streamed_text(aid) == "one two three"
+        assert sink.text() == "one two three"

@@ -121,10 +121,19 @@ class LedgerSink(BlockSink):
                 self._timer = None
             if not self._pending and not self._new_block:
                 return
-            rows, n = self._take(), self._pending
+            before = [(b, b.written, b.on_disk) for b in self._open]
+            rows, n, new_block = self._take(), self._pending, self._new_block
             self._pending, self._new_block, self._inflight = 0, False, self._inflight + n
             try:
                 await self.ledger.add_chunks(self.attempt_id, rows)
+            except Exception:
+                # Not on disk: its pieces are pending again (joined into one), so the next write carries
+                # them and the disk holds a prefix of the stream, never the stream with a hole in it.
+                # (Cancelled, the shielded write still runs to its commit: nothing to give back.)
+                for b, written, on_disk in before:
+                    b.written, b.on_disk = written, on_disk
+                self._pending, self._new_block = self._pending + n, self._new_block or new_block
+                raise
             finally:
                 self._inflight -= n
 
