@@ -17,7 +17,7 @@ from bot.ledger import Ledger, live, migrations, store
 from bot.ledger.verify import check
 from bot.localservers import sse
 from bot.localservers.provider import Call
-from bot.records import Generation
+from bot.records import Generation, Status
 
 # Every read people and start-up make, as the code runs it (ledger list, ledger stumps and /stumps list
 # with each of their filters, crash settlement, resume's undelivered posts, the context compiler's and
@@ -90,6 +90,23 @@ async def test_start_up_finds_settled_generations_without_posts_through_the_sche
     await lg.create_generation(g)
     await lg.db.execute("UPDATE generations SET status='completed' WHERE id=?", (g.id,))
     assert await lg.generations_without_posts() == [g.id]
+
+
+async def test_a_generation_with_nothing_to_post_is_planned_once_not_at_every_start(pipeline):
+    """A settled generation whose plan is empty (completed with no text: no post, no line) is looked at
+    by the first start-up after it and marked planned, so start-up does not read it again every time
+    (a ledger's count of them only grows)."""
+    from bot.delivery.resume import plan_unposted
+
+    lg = pipeline.ledger
+    g = Generation(id="g-silent00001", residence="cairn", channel="room", model="m")
+    await lg.create_generation(g)
+    g.status = Status.COMPLETED
+    await lg.finish_generation(g, [])
+    assert await lg.generations_without_posts() == [g.id]
+    assert await plan_unposted(lg) == []
+    assert await lg.generations_without_posts() == []
+    assert [p.id for p in (await lg.get_generation(g.id)).posts] == []  # type: ignore[union-attr]
 
 
 REQUEST = {

@@ -626,6 +626,11 @@ class Ledger:
         """Settled generations with no post planned: the process stopped between settling and planning."""
         return [r[0] for r in await self.db.execute_fetchall(WITHOUT_POSTS)]
 
+    async def mark_planned(self, generation_id: str) -> None:
+        """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
+        start-up's `generations_without_posts` does not read it again at every start."""
+        await self._tx([("UPDATE generations SET planned = 1 WHERE id=? AND status != 'pending'", (generation_id,))])
+
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
         return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
