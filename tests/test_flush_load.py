@@ -210,3 +210,29 @@ async def test_a_chunk_write_that_failed_is_written_again_not_left_as_a_hole(tmp
         await sink.close()
         assert await ledger.streamed_text(aid) == "one two three"
         assert sink.text() == "one two three"
+
+
+async def test_a_change_that_fills_the_disk_fails_alone_and_says_so(tmp_path: Path) -> None:
+    """A full disk (SQLite's page limit, here) rolls back the whole transaction, not just the statement:
+    the change that hit it is told `database or disk is full`, and the changes sharing its commit are
+    written again without it, so they still reach disk. Alone, too, the change is told the real cause."""
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        ids = await streaming_attempts(ledger, 3)
+        [(pages,)] = await ledger.db.execute_fetchall("PRAGMA page_count")
+        await ledger.db.execute_fetchall(f"PRAGMA max_page_count={pages + 3}")
+        big = [(0, 0, "text", "x" * 200_000, None), (1, 0, "text", "y", None)]
+        results = await asyncio.gather(
+            ledger.add_chunks(ids[0], [(0, 0, "text", "kept", None)]),
+            ledger.add_chunks(ids[1], big),
+            ledger.add_chunks(ids[2], [(0, 0, "text", "kept", None), (1, 0, "text", "kept too", None)]),
+            return_exceptions=True,
+        )
+        assert results[0] is None and results[2] is None, results
+        assert isinstance(results[1], sqlite3.OperationalError) and "full" in str(results[1]), results
+        alone = await asyncio.gather(ledger.add_chunks(ids[1], big), return_exceptions=True)
+        assert isinstance(alone[0], sqlite3.OperationalError) and "full" in str(alone[0]), alone
+        with sqlite3.connect(db) as other:
+            rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
+        assert dict(rows) == {ids[0]: 1, ids[2]: 2}
+        await ledger.add_chunks(ids[1], [(0, 0, "text", "fits", None)])  # the connection is usable still

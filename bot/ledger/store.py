@@ -787,7 +787,9 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
 
     Alone, a change is its own transaction (one statement: none around it). Together, each is a
     savepoint of one BEGIN IMMEDIATE … COMMIT: one that fails is rolled back to its savepoint and
-    reported to its caller only; a failed COMMIT is reported to all (nothing of the batch is on disk).
+    reported to its caller only. One whose error made SQLite roll back the whole transaction (a full
+    disk, an I/O error) is reported to its caller, and the others are written again without it. A
+    failed COMMIT is reported to all (nothing of the batch is on disk).
     """
     if len(changes) == 1:
         try:
@@ -795,25 +797,30 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
         except Exception as e:
             return [e]
         return [None]
-    errors: list[BaseException | None] = []
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for statements in changes:
-            conn.execute("SAVEPOINT change")
-            try:
-                _statements(conn, statements)
-            except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
-                conn.execute("ROLLBACK TO change")
-                errors.append(e)
+    errors: dict[int, BaseException] = {}
+    while len(errors) < len(changes):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for i, statements in enumerate(changes):
+                if i in errors:
+                    continue
+                conn.execute("SAVEPOINT change")
+                try:
+                    _statements(conn, statements)
+                except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
+                    errors[i] = e
+                    if not conn.in_transaction:  # SQLite rolled back the whole transaction: again, without it
+                        break
+                    conn.execute("ROLLBACK TO change")
+                conn.execute("RELEASE change")
             else:
-                errors.append(None)
-            conn.execute("RELEASE change")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return errors
+                conn.execute("COMMIT")
+                break
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return [errors.get(i) for i in range(len(changes))]
 
 
 def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
@@ -833,7 +840,8 @@ def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any
         _statements(conn, statements)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # not when SQLite rolled it back itself (a full disk): its error is the one to report
+            conn.execute("ROLLBACK")
         raise
 
 
