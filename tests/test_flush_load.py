@@ -236,3 +236,28 @@ async def test_a_change_that_fills_the_disk_fails_alone_and_says_so(tmp_path: Pa
             rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
         assert dict(rows) == {ids[0]: 1, ids[2]: 2}
         await ledger.add_chunks(ids[1], [(0, 0, "text", "fits", None)])  # the connection is usable still
+
+
+async def test_a_timed_write_that_failed_is_tried_again_while_the_provider_stalls(tmp_path: Path) -> None:
+    """The timer's write fails (refused, as a busy lock or a full disk would) and no further delta comes
+    (a stalled provider): the timer tries again, so the text reaches disk once the ledger takes writes,
+    not only when the attempt settles."""
+    from bot.generation.attempts import FLUSH_TIMER, LedgerSink
+
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        await ledger.db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON attempt_chunks BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        sink = LedgerSink(ledger, aid)
+        sink.start(0, "text", "before the stall", None)
+        await asyncio.sleep(FLUSH_TIMER + 0.1)  # the timed write ran, and failed
+        assert await ledger.streamed_text(aid) == ""
+        await ledger.db.execute("DROP TRIGGER refuse")
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if await ledger.streamed_text(aid):
+                break
+        await sink.close()
+        assert await ledger.streamed_text(aid) == "before the stall"
