@@ -261,3 +261,27 @@ async def test_a_timed_write_that_failed_is_tried_again_while_the_provider_stall
                 break
         await sink.close()
         assert await ledger.streamed_text(aid) == "before the stall"
+
+
+async def test_a_failed_change_of_a_cancelled_caller_is_reported_by_the_ledger(
+    tmp_path: Path, caplog: Any, expected_errors: list[str]
+) -> None:
+    """A caller cancelled while its change waits for the commit is not there to be told the change failed:
+    the ledger logs it (an ERROR naming the ledger and the error), not asyncio's anonymous 'never retrieved'."""
+    import gc
+
+    expected_errors.append("a change whose caller was cancelled failed")
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        task = asyncio.create_task(ledger.add_chunks("a-missing", [(0, 0, "text", "lost", None)]))
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await ledger.add_chunks(aid, [(0, 0, "text", "after", None)])  # its commit follows the failed one
+        gc.collect()
+    logged = [r for r in caplog.records if r.name.startswith("bot.ledger")]
+    assert any("cancelled" in r.getMessage() and "FOREIGN KEY" in r.getMessage() for r in logged), caplog.records

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -37,6 +38,8 @@ from ..records import (
 )
 from ..text import outbound
 from . import attachments, chain, migrations, requests
+
+log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -119,7 +122,15 @@ class Ledger:
         if not self._queue and self._idle.is_set():  # the first change since the last commit began
             asyncio.get_running_loop().call_soon(self._commit_waiting)
         self._queue.append((list(statements), done))
-        await asyncio.shield(done)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            done.add_done_callback(self._orphaned)  # its caller is gone: a failure is told to the log
+            raise
+
+    def _orphaned(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and (e := done.exception()) is not None:
+            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.path, e)
 
     def _commit_waiting(self) -> None:
         """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
