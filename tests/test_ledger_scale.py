@@ -261,3 +261,21 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(chain, "BATCH", 2)
     assert asyncio.run(run()) == whole
+
+
+def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypatch):
+    """Two different parts of one request whose keys (the SHA-256's first 8 bytes) are equal: the schema's
+    trigger cannot see it (only one row would be written), so packing refuses it rather than storing a
+    request that reads back with one part in place of the other. Keys of 1 byte here, to meet one."""
+    from bot.ledger import requests
+
+    real = requests.part
+    monkeypatch.setattr(requests, "part", lambda body: requests.Part(real(body).id % 2, real(body).sha256, body))
+    req = {"messages": [{"role": "user", "content": "one\n\ntwo\n\nthree\n\nfour"}]}
+    try:
+        packed = requests.pack(req)
+    except ValueError as e:
+        assert "SHA-256" in str(e)
+    else:
+        parts = {p.id: p.body for p in packed.parts}
+        assert requests.unpack_bytes(packed.ref, parts) == json.dumps(req).encode(), "a part replaced another"
