@@ -143,10 +143,12 @@ async def _check(db: Any) -> Report:
     by_order: list[tuple[float, int, list[str]]] = []  # each generation's violations, in its (created_at, rowid)
     unsettled: list[tuple[float, int, str]] = []
     attached: list[str] = []  # attachment rows' violations, after every generation's own
-    lo = ""
+    ahead = asyncio.ensure_future(db._execute(_batch, db._conn, ""))
     while True:
-        gens, by_gen, blocks, calls, attachment_rows = await db._execute(_batch, db._conn, lo)
+        gens, by_gen, blocks, calls, attachment_rows = await ahead
         last = len(gens) < BATCH
+        if not last:  # the next batch is read (SQLite, without the GIL) while this one is checked
+            ahead = asyncio.ensure_future(db._execute(_batch, db._conn, gens[-1]["id"]))
         known = {g["id"] for g in gens}
         for gid in sorted(by_gen):
             if gid not in known:
@@ -175,7 +177,6 @@ async def _check(db: Any) -> Report:
         rep.generations += len(gens)
         if last:
             break
-        lo = gens[-1]["id"]
     v += missing + orphans + recovered_lines
     for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
         v += found
