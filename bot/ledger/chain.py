@@ -682,33 +682,47 @@ async def check(db: aiosqlite.Connection, path: str | None = None) -> ChainRepor
     top = await head(db)
     if path is None or path == ":memory:" or top[0] < PARALLEL_FROM or (os.cpu_count() or 1) < 2:
         return await db._execute(_check, db._conn)  # aiosqlite's own queue
-    slots = asyncio.Semaphore(os.cpu_count() or 1)
-    parts = list(range(len(RECORDS) + 1))  # each kind of record, then the walk (index len(RECORDS))
-    done = await asyncio.gather(*(_part_in_process(slots, path, top[0], i) for i in reversed(parts)))
-    done.reverse()
-    return await db._execute(_finish, db._conn, top[0], done[:-1], done[-1])
+    # one process per core, each given parts of about equal cost (dearest first, dealt round)
+    workers = min(os.cpu_count() or 1, len(_BY_COST))
+    groups = [_BY_COST[k::workers] for k in range(workers)]
+    done: dict[int, Any] = {}
+    for group, results in zip(
+        groups, await asyncio.gather(*(_parts_in_process(path, top[0], g) for g in groups)), strict=True
+    ):
+        done.update(zip(group, results, strict=True))
+    return await db._execute(_finish, db._conn, top[0], [done[i] for i in range(len(RECORDS))], done[len(RECORDS)])
 
 
-async def _part_in_process(slots: asyncio.Semaphore, path: str, top: int, i: int) -> Any:
-    """Part `i` of the check run by `python -m bot.ledger.chain` (a fresh interpreter: nothing of this
-    process, its threads or its main module is inherited), its result read back pickled."""
-    async with slots:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            __name__,
-            path,
-            str(top),
-            str(i),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
+# The parts of `check`: each kind of `RECORDS` (0..4), then the walk (5), dearest first.
+_BY_COST = [0, 1, 5, 3, 4, 2]
+
+
+async def _parts_in_process(path: str, top: int, parts: list[int]) -> list[Any]:
+    """Parts of the check run by a fresh interpreter (nothing of this process, its threads or its main
+    module is inherited), their results read back pickled."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from bot.ledger.chain import _worker; _worker()",
+        path,
+        str(top),
+        ",".join(map(str, parts)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(
-            f"checking the chain of {path}: part {i} failed: " + err.decode(errors="replace").strip()[-500:]
+            f"checking the chain of {path}: parts {parts} failed: " + err.decode(errors="replace").strip()[-500:]
         )
-    return pickle.loads(out)
+    got: list[Any] = pickle.loads(out)
+    return got
+
+
+def _worker() -> None:
+    """A worker process of `check`: argv PATH TOP PARTS (comma-separated); the results pickled on stdout."""
+    path, top, parts = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
+    sys.stdout.buffer.write(pickle.dumps([_part_of_file(path, top, i) for i in parts]))
 
 
 # A chain this long is checked in worker processes (one per kind of record and one for the walk).
@@ -984,7 +998,3 @@ def check_export(data: bytes, name: str) -> ExportReport:
 
 def _hex64(v: Any) -> bool:
     return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
-
-
-if __name__ == "__main__":  # a part of `check` in a worker process: PATH TOP PART, its result pickled on stdout
-    sys.stdout.buffer.write(pickle.dumps(_part_of_file(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))
