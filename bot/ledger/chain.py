@@ -265,98 +265,6 @@ def _dec(blob: bytes | str | None) -> str:
     return blob if isinstance(blob, str) else bytes(blob).decode("utf-8", "surrogatepass")
 
 
-async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, Any]]]:
-    """(kind, record id, payload) of the entry each record's latest entry must match, read from the ledger.
-
-    Settled generations and attempts, every stump, every post and every delivery.
-    """
-    rows = db.execute_fetchall
-    blocks: dict[str, list[Block]] = defaultdict(list)
-    for b in await rows("SELECT attempt_id, idx, type, content FROM attempt_blocks ORDER BY attempt_id, pos"):
-        blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
-    out: list[tuple[str, str, dict[str, Any]]] = []
-    for a in await rows(
-        "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
-        " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"
-    ):
-        att = Attempt(
-            id=a[0],
-            generation_id=a[1],
-            segment=a[2],
-            index=a[3],
-            outcome=a[4],
-            stop_reason=a[5],
-            discard_reason=a[6],
-            error=a[7],
-            text=_dec(a[8]),
-            output_tokens=a[9],
-            blocks=blocks.get(a[0], []),
-        )
-        out.append(("attempt", att.id, attempt_payload(att)))
-    segments: dict[str, list[Segment]] = defaultdict(list)
-    for s in await rows(
-        "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
-    ):
-        segments[s[0]].append(Segment(s[1], s[2], s[3], s[4], s[5], s[6]))
-    for g in await rows(
-        "SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
-        " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"
-    ):
-        gen = Generation(
-            id=g[0],
-            residence=g[1],
-            channel=g[2],
-            model=g[3],
-            status=g[4],
-            stop_reason=g[5],
-            text=_dec(g[6]),
-            output_tokens=g[7],
-            standing=g[8],
-            continuation_ended=g[9],
-            segments=segments.get(g[0], []),
-        )
-        out.append(("generation", gen.id, generation_payload(gen)))
-    for s in await rows(
-        "SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
-        " block_type FROM stumps ORDER BY rowid"
-    ):
-        stump = Stump(
-            id=s[0],
-            generation_id=s[1],
-            attempt_id=s[2],
-            residence=s[3],
-            scope=s[4],
-            cause=s[5],
-            text=_dec(s[6]),
-            output_tokens=s[7],
-            block=s[8],
-            block_type=s[9],
-        )
-        out.append(("stump", stump.id, stump_payload(stump)))
-    delivered_: list[tuple[str, str, dict[str, Any]]] = []
-    for p in await rows("SELECT id, generation_id, seq, kind, content, channel, message_id FROM posts ORDER BY rowid"):
-        post = Post(id=p[0], generation_id=p[1], seq=p[2], kind=p[3], content=_dec(p[4]), channel=p[5], replacements=0)
-        out.append(("post", post.id, post_payload(post)))
-        if p[6] is not None:
-            delivered_.append(("delivered", post.id, delivered_payload(post.id, p[6])))
-    # Access to stumps: each stump's latest choice and latest read must be what their latest entries say.
-    for kind, sql, build in (
-        (
-            "stump-access",
-            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes ORDER BY rowid",
-            stump_access_payload,
-        ),
-        (
-            "stump-read",
-            "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
-            stump_read_payload,
-        ),
-    ):
-        latest = {r[0]: r for r in await rows(sql)}
-        out += [(kind, sid, build(*r)) for sid, r in latest.items()]
-    return out + delivered_
-
-
 async def backfill(db: aiosqlite.Connection) -> int:
     """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
     record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
@@ -374,16 +282,24 @@ async def backfill(db: aiosqlite.Connection) -> int:
         if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
             await db.execute("ROLLBACK")
             return 0
-        entries = await expected(db)
-        await db.execute(*append("genesis", None, {"backfill": len(entries)}))
-        for kind, record, payload in entries:
-            await db.execute(*append(kind, record, payload))
+        count = await db._execute(_backfill, db._conn)  # aiosqlite's own queue, inside this transaction
         await db.execute("COMMIT")
     except BaseException:
         await db.execute("ROLLBACK")
         raise
-    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", len(entries))
-    return len(entries)
+    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
+    return count
+
+
+def _backfill(conn: sqlite3.Connection) -> int:
+    """The genesis entry, then each record's entry as it stands now, built by the same reader `check`
+    holds records against their entries with (`_payloads`), in the same order."""
+    cur = conn.cursor()
+    cur.row_factory = None
+    items = [(k, r, p) for i in range(len(RECORDS)) for batch in _payloads(cur, i) for k, r, p, _, _ in batch]
+    conn.execute(*append("genesis", None, {"backfill": len(items)}))
+    conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
+    return len(items)
 
 
 # ---------------------------------------------------------------------- checking
@@ -492,7 +408,7 @@ def _latest(kind: str) -> str:
 
 
 # What each record's latest entry must say, read table by table in rowid order, a batch at a time, each
-# record with its latest entry's seq and body. In the order `expected` gives them (deliveries last).
+# record with its latest entry's seq and body. Deliveries last, after stumps' access and reads (`_access`).
 RECORDS: list[tuple[str, str]] = [
     (
         "attempt",
@@ -548,7 +464,7 @@ def _rows(db: sqlite3.Cursor, sql: str) -> Iterator[list[Any]]:
 
 def _payloads(db: sqlite3.Cursor, i: int) -> Iterator[list[tuple[str, str, dict[str, Any], int | None, str | None]]]:
     """(kind, record id, payload, latest entry's seq or None, its body) of every record of kind `i` of
-    `RECORDS`, in `expected`'s order, a batch at a time: what `check` holds against the chain without
+    `RECORDS`, a batch at a time: what `check` holds against the chain without
     loading the ledger."""
     for kind, sql in RECORDS[i : i + 1]:
         if kind == "delivered":
