@@ -355,3 +355,45 @@ def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain
     found = asyncio.run(verify_again())
     assert any(f"(stump-access {sid}): the ledger no longer matches it: access" in v for v in found), found
     assert any(f"(stump-read {sid}): the ledger no longer matches it: reader" in v for v in found), found
+
+
+def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_order(tmp_path, capsys, monkeypatch):
+    """A long ledger's chain is checked in worker processes (each kind of record, and the walk) beside the
+    invariants; with every kind of tamper at once, `verify` names the same lines, in the same order, as
+    checking it in one pass: edited records, a changed, unparsable, non-canonical or relabelled entry, a
+    deleted entry, a record gone, a record never chained."""
+    db = replayed(tmp_path, capsys)
+    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")
+    [(body3,)] = sql(db, "SELECT body FROM chain WHERE seq=3")
+    [(body9,)] = sql(db, "SELECT body FROM chain WHERE seq=9")
+    script(
+        db,
+        "UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned';"
+        "UPDATE posts SET message_id='999' WHERE kind='receipt';"
+        "UPDATE chain SET body='not json' WHERE seq=7;"
+        "UPDATE chain SET kind='stump' WHERE seq=11;"
+        "UPDATE chain SET body=body||'é' WHERE seq=12;"
+        "DELETE FROM chain WHERE seq=14;"
+        "DELETE FROM posts WHERE rowid=(SELECT max(rowid) FROM posts WHERE kind='partial');"
+        "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
+        " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
+        " FROM stumps WHERE cause='retry-abandoned' LIMIT 1;",
+    )
+    sql(db, "UPDATE chain SET body=? WHERE seq=3", (body3.replace('"chars":', '"chars":1', 1),))
+    sql(db, "UPDATE chain SET body=? WHERE seq=9", (body9.replace(":", ": ", 1),))
+    code, one_pass = run_verify(capsys, "--db", str(db))
+    assert code == 1
+    for expected in (
+        "its hash does not match its content",
+        "its body is not JSON",
+        "its body is not canonical JSON",
+        "its kind/record columns (stump,",
+        "entries 14..14 are missing",
+        "the record it attests is not in the ledger",
+        "the record it attests is no longer delivered",
+        "stump s-unchained00: not in the chain",
+    ):
+        assert any(expected in line for line in one_pass), (expected, one_pass)
+    monkeypatch.setattr(chain, "PARALLEL_FROM", 0)
+    code, in_workers = run_verify(capsys, "--db", str(db))
+    assert code == 1 and in_workers == one_pass

@@ -36,11 +36,15 @@ write lock; the hash is computed by `chain_hash`, a function `install` registers
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import os
+import pickle
 import re
 import sqlite3
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -261,98 +265,6 @@ def _dec(blob: bytes | str | None) -> str:
     return blob if isinstance(blob, str) else bytes(blob).decode("utf-8", "surrogatepass")
 
 
-async def expected(db: aiosqlite.Connection) -> list[tuple[str, str, dict[str, Any]]]:
-    """(kind, record id, payload) of the entry each record's latest entry must match, read from the ledger.
-
-    Settled generations and attempts, every stump, every post and every delivery.
-    """
-    rows = db.execute_fetchall
-    blocks: dict[str, list[Block]] = defaultdict(list)
-    for b in await rows("SELECT attempt_id, idx, type, content FROM attempt_blocks ORDER BY attempt_id, pos"):
-        blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
-    out: list[tuple[str, str, dict[str, Any]]] = []
-    for a in await rows(
-        "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
-        " output_tokens FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"
-    ):
-        att = Attempt(
-            id=a[0],
-            generation_id=a[1],
-            segment=a[2],
-            index=a[3],
-            outcome=a[4],
-            stop_reason=a[5],
-            discard_reason=a[6],
-            error=a[7],
-            text=_dec(a[8]),
-            output_tokens=a[9],
-            blocks=blocks.get(a[0], []),
-        )
-        out.append(("attempt", att.id, attempt_payload(att)))
-    segments: dict[str, list[Segment]] = defaultdict(list)
-    for s in await rows(
-        "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
-    ):
-        segments[s[0]].append(Segment(s[1], s[2], s[3], s[4], s[5], s[6]))
-    for g in await rows(
-        "SELECT id, residence, channel, model, status, stop_reason, text, output_tokens, standing,"
-        " continuation_ended FROM generations WHERE status != 'pending' ORDER BY rowid"
-    ):
-        gen = Generation(
-            id=g[0],
-            residence=g[1],
-            channel=g[2],
-            model=g[3],
-            status=g[4],
-            stop_reason=g[5],
-            text=_dec(g[6]),
-            output_tokens=g[7],
-            standing=g[8],
-            continuation_ended=g[9],
-            segments=segments.get(g[0], []),
-        )
-        out.append(("generation", gen.id, generation_payload(gen)))
-    for s in await rows(
-        "SELECT id, generation_id, attempt_id, residence, scope, cause, text, output_tokens, block,"
-        " block_type FROM stumps ORDER BY rowid"
-    ):
-        stump = Stump(
-            id=s[0],
-            generation_id=s[1],
-            attempt_id=s[2],
-            residence=s[3],
-            scope=s[4],
-            cause=s[5],
-            text=_dec(s[6]),
-            output_tokens=s[7],
-            block=s[8],
-            block_type=s[9],
-        )
-        out.append(("stump", stump.id, stump_payload(stump)))
-    delivered_: list[tuple[str, str, dict[str, Any]]] = []
-    for p in await rows("SELECT id, generation_id, seq, kind, content, channel, message_id FROM posts ORDER BY rowid"):
-        post = Post(id=p[0], generation_id=p[1], seq=p[2], kind=p[3], content=_dec(p[4]), channel=p[5], replacements=0)
-        out.append(("post", post.id, post_payload(post)))
-        if p[6] is not None:
-            delivered_.append(("delivered", post.id, delivered_payload(post.id, p[6])))
-    # Access to stumps: each stump's latest choice and latest read must be what their latest entries say.
-    for kind, sql, build in (
-        (
-            "stump-access",
-            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes ORDER BY rowid",
-            stump_access_payload,
-        ),
-        (
-            "stump-read",
-            "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads ORDER BY rowid",
-            stump_read_payload,
-        ),
-    ):
-        latest = {r[0]: r for r in await rows(sql)}
-        out += [(kind, sid, build(*r)) for sid, r in latest.items()]
-    return out + delivered_
-
-
 async def backfill(db: aiosqlite.Connection) -> int:
     """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
     record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
@@ -370,16 +282,24 @@ async def backfill(db: aiosqlite.Connection) -> int:
         if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
             await db.execute("ROLLBACK")
             return 0
-        entries = await expected(db)
-        await db.execute(*append("genesis", None, {"backfill": len(entries)}))
-        for kind, record, payload in entries:
-            await db.execute(*append(kind, record, payload))
+        count = await db._execute(_backfill, db._conn)  # aiosqlite's own queue, inside this transaction
         await db.execute("COMMIT")
     except BaseException:
         await db.execute("ROLLBACK")
         raise
-    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", len(entries))
-    return len(entries)
+    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
+    return count
+
+
+def _backfill(conn: sqlite3.Connection) -> int:
+    """The genesis entry, then each record's entry as it stands now, built by the same reader `check`
+    holds records against their entries with (`_payloads`), in the same order."""
+    cur = conn.cursor()
+    cur.row_factory = None
+    items = [(k, r, p) for i in range(len(RECORDS)) for batch in _payloads(cur, i) for k, r, p, _, _ in batch]
+    conn.execute(*append("genesis", None, {"backfill": len(items)}))
+    conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
+    return len(items)
 
 
 # ---------------------------------------------------------------------- checking
@@ -488,7 +408,7 @@ def _latest(kind: str) -> str:
 
 
 # What each record's latest entry must say, read table by table in rowid order, a batch at a time, each
-# record with its latest entry's seq and body. In the order `expected` gives them (deliveries last).
+# record with its latest entry's seq and body. Deliveries last, after stumps' access and reads (`_access`).
 RECORDS: list[tuple[str, str]] = [
     (
         "attempt",
@@ -542,10 +462,11 @@ def _rows(db: sqlite3.Cursor, sql: str) -> Iterator[list[Any]]:
         last = batch[-1][0]
 
 
-def _payloads(db: sqlite3.Cursor) -> Iterator[list[tuple[str, str, dict[str, Any], int | None, str | None]]]:
-    """(kind, record id, payload, latest entry's seq or None, its body) of every record, in `expected`'s
-    order, a batch at a time: what `check` holds against the chain without loading the ledger."""
-    for kind, sql in RECORDS:
+def _payloads(db: sqlite3.Cursor, i: int) -> Iterator[list[tuple[str, str, dict[str, Any], int | None, str | None]]]:
+    """(kind, record id, payload, latest entry's seq or None, its body) of every record of kind `i` of
+    `RECORDS`, a batch at a time: what `check` holds against the chain without
+    loading the ledger."""
+    for kind, sql in RECORDS[i : i + 1]:
         if kind == "delivered":
             yield _access(db)
         for batch in _rows(db, sql):
@@ -664,32 +585,96 @@ def _marked(bits: bytearray, seq: int) -> bool:
     return 0 < seq < len(bits) * 8 and bool(bits[seq >> 3] & (1 << (seq & 7)))
 
 
-async def check(db: aiosqlite.Connection) -> ChainReport:
+async def check(db: aiosqlite.Connection, path: str | None = None) -> ChainReport:
     """The chain hashes link up, and each record's latest entry still says what the record says.
 
     Streams: each record is read once beside its latest entry (a seek), then the chain once in order;
-    what is remembered between the two is one bit per entry (whether it was some record's latest, and
-    whether it was exactly the entry the record gives, so canonical with the right kind and id). Runs
-    in the connection's own thread, in one trip.
+    what is remembered between the two is a few bits per entry (whether it was some record's latest,
+    whether it was exactly the entry the record gives, so canonical with the right kind and id, and
+    whether its link held). The parts are independent reads, so on a long ledger kept in a file
+    (`path`) they run side by side in worker processes (`PARALLEL_FROM`); the report is the same
+    either way. Otherwise it runs in the connection's own thread, in one trip.
     """
-    return await db._execute(_check, db._conn)  # aiosqlite's own queue
+    top = await head(db)
+    if path is None or path == ":memory:" or top[0] < PARALLEL_FROM or (os.cpu_count() or 1) < 2:
+        return await db._execute(_check, db._conn)  # aiosqlite's own queue
+    # one process per core, each given parts of about equal cost (dearest first, dealt round)
+    workers = min(os.cpu_count() or 1, len(_BY_COST))
+    groups = [_BY_COST[k::workers] for k in range(workers)]
+    done: dict[int, Any] = {}
+    for group, results in zip(
+        groups, await asyncio.gather(*(_parts_in_process(path, top[0], g) for g in groups)), strict=True
+    ):
+        done.update(zip(group, results, strict=True))
+    return await db._execute(_finish, db._conn, top[0], [done[i] for i in range(len(RECORDS))], done[len(RECORDS)])
 
 
-def _check(conn: sqlite3.Connection) -> ChainReport:
-    db = conn.cursor()
+# The parts of `check`: each kind of `RECORDS` (0..4), then the walk (5), dearest first.
+_BY_COST = [0, 1, 5, 3, 4, 2]
+
+
+async def _parts_in_process(path: str, top: int, parts: list[int]) -> list[Any]:
+    """Parts of the check run by a fresh interpreter (nothing of this process, its threads or its main
+    module is inherited), their results read back pickled."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from bot.ledger.chain import _worker; _worker()",
+        path,
+        str(top),
+        ",".join(map(str, parts)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"checking the chain of {path}: parts {parts} failed: " + err.decode(errors="replace").strip()[-500:]
+        )
+    got: list[Any] = pickle.loads(out)
+    return got
+
+
+def _worker() -> None:
+    """A worker process of `check`: argv PATH TOP PARTS (comma-separated); the results pickled on stdout."""
+    path, top, parts = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
+    sys.stdout.buffer.write(pickle.dumps([_part_of_file(path, top, i) for i in parts]))
+
+
+# A chain this long is checked in worker processes (one per kind of record and one for the walk).
+PARALLEL_FROM = 100_000
+
+
+def _part_of_file(path: str, top: int, i: int) -> Any:
+    """Part `i` of the check (a kind of record, or the walk) on a read-only connection of its own."""
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        return _part(conn.cursor(), top, i)
+    finally:
+        conn.close()
+
+
+def _part(db: sqlite3.Cursor, top: int, i: int) -> Any:
     db.row_factory = None
-    rep = ChainReport()
-    found: list[tuple[int, int, str]] = []  # (seq, phase, line): link problems first at one seq
-    got = db.execute("SELECT seq FROM chain ORDER BY seq DESC LIMIT 1").fetchall()
-    top = got[0][0] if got else 0
+    return _walk(db) if i == len(RECORDS) else _records(db, top, i)
+
+
+_Found = list[tuple[int, int, str]]
+_Records = tuple[_Found, list[str], bytearray, bytearray]
+
+
+def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
+    """Kind `i` of `RECORDS` (and, before deliveries, stumps' access) held against each record's latest
+    entry: the lines found, the records with no entry, and which entries were attested, which exactly."""
+    found: _Found = []
+    unattested: list[str] = []
     attests = bytearray(top // 8 + 1)  # the entry is some record's latest
     exact = bytearray(top // 8 + 1)  # ... and is byte for byte the entry that record gives now
-    unattested: list[tuple[str, str]] = []
-    for batch in _payloads(db):
+    for batch in _payloads(db, i):
         for kind, record, payload, seq, body in batch:
             what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
             if seq is None or body is None:
-                unattested.append((kind, what))
+                unattested.append(what)
                 continue
             _mark(attests, seq)
             at = _stated_at(body)
@@ -709,49 +694,146 @@ def _check(conn: sqlite3.Connection) -> ChainReport:
                         f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff),
                     )
                 )
-    last_seq, last_hash = 0, GENESIS_PREV
+    return found, unattested, attests, exact
+
+
+_Walk = tuple[_Found, bytearray, bytearray, int, int, str]
+
+
+def _walk(db: sqlite3.Cursor) -> _Walk:
+    """The chain once in order: each entry follows the one before (seq and prev) and hashes to itself.
+
+    Whether a body is canonical, with its own kind and record, is left to `_finish` for the entries no
+    record gives exactly (few); so is whether an entry's record is gone. Returns the link lines, the
+    entries whose link (seq, prev) broke, those whose hash did not match, the count, last seq and head."""
+    found: _Found = []
+    n = 1 << 16
+    linked = bytearray(n)  # grown as the chain goes: one bit per entry whose seq and prev follow
+    hashed = bytearray(n)  # ... and whose hash matches its content
+    last_seq, last_hash, count = 0, GENESIS_PREV, 0
+    sha = hashlib.sha256
     while True:
         rows = db.execute(ENTRIES, (last_seq, BATCH)).fetchall()
         if not rows:
             break
-        for r in rows:
-            e = Entry(*r)
-            problem = (
-                _link_problem(e, last_seq, last_hash, parsed=True)
-                if _marked(exact, e.seq)
-                else _link_problem(e, last_seq, last_hash)
-            )
-            if problem:
+        if (rows[-1][0] >> 3) >= len(linked):
+            grow = bytearray((rows[-1][0] >> 3) + 1 - len(linked) + n)
+            linked += grow
+            hashed += grow
+        for seq, kind, record, prev, body, digest in rows:
+            if seq == last_seq + 1 and prev == last_hash:
+                if seq > 0:
+                    linked[seq >> 3] |= 1 << (seq & 7)
+                    try:
+                        ok = (
+                            sha(f'{{"entry":{body},"prev":"{prev}","seq":{seq}}}'.encode("ascii")).hexdigest() == digest
+                        )
+                    except UnicodeEncodeError:
+                        ok = False  # not canonical (ASCII) JSON: `_finish` says so
+                    if ok:
+                        hashed[seq >> 3] |= 1 << (seq & 7)
+            else:
+                e = Entry(seq, kind, record, prev, body, digest)
+                problem = _link_problem(e, last_seq, last_hash)
                 found.append(
                     (
-                        e.seq,
+                        seq,
                         0,
-                        f"chain entry {e.seq}"
-                        + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
-                        + f": {problem}",
+                        f"chain entry {seq}" + (f" ({kind} {record})" if record else f" ({kind})") + f": {problem}",
                     )
                 )
+            last_seq, last_hash = seq, digest
+            count += 1
+    return found, linked, hashed, count, last_seq, last_hash
+
+
+def _check(conn: sqlite3.Connection) -> ChainReport:
+    db = conn.cursor()
+    db.row_factory = None
+    got = db.execute("SELECT seq FROM chain ORDER BY seq DESC LIMIT 1").fetchall()
+    top = got[0][0] if got else 0
+    return _finish(conn, top, [_records(db, top, i) for i in range(len(RECORDS))], _walk(db))
+
+
+def _finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: _Walk) -> ChainReport:
+    """The parts put together: the entries no record gives exactly are read again and checked whole (is
+    the body canonical JSON of its own kind and record; is its record still there), and every line is
+    ordered by entry, link problems first, as one pass over the chain would find them."""
+    db = conn.cursor()
+    db.row_factory = None
+    found, linked, hashed, count, last_seq, head_ = walked
+    found = list(found)
+    attests = bytearray(top // 8 + 1)
+    exact = bytearray(top // 8 + 1)
+    unattested: list[str] = []
+    for lines, missing, att, ex in records:
+        found += lines
+        unattested += missing
+        attests = bytearray(
+            (int.from_bytes(attests, "little") | int.from_bytes(att, "little")).to_bytes(len(attests), "little")
+        )
+        exact = bytearray(
+            (int.from_bytes(exact, "little") | int.from_bytes(ex, "little")).to_bytes(len(exact), "little")
+        )
+    # entries past `top` (appended while checking) are never a record's latest here: read them whole
+    exact += bytearray(max(0, (last_seq >> 3) + 1 - len(exact)))
+    attests += bytearray(max(0, len(exact) - len(attests)))
+    for m in re.finditer(b"[^\\xff]", bytes(exact)):
+        byte = m.start()
+        for bit in range(8):
+            seq = (byte << 3) | bit
+            if seq == 0 or seq > last_seq or exact[byte] & (1 << bit):
+                continue
+            got = db.execute("SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq = ?", (seq,)).fetchall()
+            if not got:
+                continue  # a missing entry: the next one's link says so
+            e = Entry(*got[0])
+            if _marked(linked, seq):
+                problem = _body_problem(e, _marked(hashed, seq))
+                if problem:
+                    found.append(
+                        (
+                            seq,
+                            0,
+                            f"chain entry {seq}"
+                            + (f" ({e.kind} {e.record})" if e.record else f" ({e.kind})")
+                            + f": {problem}",
+                        )
+                    )
             if (
                 e.kind in RECORD_KINDS
                 and e.record is not None
-                and not _marked(attests, e.seq)
+                and not _marked(attests, seq)
                 and not db.execute(LATER, (e.record, e.kind, e.seq)).fetchall()
             ):
                 found.append(
                     (
-                        e.seq,
+                        seq,
                         2,
-                        f"chain entry {e.seq} ({e.kind} {e.record}): the record it attests is "
+                        f"chain entry {seq} ({e.kind} {e.record}): the record it attests is "
                         + ("no longer delivered" if e.kind == "delivered" else "not in the ledger")
                         + (" (or no longer settled)" if e.kind == "generation" else ""),
                     )
                 )
-            last_seq, last_hash = e.seq, e.hash
-            rep.entries += 1
-    rep.head = last_hash
-    found += [(last_seq + 1, 1, f"{what}: not in the chain") for _, what in unattested]
+    rep = ChainReport(entries=count, head=head_)
+    found += [(last_seq + 1, 1, f"{what}: not in the chain") for what in unattested]
     rep.violations = [line for _, _, line in sorted(found, key=lambda f: (f[0], f[1]))]
     return rep
+
+
+def _body_problem(e: Entry, hash_ok: bool) -> str | None:
+    """`_link_problem` of an entry whose link held and whose body no record gives exactly."""
+    try:
+        obj = json.loads(e.body)
+    except ValueError:
+        return "its body is not JSON"
+    if not isinstance(obj, dict) or canonical(obj) != e.body:
+        return "its body is not canonical JSON"
+    if not hash_ok:
+        return "its hash does not match its content"
+    if obj.get("kind") != e.kind or (obj.get("id") if e.kind != "genesis" else None) != e.record:
+        return f"its kind/record columns ({e.kind}, {e.record}) differ from the entry's own"
+    return None
 
 
 @dataclass

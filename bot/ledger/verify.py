@@ -8,7 +8,9 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 
 from __future__ import annotations
 
+import asyncio
 import re
+import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,7 +89,7 @@ _OF: list[tuple[str, str]] = [
 ]
 _BLOCKS = (
     "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id"
-    " WHERE a.generation_id > ?{upto} ORDER BY b.attempt_id, b.pos"
+    " WHERE a.generation_id > ?{upto} ORDER BY a.generation_id, a.segment, a.idx, b.attempt_id, b.pos"
 )
 _ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > ?{upto} ORDER BY generation_id, rowid"
 _CALLS = (
@@ -99,6 +101,20 @@ _CALLS = (
 async def check(ledger: Ledger) -> Report:
     """Read the whole ledger once and check it; linear in its size, in memory bounded by a batch."""
     db = ledger.db
+    # the chain is checked alongside (in worker processes on a long ledger), its lines put first at the end
+    links_task = asyncio.ensure_future(chain.check(db, ledger.path))
+    try:
+        rep = await _check(db)
+    except BaseException:
+        links_task.cancel()
+        raise
+    links = await links_task  # the first broken entry first, ahead of the invariants
+    rep.violations[:0] = links.violations
+    rep.chain_entries, rep.chain_head = links.entries, links.head
+    return rep
+
+
+async def _check(db: Any) -> Report:
     rows = lambda sql, *a: db.execute_fetchall(sql, a)  # noqa: E731 - a short local alias
     rep = Report()
     v = rep.violations
@@ -127,23 +143,12 @@ async def check(ledger: Ledger) -> Report:
     by_order: list[tuple[float, int, list[str]]] = []  # each generation's violations, in its (created_at, rowid)
     unsettled: list[tuple[float, int, str]] = []
     attached: list[str] = []  # attachment rows' violations, after every generation's own
-    lo = ""
+    ahead = asyncio.ensure_future(db._execute(_batch, db._conn, ""))
     while True:
-        gens = [dict(r) for r in await rows(_GENS, lo, BATCH)]
+        gens, by_gen, blocks, calls, attachment_rows = await ahead
         last = len(gens) < BATCH
-        upto = "" if last else " AND generation_id <= ?"
-        span: tuple[str, ...] = (lo,) if last else (lo, gens[-1]["id"])
-        by_gen: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
-        for table, sql in _OF:
-            for r in await rows(sql.format(upto=upto), *span):
-                d = dict(r)
-                by_gen[d["generation_id"]][table].append(d)
-        blocks: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in await rows(_BLOCKS.format(upto=upto), *span):
-            blocks[r["attempt_id"]].append(dict(r))
-        calls: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in await rows(_CALLS.format(upto=upto), *span):
-            calls[r["generation_id"]].append(dict(r))
+        if not last:  # the next batch is read (SQLite, without the GIL) while this one is checked
+            ahead = asyncio.ensure_future(db._execute(_batch, db._conn, gens[-1]["id"]))
         known = {g["id"] for g in gens}
         for gid in sorted(by_gen):
             if gid not in known:
@@ -168,20 +173,47 @@ async def check(ledger: Ledger) -> Report:
             if found:
                 by_order.append((g["created_at"], g["rowid"], found))
             unsettled += [(g["created_at"], g["rowid"], gid) for gid in pending]
-        check_attachments(attached, [dict(r) for r in await rows(_ATTACHMENTS.format(upto=upto), *span)], known)
+        check_attachments(attached, attachment_rows, known)
         rep.generations += len(gens)
         if last:
             break
-        lo = gens[-1]["id"]
     v += missing + orphans + recovered_lines
     for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
         v += found
     rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
     v += attached
-    links = await chain.check(db)  # the first broken entry first, ahead of the invariants
-    rep.violations[:0] = links.violations
-    rep.chain_entries, rep.chain_head = links.entries, links.head
     return rep
+
+
+_Rows = list[dict[str, Any]]
+
+
+def _batch(conn: sqlite3.Connection, lo: str) -> tuple[_Rows, Any, dict[str, _Rows], dict[str, _Rows], _Rows]:
+    """The next `BATCH` generations after id `lo` and their records, read in one trip in the connection's
+    thread, as dicts made straight from tuples (sqlite3.Row looks each column up by name)."""
+    db = conn.cursor()
+    db.row_factory = None
+
+    def fetch(sql: str, *params: Any) -> _Rows:
+        got = db.execute(sql, params).fetchall()
+        cols = [d[0] for d in db.description or ()]
+        return [dict(zip(cols, r, strict=True)) for r in got]
+
+    gens = fetch(_GENS, lo, BATCH)
+    last = len(gens) < BATCH
+    upto = "" if last else " AND generation_id <= ?"
+    span: tuple[str, ...] = (lo,) if last else (lo, gens[-1]["id"])
+    by_gen: dict[str, dict[str, _Rows]] = defaultdict(lambda: defaultdict(list))
+    for table, sql in _OF:
+        for d in fetch(sql.format(upto=upto), *span):
+            by_gen[d["generation_id"]][table].append(d)
+    blocks: dict[str, _Rows] = defaultdict(list)
+    for d in fetch(_BLOCKS.format(upto=upto), *span):
+        blocks[d["attempt_id"]].append(d)
+    calls: dict[str, _Rows] = defaultdict(list)
+    for d in fetch(_CALLS.format(upto=upto), *span):
+        calls[d["generation_id"]].append(d)
+    return gens, by_gen, blocks, calls, fetch(_ATTACHMENTS.format(upto=upto), *span)
 
 
 def _check_generation(
