@@ -159,3 +159,129 @@ async def test_streams_stalling_at_once_are_on_disk_within_the_flush_bound(tmp_p
     finally:
         await client.close()
         await server.stop()
+
+
+async def test_a_change_failing_outside_sqlite_leaves_the_others_of_its_commit_alone(tmp_path: Path) -> None:
+    """A change that fails before SQLite sees it (a lone surrogate in a text parameter, an integer too
+    big for SQLite) is that change's failure only: the changes sharing its commit still reach disk."""
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        ids = await streaming_attempts(ledger, 3)
+        writes = [ledger.add_chunks(a, [(0, 0, "text", "kept", None), (1, 0, "text", "kept too", None)]) for a in ids]
+        surrogate = ledger.add_chunks(ids[0], [(5, 0, "te\ud800xt", "lost", None), (6, 0, "text", "lost", None)])
+        huge = ledger.add_chunks(ids[1], [(2**70, 0, "text", "lost", None), (7, 0, "text", "lost", None)])
+        results = await asyncio.gather(writes[0], surrogate, huge, *writes[1:], return_exceptions=True)
+        assert isinstance(results[1], UnicodeEncodeError) and isinstance(results[2], OverflowError), results
+        assert [results[0], *results[3:]] == [None, None, None], results
+        with sqlite3.connect(db) as other:
+            rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
+        assert dict(rows) == {a: 2 for a in ids}
+        assert not other.in_transaction
+        [(n,)] = await ledger.db.execute_fetchall("SELECT count(*) FROM attempt_chunks")
+        assert n == 6
+
+
+async def test_a_chunk_write_that_failed_is_written_again_not_left_as_a_hole(tmp_path: Path) -> None:
+    """A chunk write that fails (here: refused by a trigger, as a full disk or a busy lock would) leaves its
+    text pending: the next write carries it, so what is on disk is always a prefix of what arrived, never
+    the text with a piece missing from its middle (which recovery after a crash would settle as said)."""
+    from bot.generation.attempts import LedgerSink
+
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        sink = LedgerSink(ledger, aid)
+        sink.start(0, "text", "", None)
+        sink.add("one ")
+        await sink.flush()
+        await ledger.db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON attempt_chunks BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        sink.add("two ")
+        try:
+            await sink.flush()
+        except sqlite3.IntegrityError:
+            pass
+        else:
+            raise AssertionError("the refused write did not fail")
+        await ledger.db.execute("DROP TRIGGER refuse")
+        sink.add("three")
+        await sink.flush()
+        await sink.close()
+        assert await ledger.streamed_text(aid) == "one two three"
+        assert sink.text() == "one two three"
+
+
+async def test_a_change_that_fills_the_disk_fails_alone_and_says_so(tmp_path: Path) -> None:
+    """A full disk (SQLite's page limit, here) rolls back the whole transaction, not just the statement:
+    the change that hit it is told `database or disk is full`, and the changes sharing its commit are
+    written again without it, so they still reach disk. Alone, too, the change is told the real cause."""
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        ids = await streaming_attempts(ledger, 3)
+        [(pages,)] = await ledger.db.execute_fetchall("PRAGMA page_count")
+        await ledger.db.execute_fetchall(f"PRAGMA max_page_count={pages + 3}")
+        big = [(0, 0, "text", "x" * 200_000, None), (1, 0, "text", "y", None)]
+        results = await asyncio.gather(
+            ledger.add_chunks(ids[0], [(0, 0, "text", "kept", None)]),
+            ledger.add_chunks(ids[1], big),
+            ledger.add_chunks(ids[2], [(0, 0, "text", "kept", None), (1, 0, "text", "kept too", None)]),
+            return_exceptions=True,
+        )
+        assert results[0] is None and results[2] is None, results
+        assert isinstance(results[1], sqlite3.OperationalError) and "full" in str(results[1]), results
+        alone = await asyncio.gather(ledger.add_chunks(ids[1], big), return_exceptions=True)
+        assert isinstance(alone[0], sqlite3.OperationalError) and "full" in str(alone[0]), alone
+        with sqlite3.connect(db) as other:
+            rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
+        assert dict(rows) == {ids[0]: 1, ids[2]: 2}
+        await ledger.add_chunks(ids[1], [(0, 0, "text", "fits", None)])  # the connection is usable still
+
+
+async def test_a_timed_write_that_failed_is_tried_again_while_the_provider_stalls(tmp_path: Path) -> None:
+    """The timer's write fails (refused, as a busy lock or a full disk would) and no further delta comes
+    (a stalled provider): the timer tries again, so the text reaches disk once the ledger takes writes,
+    not only when the attempt settles."""
+    from bot.generation.attempts import FLUSH_TIMER, LedgerSink
+
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        await ledger.db.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON attempt_chunks BEGIN SELECT RAISE(ABORT, 'refused'); END"
+        )
+        sink = LedgerSink(ledger, aid)
+        sink.start(0, "text", "before the stall", None)
+        await asyncio.sleep(FLUSH_TIMER + 0.1)  # the timed write ran, and failed
+        assert await ledger.streamed_text(aid) == ""
+        await ledger.db.execute("DROP TRIGGER refuse")
+        for _ in range(40):
+            await asyncio.sleep(0.05)
+            if await ledger.streamed_text(aid):
+                break
+        await sink.close()
+        assert await ledger.streamed_text(aid) == "before the stall"
+
+
+async def test_a_failed_change_of_a_cancelled_caller_is_reported_by_the_ledger(
+    tmp_path: Path, caplog: Any, expected_errors: list[str]
+) -> None:
+    """A caller cancelled while its change waits for the commit is not there to be told the change failed:
+    the ledger logs it (an ERROR naming the ledger and the error), not asyncio's anonymous 'never retrieved'."""
+    import gc
+
+    expected_errors.append("a change whose caller was cancelled failed")
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as ledger:
+        [aid] = await streaming_attempts(ledger, 1)
+        task = asyncio.create_task(ledger.add_chunks("a-missing", [(0, 0, "text", "lost", None)]))
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await ledger.add_chunks(aid, [(0, 0, "text", "after", None)])  # its commit follows the failed one
+        gc.collect()
+    logged = [r for r in caplog.records if r.name.startswith("bot.ledger")]
+    assert any("cancelled" in r.getMessage() and "FOREIGN KEY" in r.getMessage() for r in logged), caplog.records

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import sqlite3
+from typing import Any
 
 import aiosqlite
 from conftest import Room, residence
@@ -16,7 +17,7 @@ from bot.ledger import Ledger, live, migrations, store
 from bot.ledger.verify import check
 from bot.localservers import sse
 from bot.localservers.provider import Call
-from bot.records import Generation
+from bot.records import Generation, Status
 
 # Every read people and start-up make, as the code runs it (ledger list, ledger stumps and /stumps list
 # with each of their filters, crash settlement, resume's undelivered posts, the context compiler's and
@@ -91,6 +92,23 @@ async def test_start_up_finds_settled_generations_without_posts_through_the_sche
     assert await lg.generations_without_posts() == [g.id]
 
 
+async def test_a_generation_with_nothing_to_post_is_planned_once_not_at_every_start(pipeline):
+    """A settled generation whose plan is empty (completed with no text: no post, no line) is looked at
+    by the first start-up after it and marked planned, so start-up does not read it again every time
+    (a ledger's count of them only grows)."""
+    from bot.delivery.resume import plan_unposted
+
+    lg = pipeline.ledger
+    g = Generation(id="g-silent00001", residence="cairn", channel="room", model="m")
+    await lg.create_generation(g)
+    g.status = Status.COMPLETED
+    await lg.finish_generation(g, [])
+    assert await lg.generations_without_posts() == [g.id]
+    assert await plan_unposted(lg) == []
+    assert await lg.generations_without_posts() == []
+    assert [p.id for p in (await lg.get_generation(g.id)).posts] == []  # type: ignore[union-attr]
+
+
 REQUEST = {
     "model": "claude-3-opus-20240229",
     "max_tokens": 4096,
@@ -153,6 +171,39 @@ async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tm
         assert (await check(lg)).ok
 
 
+async def test_an_old_ledgers_odd_requests_are_kept_as_they_were_and_the_ledger_opens(tmp_path):
+    """Rows m034 cannot store by content (not JSON, not UTF-8, a request kept as TEXT) stay in their old
+    column byte for byte; the others are converted; the ledger opens and every request reads back."""
+    path = tmp_path / "old.db"
+    first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
+    db = await aiosqlite.connect(path, isolation_level=None)
+    saved = list(migrations.MIGRATIONS)
+    try:
+        migrations.MIGRATIONS[:] = saved[:first]
+        await migrations.apply(db)
+    finally:
+        migrations.MIGRATIONS[:] = saved
+    odd: dict[str, Any] = {
+        "g-notjson0001": b"{not json",
+        "g-notutf80001": b'{"a": "\xff"}',
+        "g-deep00000001": b"[" * 100_000 + b"]" * 100_000,
+        "g-texttype0001": json.dumps(REQUEST),
+    }
+    fine = {"g-fine00000001": json.dumps({**REQUEST, "temperature": 0.1, "messages": []}).encode()}
+    for gid, blob in {**odd, **fine}.items():
+        await db.execute(
+            "INSERT INTO generations (id, residence, channel, model, status, standing, continuation_ended, request,"
+            " created_at) VALUES (?, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', ?, 1.0)",
+            (gid, blob),
+        )
+    await db.close()
+    async with Ledger.open(path) as lg:
+        for gid, blob in fine.items():
+            assert await lg.request_json(gid) == blob
+        rows = await lg.db.execute_fetchall("SELECT id, request FROM generations WHERE request IS NOT NULL")
+        assert dict((r[0], r[1]) for r in rows) == odd
+
+
 async def test_a_busy_rooms_requests_grow_with_what_was_said_not_history_times_turns(pipeline):
     """Forty turns in one channel, each request carrying the room's last 50 lines: what the ledger keeps
     of the requests stays within a small multiple of what was said, not the ~20× of whole requests."""
@@ -210,3 +261,21 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(chain, "BATCH", 2)
     assert asyncio.run(run()) == whole
+
+
+def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypatch):
+    """Two different parts of one request whose keys (the SHA-256's first 8 bytes) are equal: the schema's
+    trigger cannot see it (only one row would be written), so packing refuses it rather than storing a
+    request that reads back with one part in place of the other. Keys of 1 byte here, to meet one."""
+    from bot.ledger import requests
+
+    real = requests.part
+    monkeypatch.setattr(requests, "part", lambda body: requests.Part(real(body).id % 2, real(body).sha256, body))
+    req = {"messages": [{"role": "user", "content": "one\n\ntwo\n\nthree\n\nfour"}]}
+    try:
+        packed = requests.pack(req)
+    except ValueError as e:
+        assert "SHA-256" in str(e)
+    else:
+        parts = {p.id: p.body for p in packed.parts}
+        assert requests.unpack_bytes(packed.ref, parts) == json.dumps(req).encode(), "a part replaced another"

@@ -91,6 +91,7 @@ async def _plan_missing(ledger: Ledger, g: Generation) -> bool:
     """A settled generation with no posts: settled by recovery, or the process stopped before planning."""
     planned = plan(g.ending(), g.text)
     if not planned:
+        await ledger.mark_planned(g.id)
         return False
     posts = numbered(planned, g.id, g.channel, await ledger.next_post_seq(g.id))
     await ledger.add_posts(posts)

@@ -62,6 +62,8 @@ class LedgerSink(BlockSink):
         self._timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._failing = False  # the last timed write failed: its retries are not logged again
 
     def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
         self._new_block = True
@@ -90,13 +92,22 @@ class LedgerSink(BlockSink):
 
     def _timed_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if task.cancelled():
+            return
+        if task.exception() is None:
+            self._failing = False
+            return
+        if not self._failing:
+            self._failing = True
             log.warning(
-                "attempt %s: a timed ledger write failed (the text stays in memory and is written "
-                "when the attempt settles): %s",
+                "attempt %s: a timed ledger write failed (the text stays pending; tried again in %.2fs, "
+                "and written when the attempt settles): %s",
                 self.attempt_id,
+                FLUSH_TIMER,
                 task.exception(),
             )
+        if self._timer is None and not self._closed:  # a stalled provider sends no delta to re-arm it
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
 
     def _take(self) -> list[tuple[int, int, str, str, str | None]]:
         """The pending pieces as chunk rows (seq, block, type, text, start of a block's first chunk)."""
@@ -121,15 +132,25 @@ class LedgerSink(BlockSink):
                 self._timer = None
             if not self._pending and not self._new_block:
                 return
-            rows, n = self._take(), self._pending
+            before = [(b, b.written, b.on_disk) for b in self._open]
+            rows, n, new_block = self._take(), self._pending, self._new_block
             self._pending, self._new_block, self._inflight = 0, False, self._inflight + n
             try:
                 await self.ledger.add_chunks(self.attempt_id, rows)
+            except Exception:
+                # Not on disk: its pieces are pending again (joined into one), so the next write carries
+                # them and the disk holds a prefix of the stream, never the stream with a hole in it.
+                # (Cancelled, the shielded write still runs to its commit: nothing to give back.)
+                for b, written, on_disk in before:
+                    b.written, b.on_disk = written, on_disk
+                self._pending, self._new_block = self._pending + n, self._new_block or new_block
+                raise
             finally:
                 self._inflight -= n
 
     async def close(self) -> None:
         """Stop the timer and wait for a timed write in flight: nothing may land after settlement."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -442,9 +442,15 @@ def _convert_requests(conn: sqlite3.Connection) -> None:
             if len(memo) > 100_000 or len(known) > 1_000_000:
                 memo.clear()
                 known.clear()
-            packed = pack(json.loads(bytes(blob).decode("utf-8", "surrogatepass")), memo)
-            parts = {p.id: p.body for p in packed.parts}
-            if unpack_bytes(packed.ref, parts) != bytes(blob):
+            if not isinstance(blob, bytes):  # not as the ledger writes it (a TEXT value): left as it is
+                continue
+            try:
+                packed = pack(json.loads(blob.decode("utf-8", "surrogatepass")), memo)
+                parts = {p.id: p.body for p in packed.parts}
+                back = unpack_bytes(packed.ref, parts)
+            except (ValueError, TypeError, RecursionError):  # not JSON, not UTF-8, nested too deep: left whole
+                continue
+            if back != blob:
                 continue
             conn.executemany(
                 "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)",

@@ -50,6 +50,14 @@ def part(body: bytes) -> Part:
     return Part(int.from_bytes(d[:8], "big", signed=True), d, body)
 
 
+def _keep(parts: dict[int, Part], p: Part) -> None:
+    """`p` among a request's parts; two different parts under one key are refused (the schema's trigger
+    sees only rows already stored, not two parts of one request, of which only one would be written)."""
+    have = parts.setdefault(p.id, p)
+    if have.sha256 != p.sha256:
+        raise ValueError("two parts of a request share the first 8 bytes of their SHA-256")
+
+
 RUN = 8  # messages end a run where their first part's key is a multiple of this: ~8 messages a run
 
 
@@ -69,7 +77,7 @@ def pack(request: dict[str, Any], memo: dict[str, Part] | None = None) -> Packed
             fields.append([key, "v", value])
         else:
             p = part(blob.encode("ascii"))
-            parts[p.id] = p
+            _keep(parts, p)
             fields.append([key, "p", p.id])
     return Packed(json.dumps({"request": fields}).encode("ascii"), list(parts.values()))
 
@@ -86,18 +94,18 @@ def _runs(messages: list[Any], parts: dict[int, Part], memo: dict[str, Part] | N
                     p = part(text.encode("utf-8", "surrogatepass"))
                     if memo is not None:
                         memo[text] = p
-                parts[p.id] = p
+                _keep(parts, p)
                 ids.append(p.id)
             run.append(ids)
             key = ids[1]
         else:
             p = part(json.dumps(m).encode("ascii"))
-            parts[p.id] = p
+            _keep(parts, p)
             run.append(p.id)
             key = p.id
         if key % RUN == 0 or n == len(messages):  # boundaries set by content: a sliding window keeps its runs
             r = part(json.dumps(run).encode("ascii"))
-            parts[r.id] = r
+            _keep(parts, r)
             runs.append(r.id)
             run = []
     return runs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -37,6 +38,8 @@ from ..records import (
 )
 from ..text import outbound
 from . import attachments, chain, migrations, requests
+
+log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -119,7 +122,15 @@ class Ledger:
         if not self._queue and self._idle.is_set():  # the first change since the last commit began
             asyncio.get_running_loop().call_soon(self._commit_waiting)
         self._queue.append((list(statements), done))
-        await asyncio.shield(done)
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            done.add_done_callback(self._orphaned)  # its caller is gone: a failure is told to the log
+            raise
+
+    def _orphaned(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and (e := done.exception()) is not None:
+            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.path, e)
 
     def _commit_waiting(self) -> None:
         """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
@@ -626,6 +637,11 @@ class Ledger:
         """Settled generations with no post planned: the process stopped between settling and planning."""
         return [r[0] for r in await self.db.execute_fetchall(WITHOUT_POSTS)]
 
+    async def mark_planned(self, generation_id: str) -> None:
+        """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
+        start-up's `generations_without_posts` does not read it again at every start."""
+        await self._tx([("UPDATE generations SET planned = 1 WHERE id=? AND status != 'pending'", (generation_id,))])
+
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
         return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
@@ -782,7 +798,9 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
 
     Alone, a change is its own transaction (one statement: none around it). Together, each is a
     savepoint of one BEGIN IMMEDIATE … COMMIT: one that fails is rolled back to its savepoint and
-    reported to its caller only; a failed COMMIT is reported to all (nothing of the batch is on disk).
+    reported to its caller only. One whose error made SQLite roll back the whole transaction (a full
+    disk, an I/O error) is reported to its caller, and the others are written again without it. A
+    failed COMMIT is reported to all (nothing of the batch is on disk).
     """
     if len(changes) == 1:
         try:
@@ -790,25 +808,30 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
         except Exception as e:
             return [e]
         return [None]
-    errors: list[BaseException | None] = []
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for statements in changes:
-            conn.execute("SAVEPOINT change")
-            try:
-                _statements(conn, statements)
-            except sqlite3.Error as e:
-                conn.execute("ROLLBACK TO change")
-                errors.append(e)
+    errors: dict[int, BaseException] = {}
+    while len(errors) < len(changes):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for i, statements in enumerate(changes):
+                if i in errors:
+                    continue
+                conn.execute("SAVEPOINT change")
+                try:
+                    _statements(conn, statements)
+                except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
+                    errors[i] = e
+                    if not conn.in_transaction:  # SQLite rolled back the whole transaction: again, without it
+                        break
+                    conn.execute("ROLLBACK TO change")
+                conn.execute("RELEASE change")
             else:
-                errors.append(None)
-            conn.execute("RELEASE change")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    return errors
+                conn.execute("COMMIT")
+                break
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return [errors.get(i) for i in range(len(changes))]
 
 
 def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
@@ -828,7 +851,8 @@ def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any
         _statements(conn, statements)
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # not when SQLite rolled it back itself (a full disk): its error is the one to report
+            conn.execute("ROLLBACK")
         raise
 
 
