@@ -16,12 +16,20 @@ import json
 import logging
 from typing import Any
 
-import httpx2
 import openai
 
 from .. import truth
 from ..text import outbound_json
-from .stream import BlockSink, Failure, MalformedEvent, StreamEnd, _retry_after, call_timeout
+from .stream import (
+    BlockSink,
+    Failure,
+    MalformedEvent,
+    StreamEnd,
+    _retry_after,
+    call_timeout,
+    internal_failure,
+    transport_failure,
+)
 
 log = logging.getLogger(__name__)
 
@@ -293,20 +301,9 @@ def _classify(e: BaseException, started: bool) -> Failure:
                 return Failure("malformed-stream", True, f"an error object of the wrong shape: {str(e)[:200]}", 200)
             etype = "stream-error"
         return Failure(etype, etype not in _FINAL_TYPES, e.message, 200)
-    if isinstance(e, httpx2.TimeoutException):
-        return Failure("read-timeout", True, "the stream stalled past the read timeout")
-    if isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.NetworkError)):
-        return Failure("connection-cut", True, "the connection closed mid-stream")
-    if isinstance(e, httpx2.HTTPError):
-        return Failure("connection-error", True, type(e).__name__)
-    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
-        return Failure("malformed-stream", True, f"{type(e).__name__}: {e}")
-    if isinstance(e, MalformedEvent):
-        return Failure("malformed-stream", True, str(e))
     if isinstance(e, openai.OpenAIError):
         return Failure("api-error", False, str(e))
-    log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
-    return Failure(truth.internal_error(type(e).__name__), False, str(e))
+    return transport_failure(e) or internal_failure(e)
 
 
 def _said(code: int, body: object) -> str:

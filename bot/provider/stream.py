@@ -356,6 +356,14 @@ def _classify(e: BaseException) -> Failure:
         return Failure("timeout", True, "no response before the timeout")
     if isinstance(e, anthropic.APIConnectionError):
         return Failure("connection-error", True, str(e.__cause__ or e))
+    if isinstance(e, anthropic.APIError):
+        return Failure("api-error", False, str(e))
+    return transport_failure(e) or internal_failure(e)
+
+
+def transport_failure(e: BaseException) -> Failure | None:
+    """The failures every provider's SDK meets beneath it (the HTTP transport, the stream's bytes, our
+    own event decoding), the same kind whichever SDK raised them; None for anything else."""
     if isinstance(e, httpx2.TimeoutException):
         return Failure("read-timeout", True, "the stream stalled past the read timeout")
     if isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.NetworkError)):
@@ -366,10 +374,12 @@ def _classify(e: BaseException) -> Failure:
         return Failure("malformed-stream", True, f"{type(e).__name__}: {e}")
     if isinstance(e, MalformedEvent):
         return Failure("malformed-stream", True, str(e))
-    if isinstance(e, anthropic.APIError):
-        return Failure("api-error", False, str(e))
-    # Not the provider's: a failure of this process while calling it (building the request, keeping
-    # the stream). It is named as such, never as a provider error, and not retried.
+    return None
+
+
+def internal_failure(e: BaseException) -> Failure:
+    """Not the provider's: a failure of this process while calling it (building the request, keeping
+    the stream). It is named as such, never as a provider error, and not retried."""
     log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
     return Failure(truth.internal_error(type(e).__name__), False, str(e))
 
