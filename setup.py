@@ -5,6 +5,7 @@ people read and edit them; a built wheel carries them as bot/examples/, where `b
 them once installed (`residents init`, `residents replay NAME`). An editable install needs no copy:
 `bot.bundled` reads the checkout's folders. Everything else is declared in pyproject.toml.
 """
+
 from __future__ import annotations
 
 import shutil

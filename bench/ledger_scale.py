@@ -37,7 +37,7 @@ from bot.delivery.plan import plan
 from bot.ledger import Ledger, chain
 from bot.ledger.access import own_stumps
 from bot.ledger.requests import Part
-from bot.records import Attempt, Generation, Post, Segment, Stump, numbered
+from bot.records import Attempt, Generation, Post, Segment, Stump, new_id, numbered
 from bot.truth import RETRY_ABANDONED, stump_cause
 
 CUT_SHARE = 0.07
@@ -58,7 +58,8 @@ def _texts(rng: random.Random) -> str:
 
 
 def _id(rng: random.Random, prefix: str) -> str:
-    return f"{prefix}{rng.getrandbits(48):012x}"
+    """Ids as the project makes them (`records.new_id`: time first), so records made together sit together."""
+    return new_id(prefix)
 
 
 def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any]:

@@ -397,3 +397,51 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
     monkeypatch.setattr(chain, "PARALLEL_FROM", 0)
     code, in_workers = run_verify(capsys, "--db", str(db))
     assert code == 1 and in_workers == one_pass
+
+
+def held(db: Path, kind: str) -> list[tuple]:
+    """Every record of `kind` as `chain._held` gives it: payload None where SQLite confirmed its entry."""
+    con = sqlite3.connect(db)
+    try:
+        chain._install_sql(con)
+        i = [k for k, _ in chain.RECORDS].index(kind)
+        return [t for batch in chain._held(con.cursor(), i) for t in batch if t[0] == kind]
+    finally:
+        con.close()
+
+
+def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys):
+    """`chain.CONFIRMED` renders each record's entry in SQLite; it must agree with the builders for every
+    kind and field (blocks of every type, several segments, retries, cuts, continuations, tool rounds,
+    deliveries), so on a whole ledger every record is confirmed there and none is built in Python. A
+    string SQLite writes unescaped (outside ASCII) goes to the builders and still holds; a changed record
+    goes to them and they name what differs."""
+    everything = (
+        "retry", "ceiling", "thinking-cut", "continuation", "on-request", "tool-cut", "tool-list",
+        "tool-retry", "unknown-block", "lookalike", "refusal", "openai-reasoning", "openai-tool-calls",
+    )  # fmt: skip
+    db = replayed(tmp_path, capsys, everything)
+    assert sql(db, "SELECT count(*) FROM chain WHERE kind = 'delivered'")[0][0] > 0
+    for kind in ("attempt", "generation", "stump", "post", "delivered"):
+        got = held(db, kind)
+        assert got and all(t[2] is None for t in got), (kind, [t for t in got if t[2] is not None])
+
+    async def add() -> None:
+        async with Ledger.open(db) as lg:
+            g = Generation(id="g-outside-ascii", residence="café", channel="room", model="m")
+            await lg.create_generation(g)
+            g.status, g.text, g.finished_at = "completed", "Bonjour.", 1.0
+            await lg.finish_generation(g, [])
+
+    asyncio.run(add())
+    # its batch is built in Python (the builders name what differs, or confirm it holds)
+    assert "g-outside-ascii" in [t[1] for t in held(db, "generation") if t[2] is not None]
+    assert asyncio.run(_verify(db)) == []
+    script(db, "UPDATE generations SET model = 'other' WHERE id = 'g-outside-ascii'")
+    assert [line.split(": ", 2)[-1] for line in asyncio.run(_verify(db))] == ["model (entry m, ledger other)"]
+
+
+async def _verify(db: Path) -> list[str]:
+    """The chain's own verdicts (the generation made by hand above is not a whole turn)."""
+    async with Ledger.open(db) as lg:
+        return (await chain.check(lg.db, str(db))).violations

@@ -13,7 +13,7 @@ from typing import Any
 import aiosqlite
 from conftest import Room, residence
 
-from bot.ledger import Ledger, live, migrations, store
+from bot.ledger import Ledger, chain, live, migrations, store
 from bot.ledger.verify import check
 from bot.localservers import sse
 from bot.localservers.provider import Call
@@ -49,6 +49,8 @@ READS = {
     "latest generation": store.LATEST_GENERATION.format(channel=""),
     "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=?"),
     "live messages in progress": live.IN_PROGRESS,
+    "a record's latest entry of a kind": "SELECT max(seq) FROM chain WHERE record = ? AND kind = ?",
+    "a later entry of a record": chain.LATER,
 }
 # Listings newest first: the ORDER BY ... LIMIT must be walked on an index, never a sort of every row.
 PAGED = ("ledger list", "stumps ")
@@ -63,6 +65,9 @@ USES = {
     "generations without posts": "generations_unplanned",
     "latest generation in a channel": "generations_channel",
     "live messages in progress": "live_messages_live",
+    # covering: the kind is tested in the index, never by reading each entry of the record
+    "a record's latest entry of a kind": "COVERING INDEX chain_record_kind",
+    "a later entry of a record": "COVERING INDEX chain_record_kind",
 }
 
 
@@ -279,3 +284,69 @@ def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypat
     else:
         parts = {p.id: p.body for p in packed.parts}
         assert requests.unpack_bytes(packed.ref, parts) == json.dumps(req).encode(), "a part replaced another"
+
+
+def test_record_ids_sort_by_creation_so_a_ledger_read_in_id_order_walks_its_pages_in_order(monkeypatch):
+    """`new_id`: time first, then a counter within the millisecond: ids of one process are unique and
+    only grow, through a burst in one millisecond and a wall clock stepped back."""
+    import time as real_time
+
+    from bot import records
+
+    burst = [records.new_id("g-") for _ in range(5000)]
+    assert len(set(burst)) == len(burst) and burst == sorted(burst)
+    assert all(re.fullmatch(r"g-[0-9a-f]{16}", i) for i in burst)
+    stamp = int(burst[-1][2:], 16) >> 20  # milliseconds since the epoch
+    assert abs(stamp - real_time.time_ns() // 1_000_000) < 60_000
+    monkeypatch.setattr(records.time, "time_ns", lambda: 0)  # the clock stepped back to 1970
+    after = [records.new_id("g-") for _ in range(3)]
+    assert burst[-1] < after[0] < after[1] < after[2]
+
+
+def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp_path, monkeypatch):
+    """On a long ledger the generations are checked in worker processes, one range of ids each: the
+    verdicts and their order are those of one pass, including records of a missing generation that
+    fall between two ranges and at the end, and the counts of generations and undelivered posts."""
+    from bot.ledger import verify
+
+    async def build() -> None:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            for i in range(9):  # created newest first: the order of ids is not the verdicts'
+                g = Generation(id=f"g-range{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
+                await lg.create_generation(g)
+                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
+                await lg.finish_generation(g, [])
+
+    async def run() -> tuple[list[str], int, list[str]]:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            r = await check(lg)
+            return r.violations, r.generations, r.unsettled
+
+    asyncio.run(build())
+    with sqlite3.connect(tmp_path / "l.db") as raw:
+        raw.execute("PRAGMA foreign_keys=OFF")
+        raw.execute("UPDATE generations SET chars = 99 WHERE id IN ('g-range2', 'g-range7')")
+        raw.execute("UPDATE generations SET status = 'pending' WHERE id = 'g-range5'")
+        for gid in ("g-range3x", "g-range9x"):  # between two ranges' ids, and after every id
+            raw.execute(
+                "INSERT INTO stumps (id, generation_id, residence, scope, cause, text, chars, created_at)"
+                " VALUES (?, ?, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
+                (f"s-of-{gid}", gid),
+            )
+    one_pass = asyncio.run(run())
+    assert one_pass[1] == 9 and one_pass[2] == ["g-range5"]
+    assert sum("belongs to missing generation" in line for line in one_pass[0]) == 2
+    assert sum("chars 99 != 6" in line for line in one_pass[0]) == 2
+    monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(verify, "BATCH", 2)
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
+    ranges: list[tuple[str, str | None]] = []
+    real = verify._range_in_process
+
+    async def spy(path: str, lo: str, hi: str | None) -> Any:
+        ranges.append((lo, hi))
+        return await real(path, lo, hi)
+
+    monkeypatch.setattr(verify, "_range_in_process", spy)
+    assert asyncio.run(run()) == one_pass
+    assert len(ranges) == 4 and ranges[0][0] == "" and ranges[-1][1] is None  # every id, in four processes

@@ -47,7 +47,7 @@ import sqlite3
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -403,7 +403,7 @@ BATCH = 2000
 
 
 def _latest(kind: str) -> str:
-    """The newest entry of `kind` for the record `x.id`: a seek on `chain_record`."""
+    """The newest entry of `kind` for the record `x.id`: a seek on `chain_record_kind`."""
     return f"LEFT JOIN chain c ON c.seq = (SELECT max(seq) FROM chain WHERE record = x.id AND kind = '{kind}')"
 
 
@@ -443,6 +443,119 @@ RECORDS: list[tuple[str, str]] = [
 BLOCKS_OF = (
     "SELECT attempt_id, idx, type, content FROM attempt_blocks WHERE attempt_id IN ({marks}) ORDER BY attempt_id, pos"
 )
+
+# The same records, each with whether its latest entry is, byte for byte, the entry its builder above
+# gives now: the payload rendered by SQLite's `json_object` with its keys in sorted order (the
+# canonical form wherever every string is ASCII), the texts hashed by `verify_sha256`. Only a row
+# answered 1 is taken as confirmed; any other answer (0: it differs, or a string SQLite writes
+# unescaped; NULL: no entry, or a post with lone surrogates) and any error is checked again by the
+# builders (`_built`), which alone name what differs. `test_chain` holds these renderings against the
+# builders for every field, so the two cannot drift apart unseen.
+_AT_SQL = "'at', json_extract(c.body, '$.at')"
+_CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (a NUL stops it: then 0)
+CONFIRMED: dict[str, str] = {
+    "attempt": (
+        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ","
+        " 'blocks', CASE WHEN EXISTS (SELECT 1 FROM attempt_blocks WHERE attempt_id = x.id) THEN"
+        " (SELECT json_group_array(json_object('chars', " + _CHARS.format(col="b.content") + ", 'index', b.idx,"
+        " 'sha256', verify_sha256(b.content), 'type', b.type))"
+        " FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b)"
+        " WHEN length(x.text) > 0 THEN json_array(json_object('chars', " + _CHARS.format(col="x.text") + ","
+        " 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END,"
+        " 'chars', " + _CHARS.format(col="x.text") + ", 'discard_reason', x.discard_reason, 'error', x.error,"
+        " 'generation_id', x.generation_id, 'id', x.id, 'index', x.idx, 'kind', 'attempt', 'outcome', x.outcome,"
+        " 'output_tokens', x.output_tokens, 'segment', x.segment, 'stop_reason', x.stop_reason,"
+        " 'text_sha256', verify_sha256(x.text)) FROM attempts x " + _latest("attempt") + " WHERE x.rowid > ?"
+        " AND x.outcome != 'streaming' ORDER BY x.rowid LIMIT ?"
+    ),
+    "generation": (
+        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'channel', x.channel,"
+        " 'chars', " + _CHARS.format(col="x.text") + ", 'continuation_ended', x.continuation_ended, 'id', x.id,"
+        " 'kind', 'generation', 'model', x.model, 'output_tokens', x.output_tokens, 'residence', x.residence,"
+        " 'segments', (SELECT json_group_array(json_object('attempt_id', s.attempt_id, 'chars', s.chars,"
+        " 'index', s.idx, 'output_tokens', s.output_tokens, 'overlap_removed', s.overlap_removed,"
+        " 'stop_reason', s.stop_reason)) FROM (SELECT * FROM segments WHERE generation_id = x.id ORDER BY idx) s),"
+        " 'standing', x.standing, 'status', x.status, 'stop_reason', x.stop_reason,"
+        " 'text_sha256', verify_sha256(x.text)) FROM generations x " + _latest("generation") + " WHERE"
+        " x.rowid > ? AND x.status != 'pending' ORDER BY x.rowid LIMIT ?"
+    ),
+    "stump": (
+        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'attempt_id', x.attempt_id, 'block', x.block,"
+        " 'block_type', x.block_type, 'cause', x.cause, 'chars', " + _CHARS.format(col="x.text") + ","
+        " 'generation_id', x.generation_id, 'id', x.id, 'kind', 'stump', 'output_tokens', x.output_tokens,"
+        " 'residence', x.residence, 'scope', x.scope, 'text_sha256', verify_sha256(x.text))"
+        " FROM stumps x " + _latest("stump") + " WHERE x.rowid > ? ORDER BY x.rowid LIMIT ?"
+    ),
+    # `sent_sha256` is written only for content with lone surrogates: `verify_sent_same` answers NULL
+    # for such content, so those posts are always held against their builder
+    "post": (
+        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'channel', x.channel,"
+        " 'chars', " + _CHARS.format(col="x.content") + ", 'content_sha256', verify_sent_same(x.content),"
+        " 'generation_id', x.generation_id, 'id', x.id, 'kind', 'post', 'post_kind', x.kind, 'seq', x.seq)"
+        " FROM posts x " + _latest("post") + " WHERE x.rowid > ? ORDER BY x.rowid LIMIT ?"
+    ),
+    "delivered": (
+        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'id', x.id, 'kind', 'delivered',"
+        " 'message_id', x.message_id) FROM posts x " + _latest("delivered") + " WHERE x.rowid > ?"
+        " AND x.message_id IS NOT NULL ORDER BY x.rowid LIMIT ?"
+    ),
+}
+
+
+def _stored_bytes(value: bytes | str | None) -> bytes:
+    """A text column's bytes as `_dec` then `sha256_text` read them (a TEXT value encoded back)."""
+    if value is None:
+        return b""
+    return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
+
+
+def _sql_sha256(value: bytes | str | None) -> str:
+    return hashlib.sha256(_stored_bytes(value)).hexdigest()
+
+
+def _sql_sent_same(value: bytes | str | None) -> str | None:
+    """The content's SHA-256 where what was sent is the content itself (valid UTF-8), else NULL."""
+    data = _stored_bytes(value)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return hashlib.sha256(data).hexdigest()
+
+
+def _install_sql(conn: sqlite3.Connection) -> None:
+    conn.create_function("verify_sha256", 1, _sql_sha256, deterministic=True)
+    conn.create_function("verify_sent_same", 1, _sql_sent_same, deterministic=True)
+
+
+def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
+    """`_payloads`, with the records SQLite confirms (`CONFIRMED`) given as (kind, None, None, seq, None):
+    only a batch holding some record it does not confirm is read again and built in Python."""
+    kind, sql = RECORDS[i]
+    if kind == "delivered":
+        yield _access(db)
+    last = -(2**63)
+    while True:
+        try:
+            rows: list[Any] | None = db.execute(CONFIRMED[kind], (last, BATCH)).fetchall()
+        except sqlite3.Error:
+            rows = None  # a value SQLite's JSON cannot hold (a BLOB id, a body that is not JSON)
+        if rows is not None and all(r[2] == 1 for r in rows):
+            if not rows:
+                return
+            yield [(kind, None, None, r[1], None) for r in rows]
+            last = rows[-1][0]
+            continue
+        batch = db.execute(sql, (last, BATCH)).fetchall()
+        if rows:  # the same span as the confirming read, however the ledger moved since
+            batch = [r for r in batch if r[0] <= rows[-1][0]]
+        elif not batch:
+            return
+        if batch:
+            yield _built(db, kind, batch)
+        last = rows[-1][0] if rows else batch[-1][0]
+
+
 SEGMENTS_OF = (
     "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
     " WHERE generation_id IN ({marks})"
@@ -462,88 +575,98 @@ def _rows(db: sqlite3.Cursor, sql: str) -> Iterator[list[Any]]:
         last = batch[-1][0]
 
 
-def _payloads(db: sqlite3.Cursor, i: int) -> Iterator[list[tuple[str, str, dict[str, Any], int | None, str | None]]]:
+_Built = list[tuple[str, str, dict[str, Any], int | None, str | None]]
+# ... or, where SQLite confirmed the record's latest entry (`_held`), (kind, None, None, seq, None)
+_Held = Sequence[tuple[str, str | None, dict[str, Any] | None, int | None, str | None]]
+
+
+def _payloads(db: sqlite3.Cursor, i: int) -> Iterator[_Built]:
     """(kind, record id, payload, latest entry's seq or None, its body) of every record of kind `i` of
     `RECORDS`, a batch at a time: what `check` holds against the chain without
     loading the ledger."""
-    for kind, sql in RECORDS[i : i + 1]:
-        if kind == "delivered":
-            yield _access(db)
-        for batch in _rows(db, sql):
-            out = []
-            if kind == "attempt":
-                blocks: dict[str, list[Block]] = defaultdict(list)
-                ids = [r[1] for r in batch]
-                for b in db.execute(BLOCKS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
-                    blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
-                for a in batch:
-                    att = Attempt(
-                        id=a[1],
-                        generation_id=a[2],
-                        segment=a[3],
-                        index=a[4],
-                        outcome=a[5],
-                        stop_reason=a[6],
-                        discard_reason=a[7],
-                        error=a[8],
-                        text=_dec(a[9]),
-                        output_tokens=a[10],
-                        blocks=blocks.get(a[1], []),
-                    )
-                    out.append((kind, att.id, attempt_payload(att), a[11], a[12]))
-            elif kind == "generation":
-                segments: dict[str, list[Segment]] = defaultdict(list)
-                ids = [r[1] for r in batch]
-                for sg in db.execute(SEGMENTS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
-                    segments[sg[0]].append(Segment(sg[1], sg[2], sg[3], sg[4], sg[5], sg[6]))
-                for g in batch:
-                    gen = Generation(
-                        id=g[1],
-                        residence=g[2],
-                        channel=g[3],
-                        model=g[4],
-                        status=g[5],
-                        stop_reason=g[6],
-                        text=_dec(g[7]),
-                        output_tokens=g[8],
-                        standing=g[9],
-                        continuation_ended=g[10],
-                        segments=segments.get(g[1], []),
-                    )
-                    out.append((kind, gen.id, generation_payload(gen), g[11], g[12]))
-            elif kind == "stump":
-                for x in batch:
-                    st = Stump(
-                        id=x[1],
-                        generation_id=x[2],
-                        attempt_id=x[3],
-                        residence=x[4],
-                        scope=x[5],
-                        cause=x[6],
-                        text=_dec(x[7]),
-                        output_tokens=x[8],
-                        block=x[9],
-                        block_type=x[10],
-                    )
-                    out.append((kind, st.id, stump_payload(st), x[11], x[12]))
-            elif kind == "post":
-                for x in batch:
-                    post = Post(
-                        id=x[1],
-                        generation_id=x[2],
-                        seq=x[3],
-                        kind=x[4],
-                        content=_dec(x[5]),
-                        channel=x[6],
-                        replacements=0,
-                    )
-                    out.append((kind, post.id, post_payload(post), x[7], x[8]))
-            else:
-                out = [(kind, x[1], delivered_payload(x[1], x[2]), x[3], x[4]) for x in batch]
-            yield out
+    kind, sql = RECORDS[i]
+    if kind == "delivered":
+        yield _access(db)
+    for batch in _rows(db, sql):
+        yield _built(db, kind, batch)
 
 
-def _access(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any], int | None, str | None]]:
+def _built(db: sqlite3.Cursor, kind: str, batch: list[Any]) -> _Built:
+    """One batch of `RECORDS[kind]` rows, each with the payload its builder gives now."""
+    out: _Built = []
+    if kind == "attempt":
+        blocks: dict[str, list[Block]] = defaultdict(list)
+        ids = [r[1] for r in batch]
+        for b in db.execute(BLOCKS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
+            blocks[b[0]].append(Block(b[1], b[2], _dec(b[3])))
+        for a in batch:
+            att = Attempt(
+                id=a[1],
+                generation_id=a[2],
+                segment=a[3],
+                index=a[4],
+                outcome=a[5],
+                stop_reason=a[6],
+                discard_reason=a[7],
+                error=a[8],
+                text=_dec(a[9]),
+                output_tokens=a[10],
+                blocks=blocks.get(a[1], []),
+            )
+            out.append((kind, att.id, attempt_payload(att), a[11], a[12]))
+    elif kind == "generation":
+        segments: dict[str, list[Segment]] = defaultdict(list)
+        ids = [r[1] for r in batch]
+        for sg in db.execute(SEGMENTS_OF.format(marks=",".join("?" * len(ids))), ids).fetchall():
+            segments[sg[0]].append(Segment(sg[1], sg[2], sg[3], sg[4], sg[5], sg[6]))
+        for g in batch:
+            gen = Generation(
+                id=g[1],
+                residence=g[2],
+                channel=g[3],
+                model=g[4],
+                status=g[5],
+                stop_reason=g[6],
+                text=_dec(g[7]),
+                output_tokens=g[8],
+                standing=g[9],
+                continuation_ended=g[10],
+                segments=segments.get(g[1], []),
+            )
+            out.append((kind, gen.id, generation_payload(gen), g[11], g[12]))
+    elif kind == "stump":
+        for x in batch:
+            st = Stump(
+                id=x[1],
+                generation_id=x[2],
+                attempt_id=x[3],
+                residence=x[4],
+                scope=x[5],
+                cause=x[6],
+                text=_dec(x[7]),
+                output_tokens=x[8],
+                block=x[9],
+                block_type=x[10],
+            )
+            out.append((kind, st.id, stump_payload(st), x[11], x[12]))
+    elif kind == "post":
+        for x in batch:
+            post = Post(
+                id=x[1],
+                generation_id=x[2],
+                seq=x[3],
+                kind=x[4],
+                content=_dec(x[5]),
+                channel=x[6],
+                replacements=0,
+            )
+            out.append((kind, post.id, post_payload(post), x[7], x[8]))
+    else:
+        out = [(kind, x[1], delivered_payload(x[1], x[2]), x[3], x[4]) for x in batch]
+    return out
+
+
+def _access(db: sqlite3.Cursor) -> _Built:
     """Each stump's latest access choice and latest read (few: one per stump a resident or moderator touched)."""
     out = []
     for kind, sql, build in (
@@ -670,10 +793,15 @@ def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
     unattested: list[str] = []
     attests = bytearray(top // 8 + 1)  # the entry is some record's latest
     exact = bytearray(top // 8 + 1)  # ... and is byte for byte the entry that record gives now
-    for batch in _payloads(db, i):
+    _install_sql(db.connection)
+    for batch in _held(db, i):
         for kind, record, payload, seq, body in batch:
+            if payload is None and seq is not None:  # confirmed by SQLite: the entry is exactly the builder's
+                _mark(attests, seq)
+                _mark(exact, seq)
+                continue
             what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
-            if seq is None or body is None:
+            if seq is None or body is None or payload is None:
                 unattested.append(what)
                 continue
             _mark(attests, seq)

@@ -485,6 +485,18 @@ CREATE TABLE attachments (
 )
 
 
+# A record's latest entry of one kind (what `verify` holds the record against, what Provenance names) is
+# one seek on an index that covers it; with (record, seq) alone SQLite read every entry of the record
+# (a post has its `post` and `delivered` entries) from the table to test its kind.
+step(
+    "m041_chain_record_kind",
+    """
+CREATE INDEX chain_record_kind ON chain(record, kind, seq);
+DROP INDEX chain_record;
+""",
+)
+
+
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""
     await db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")

@@ -9,10 +9,14 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 from __future__ import annotations
 
 import asyncio
+import os
+import pickle
 import re
 import sqlite3
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .. import truth
@@ -77,6 +81,7 @@ async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> li
 # (range seeks on the indexes by generation id), so its memory stays flat however long the ledger is.
 BATCH = 1000
 _GENS = "SELECT rowid, * FROM generations WHERE id > ? ORDER BY id LIMIT ?"
+_GENS_UPTO = "SELECT rowid, * FROM generations WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
 # Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
 _OF: list[tuple[str, str]] = [
     (
@@ -104,7 +109,7 @@ async def check(ledger: Ledger) -> Report:
     # the chain is checked alongside (in worker processes on a long ledger), its lines put first at the end
     links_task = asyncio.ensure_future(chain.check(db, ledger.path))
     try:
-        rep = await _check(db)
+        rep = await _check(db, ledger.path)
     except BaseException:
         links_task.cancel()
         raise
@@ -114,70 +119,99 @@ async def check(ledger: Ledger) -> Report:
     return rep
 
 
-async def _check(db: Any) -> Report:
-    rows = lambda sql, *a: db.execute_fetchall(sql, a)  # noqa: E731 - a short local alias
-    rep = Report()
-    v = rep.violations
+# A ledger of this many generations, kept in a file, has its generations checked in worker processes,
+# one contiguous range of ids each (beside the chain's own), so every core has a share of the work.
+PARALLEL_FROM = 50_000
+
+
+@dataclass
+class _Prelude:
+    """What checking any generation needs to know of the ledger as a whole (small: a few rows)."""
+
+    shown_live: set[str]  # stumps whose text a live message showed and then set aside
+    chunks: dict[str, int]  # streamed chunks left per attempt
+    published: list[dict[str, Any]]  # posts publishing a stump at its resident's request
+    stumps: dict[str, dict[str, Any]]  # the stumps those posts name
+    lines: list[str]  # what the published stumps' posts violate
+    recovered: set[str]  # stumps whose recovered posts were delivered
+
+
+def _prelude(conn: sqlite3.Connection) -> _Prelude:
+    db = conn.cursor()
+    db.row_factory = sqlite3.Row
+
+    def rows(sql: str, *a: Any) -> list[Any]:
+        return db.execute(sql, a).fetchall()
+
     # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
-    shown_live = {r[0] for r in await rows("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
-    chunks = {r[0]: r[1] for r in await rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
+    shown_live = {r[0] for r in rows("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
+    chunks = {r[0]: r[1] for r in rows("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id")}
     # posts publishing a stump at its resident's request are checked with that stump, not as the
     # publishing generation's own text and boundary lines
-    published = [dict(r) for r in await rows("SELECT * FROM posts WHERE stump_id IS NOT NULL ORDER BY rowid")]
+    published = [dict(r) for r in rows("SELECT * FROM posts WHERE stump_id IS NOT NULL ORDER BY rowid")]
     named = sorted({p["stump_id"] for p in published})
     stumps: dict[str, dict[str, Any]] = {}
     for i in range(0, len(named), 500):
         part = named[i : i + 500]
         marks = ",".join("?" * len(part))
-        for r in await rows(f"SELECT * FROM stumps WHERE id IN ({marks})", *part):
+        for r in rows(f"SELECT * FROM stumps WHERE id IN ({marks})", *part):
             stumps[r["id"]] = dict(r)
+    lines: list[str] = []
+    _check_recovered(lines, stumps, published)
+    recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
+    return _Prelude(shown_live, chunks, published, stumps, lines, recovered)
+
+
+@dataclass
+class _Part:
+    """What checking one range of generations found, to be put in order with the other ranges'."""
+
+    missing: list[str] = field(default_factory=list)  # records of generations not in the ledger
+    by_order: list[tuple[float, int, list[str]]] = field(default_factory=list)  # by (created_at, rowid)
+    unsettled: list[tuple[float, int, str]] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)  # attachment rows' violations
+    generations: int = 0
+    undelivered: int = 0
+
+
+async def _check(db: Any, path: str | None = None) -> Report:
+    rep = Report()
+    v = rep.violations
+    pre: _Prelude = await db._execute(_prelude, db._conn)  # aiosqlite's own queue
     orphans: list[str] = []
-    for p in await rows("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
+    for p in await db.execute_fetchall("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
         _check_line(orphans, f"post {p['id']}", dict(p))  # notices about no generation (a declined /continue)
         if p["kind"] != "notice":
             orphans.append(f"post {p['id']}: a {p['kind']} post with no generation")
-    recovered_lines: list[str] = []
-    _check_recovered(recovered_lines, stumps, published)
-    recovered = {sid for sid, s in stumps.items() if s.get("recovered")}
-    missing: list[str] = []  # records of generations not in the ledger
-    by_order: list[tuple[float, int, list[str]]] = []  # each generation's violations, in its (created_at, rowid)
+    count = list(await db.execute_fetchall("SELECT count(*) FROM generations"))[0][0]
+    workers = min(os.cpu_count() or 1, 4)
+    if path is None or path == ":memory:" or count < PARALLEL_FROM or workers < 2:
+        parts = [await db._execute(_generations, db._conn, "", None, pre)]
+    else:
+        # contiguous ranges of ids with about as many generations each; the last one open-ended
+        bounds: list[str] = []
+        for k in range(1, workers):
+            got = list(
+                await db.execute_fetchall(
+                    "SELECT id FROM generations ORDER BY id LIMIT 1 OFFSET ?", (count * k // workers,)
+                )
+            )
+            if got and (not bounds or got[0][0] > bounds[-1]):
+                bounds.append(got[0][0])
+        ranges = list(zip(["", *bounds], [*bounds, None], strict=True))
+        parts = await asyncio.gather(*(_range_in_process(path, lo, hi) for lo, hi in ranges))
+    by_order: list[tuple[float, int, list[str]]] = []
     unsettled: list[tuple[float, int, str]] = []
-    attached: list[str] = []  # attachment rows' violations, after every generation's own
-    ahead = asyncio.ensure_future(db._execute(_batch, db._conn, ""))
-    while True:
-        gens, by_gen, blocks, calls, attachment_rows = await ahead
-        last = len(gens) < BATCH
-        if not last:  # the next batch is read (SQLite, without the GIL) while this one is checked
-            ahead = asyncio.ensure_future(db._execute(_batch, db._conn, gens[-1]["id"]))
-        known = {g["id"] for g in gens}
-        for gid in sorted(by_gen):
-            if gid not in known:
-                for table, items in by_gen[gid].items():
-                    missing += [
-                        f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
-                        for i in items
-                    ]
-        for g in gens:
-            t = by_gen[g["id"]]
-            for s in t["stumps"]:
-                s["shown_live"] = s["id"] in shown_live
-                s["recovered"] = s["id"] in recovered
-            rep.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
-            own = [p for p in t["posts"] if p.get("stump_id") is None]
-            rounds = round_finals(t["attempts"], calls[g["id"]])
-            found: list[str] = []
-            pending: list[str] = []
-            _check_generation(found, pending, g, t["attempts"], t["segments"], t["stumps"], own, chunks, rounds)
-            _check_blocks(found, g, t["attempts"], t["segments"], t["stumps"], blocks)
-            check_tool_calls(found, g, t["attempts"], calls[g["id"]])
-            if found:
-                by_order.append((g["created_at"], g["rowid"], found))
-            unsettled += [(g["created_at"], g["rowid"], gid) for gid in pending]
-        check_attachments(attached, attachment_rows, known)
-        rep.generations += len(gens)
-        if last:
-            break
-    v += missing + orphans + recovered_lines
+    missing: list[str] = []
+    attached: list[str] = []
+    for part in parts:
+        missing += part.missing
+        by_order += part.by_order
+        unsettled += part.unsettled
+        attached += part.attached
+        rep.generations += part.generations
+        rep.undelivered += part.undelivered
+    v += missing + orphans + pre.lines
     for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
         v += found
     rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
@@ -185,12 +219,86 @@ async def _check(db: Any) -> Report:
     return rep
 
 
+async def _range_in_process(path: str, lo: str, hi: str | None) -> _Part:
+    """The generations in (lo, hi] checked by a fresh interpreter on a read-only connection of its own."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from bot.ledger.verify import _worker; _worker()",
+        path,
+        lo,
+        "" if hi is None else hi,
+        "0" if hi is None else "1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"checking the generations of {path} after {lo!r}: " + err.decode(errors="replace").strip()[-500:]
+        )
+    part: _Part = pickle.loads(out)
+    return part
+
+
+def _worker() -> None:
+    """A worker process of `check`: argv PATH LO HI BOUNDED; its `_Part` pickled on stdout."""
+    path, lo, hi, bounded = sys.argv[1:5]
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        part = _generations(conn, lo, hi if bounded == "1" else None, _prelude(conn))
+    finally:
+        conn.close()
+    sys.stdout.buffer.write(pickle.dumps(part))
+
+
+def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelude) -> _Part:
+    """Every generation with an id in (lo, hi] (hi None: no end) and its records, a batch at a time."""
+    out = _Part()
+    recovered = pre.recovered
+    while True:
+        gens, by_gen, blocks, calls, attachment_rows = _batch(conn, lo, hi)
+        known = {g["id"] for g in gens}
+        for gid in sorted(by_gen):
+            if gid not in known:
+                for table, items in by_gen[gid].items():
+                    out.missing += [
+                        f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
+                        for i in items
+                    ]
+        for g in gens:
+            t = by_gen[g["id"]]
+            for st in t["stumps"]:
+                st["shown_live"] = st["id"] in pre.shown_live
+                st["recovered"] = st["id"] in recovered
+            out.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
+            own = [p for p in t["posts"] if p.get("stump_id") is None]
+            rounds = round_finals(t["attempts"], calls[g["id"]])
+            found: list[str] = []
+            pending: list[str] = []
+            _check_generation(found, pending, g, t["attempts"], t["segments"], t["stumps"], own, pre.chunks, rounds)
+            _check_blocks(found, g, t["attempts"], t["segments"], t["stumps"], blocks)
+            check_tool_calls(found, g, t["attempts"], calls[g["id"]])
+            if found:
+                out.by_order.append((g["created_at"], g["rowid"], found))
+            out.unsettled += [(g["created_at"], g["rowid"], gid) for gid in pending]
+        check_attachments(out.attached, attachment_rows, known)
+        out.generations += len(gens)
+        if len(gens) < BATCH:
+            return out
+        lo = gens[-1]["id"]
+
+
 _Rows = list[dict[str, Any]]
 
 
-def _batch(conn: sqlite3.Connection, lo: str) -> tuple[_Rows, Any, dict[str, _Rows], dict[str, _Rows], _Rows]:
-    """The next `BATCH` generations after id `lo` and their records, read in one trip in the connection's
-    thread, as dicts made straight from tuples (sqlite3.Row looks each column up by name)."""
+def _batch(
+    conn: sqlite3.Connection, lo: str, hi: str | None = None
+) -> tuple[_Rows, Any, dict[str, _Rows], dict[str, _Rows], _Rows]:
+    """The next `BATCH` generations after id `lo` (up to `hi`) and their records, as dicts made straight
+    from tuples (sqlite3.Row looks each column up by name). The records are read up to the batch's last
+    id, or, for the range's last batch, up to `hi` (or all that follow), so a record whose generation
+    is missing is found by the range it falls in."""
     db = conn.cursor()
     db.row_factory = None
 
@@ -199,10 +307,11 @@ def _batch(conn: sqlite3.Connection, lo: str) -> tuple[_Rows, Any, dict[str, _Ro
         cols = [d[0] for d in db.description or ()]
         return [dict(zip(cols, r, strict=True)) for r in got]
 
-    gens = fetch(_GENS, lo, BATCH)
+    gens = fetch(_GENS if hi is None else _GENS_UPTO, *((lo, BATCH) if hi is None else (lo, hi, BATCH)))
     last = len(gens) < BATCH
-    upto = "" if last else " AND generation_id <= ?"
-    span: tuple[str, ...] = (lo,) if last else (lo, gens[-1]["id"])
+    end = hi if last else gens[-1]["id"]
+    upto = "" if end is None else " AND generation_id <= ?"
+    span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     by_gen: dict[str, dict[str, _Rows]] = defaultdict(lambda: defaultdict(list))
     for table, sql in _OF:
         for d in fetch(sql.format(upto=upto), *span):
