@@ -524,6 +524,7 @@ def _sql_sent_same(value: bytes | str | None) -> str | None:
 
 
 def _install_sql(conn: sqlite3.Connection) -> None:
+    """The functions `check`'s queries call, on the connection that runs them."""
     conn.create_function("verify_sha256", 1, _sql_sha256, deterministic=True)
     conn.create_function("verify_sent_same", 1, _sql_sent_same, deterministic=True)
 
@@ -779,6 +780,7 @@ def _part_of_file(path: str, top: int, i: int) -> Any:
 
 def _part(db: sqlite3.Cursor, top: int, i: int) -> Any:
     db.row_factory = None
+    _install_sql(db.connection)
     return _walk(db) if i == len(RECORDS) else _records(db, top, i)
 
 
@@ -793,7 +795,6 @@ def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
     unattested: list[str] = []
     attests = bytearray(top // 8 + 1)  # the entry is some record's latest
     exact = bytearray(top // 8 + 1)  # ... and is byte for byte the entry that record gives now
-    _install_sql(db.connection)
     for batch in _held(db, i):
         for kind, record, payload, seq, body in batch:
             if payload is None and seq is not None:  # confirmed by SQLite: the entry is exactly the builder's
@@ -880,6 +881,7 @@ def _check(conn: sqlite3.Connection) -> ChainReport:
     db.row_factory = None
     got = db.execute("SELECT seq FROM chain ORDER BY seq DESC LIMIT 1").fetchall()
     top = got[0][0] if got else 0
+    _install_sql(conn)
     return _finish(conn, top, [_records(db, top, i) for i in range(len(RECORDS))], _walk(db))
 
 

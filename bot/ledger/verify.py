@@ -80,13 +80,22 @@ async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> li
 # `check` reads generations a batch at a time (in id order, on the primary key) with their records
 # (range seeks on the indexes by generation id), so its memory stays flat however long the ledger is.
 BATCH = 1000
-_GENS = "SELECT rowid, * FROM generations WHERE id > ? ORDER BY id LIMIT ?"
-_GENS_UPTO = "SELECT rowid, * FROM generations WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+# Only the columns the checks read (a generation's request and trigger, an attempt's request id and
+# times, are not checked here and are the widest columns to copy).
+_GENS = (
+    "SELECT rowid, id, status, stop_reason, text, chars, standing, created_at FROM generations"
+    " WHERE id > ? ORDER BY id LIMIT ?"
+)
+_GENS_UPTO = (
+    "SELECT rowid, id, status, stop_reason, text, chars, standing, created_at FROM generations"
+    " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+)
 # Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
 _OF: list[tuple[str, str]] = [
     (
         "attempts",
-        "SELECT * FROM attempts WHERE generation_id > ?{upto} ORDER BY generation_id, segment, idx, started_at",
+        "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
+        " replaced_by FROM attempts WHERE generation_id > ?{upto} ORDER BY generation_id, segment, idx, started_at",
     ),
     ("segments", "SELECT * FROM segments WHERE generation_id > ?{upto} ORDER BY generation_id, idx"),
     ("stumps", "SELECT * FROM stumps WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid"),
