@@ -47,7 +47,7 @@ import sqlite3
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -456,12 +456,13 @@ _CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (a N
 CONFIRMED: dict[str, str] = {
     "attempt": (
         "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ","
-        " 'blocks', CASE WHEN EXISTS (SELECT 1 FROM attempt_blocks WHERE attempt_id = x.id) THEN"
-        " (SELECT json_group_array(json_object('chars', " + _CHARS.format(col="b.content") + ", 'index', b.idx,"
-        " 'sha256', verify_sha256(b.content), 'type', b.type))"
-        " FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b)"
-        " WHEN length(x.text) > 0 THEN json_array(json_object('chars', " + _CHARS.format(col="x.text") + ","
-        " 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END,"
+        # its blocks; none kept (a ledger from before blocks were), its text as one text block
+        " 'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', "
+        + _CHARS.format(col="b.content")
+        + ", 'index', b.idx, 'sha256', verify_sha256(b.content), 'type', b.type))"
+        " FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
+        " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', " + _CHARS.format(col="x.text") + ","
+        " 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"
         " 'chars', " + _CHARS.format(col="x.text") + ", 'discard_reason', x.discard_reason, 'error', x.error,"
         " 'generation_id', x.generation_id, 'id', x.id, 'index', x.idx, 'kind', 'attempt', 'outcome', x.outcome,"
         " 'output_tokens', x.output_tokens, 'segment', x.segment, 'stop_reason', x.stop_reason,"
@@ -530,11 +531,12 @@ def _install_sql(conn: sqlite3.Connection) -> None:
 
 
 def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
-    """`_payloads`, with the records SQLite confirms (`CONFIRMED`) given as (kind, None, None, seq, None):
-    only a batch holding some record it does not confirm is read again and built in Python."""
+    """`_payloads`, a batch at a time, as (the seqs of the latest entries SQLite confirmed, by `CONFIRMED`,
+    the records built in Python): only a batch holding some record SQLite does not confirm is read
+    again and built (`_built`)."""
     kind, sql = RECORDS[i]
     if kind == "delivered":
-        yield _access(db)
+        yield [], _access(db)
     last = -(2**63)
     while True:
         try:
@@ -544,7 +546,7 @@ def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
         if rows is not None and all(r[2] == 1 for r in rows):
             if not rows:
                 return
-            yield [(kind, None, None, r[1], None) for r in rows]
+            yield [r[1] for r in rows], []
             last = rows[-1][0]
             continue
         batch = db.execute(sql, (last, BATCH)).fetchall()
@@ -553,7 +555,7 @@ def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
         elif not batch:
             return
         if batch:
-            yield _built(db, kind, batch)
+            yield [], _built(db, kind, batch)
         last = rows[-1][0] if rows else batch[-1][0]
 
 
@@ -561,7 +563,8 @@ SEGMENTS_OF = (
     "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
     " WHERE generation_id IN ({marks})"
 )
-ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > ? ORDER BY seq LIMIT ?"
+# The same, as the bytes stored (`_walk` hashes them as they are).
+WALK = "SELECT seq, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain WHERE seq > ? ORDER BY seq LIMIT ?"
 LATER = "SELECT 1 FROM chain WHERE record = ? AND kind = ? AND seq > ? LIMIT 1"
 
 
@@ -577,8 +580,7 @@ def _rows(db: sqlite3.Cursor, sql: str) -> Iterator[list[Any]]:
 
 
 _Built = list[tuple[str, str, dict[str, Any], int | None, str | None]]
-# ... or, where SQLite confirmed the record's latest entry (`_held`), (kind, None, None, seq, None)
-_Held = Sequence[tuple[str, str | None, dict[str, Any] | None, int | None, str | None]]
+_Held = tuple[list[int], _Built]
 
 
 def _payloads(db: sqlite3.Cursor, i: int) -> Iterator[_Built]:
@@ -795,14 +797,16 @@ def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
     unattested: list[str] = []
     attests = bytearray(top // 8 + 1)  # the entry is some record's latest
     exact = bytearray(top // 8 + 1)  # ... and is byte for byte the entry that record gives now
-    for batch in _held(db, i):
-        for kind, record, payload, seq, body in batch:
-            if payload is None and seq is not None:  # confirmed by SQLite: the entry is exactly the builder's
-                _mark(attests, seq)
-                _mark(exact, seq)
-                continue
+    bound = len(exact) * 8
+    for confirmed, built in _held(db, i):
+        for n in confirmed:  # the entry is exactly the one its record's builder gives
+            if 0 < n < bound:
+                bit = 1 << (n & 7)
+                attests[n >> 3] |= bit
+                exact[n >> 3] |= bit
+        for kind, record, payload, seq, body in built:
             what = f"{kind} {record}" if kind != "delivered" else f"delivery of post {record}"
-            if seq is None or body is None or payload is None:
+            if seq is None or body is None:
                 unattested.append(what)
                 continue
             _mark(attests, seq)
@@ -834,46 +838,45 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
 
     Whether a body is canonical, with its own kind and record, is left to `_finish` for the entries no
     record gives exactly (few); so is whether an entry's record is gone. Returns the link lines, the
-    entries whose link (seq, prev) broke, those whose hash did not match, the count, last seq and head."""
+    entries whose link (seq, prev) broke, those whose hash did not match, the count, last seq and head.
+    The entries are read as their stored bytes (`WALK`), hashed as they are: no text is decoded."""
     found: _Found = []
     n = 1 << 16
     linked = bytearray(n)  # grown as the chain goes: one bit per entry whose seq and prev follow
     hashed = bytearray(n)  # ... and whose hash matches its content
-    last_seq, last_hash, count = 0, GENESIS_PREV, 0
+    last_seq, last_hash, count = 0, GENESIS_PREV.encode(), 0
     sha = hashlib.sha256
     while True:
-        rows = db.execute(ENTRIES, (last_seq, BATCH)).fetchall()
+        rows = db.execute(WALK, (last_seq, BATCH * 10)).fetchall()
         if not rows:
             break
         if (rows[-1][0] >> 3) >= len(linked):
             grow = bytearray((rows[-1][0] >> 3) + 1 - len(linked) + n)
             linked += grow
             hashed += grow
-        for seq, kind, record, prev, body, digest in rows:
+        for seq, prev, body, digest in rows:
             if seq == last_seq + 1 and prev == last_hash:
                 if seq > 0:
                     linked[seq >> 3] |= 1 << (seq & 7)
-                    try:
-                        ok = (
-                            sha(f'{{"entry":{body},"prev":"{prev}","seq":{seq}}}'.encode("ascii")).hexdigest() == digest
-                        )
-                    except UnicodeEncodeError:
-                        ok = False  # not canonical (ASCII) JSON: `_finish` says so
-                    if ok:
+                    # canonical JSON is ASCII: any other body is not, and `_finish` says so
+                    if (
+                        body.isascii()
+                        and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
+                        == digest
+                    ):
                         hashed[seq >> 3] |= 1 << (seq & 7)
             else:
-                e = Entry(seq, kind, record, prev, body, digest)
-                problem = _link_problem(e, last_seq, last_hash)
-                found.append(
-                    (
-                        seq,
-                        0,
-                        f"chain entry {seq}" + (f" ({kind} {record})" if record else f" ({kind})") + f": {problem}",
-                    )
+                e = Entry(
+                    *db.execute(
+                        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq = ?", (seq,)
+                    ).fetchone()
                 )
+                problem = _link_problem(e, last_seq, last_hash.decode("utf-8", "replace"))
+                where = f" ({e.kind} {e.record})" if e.record else f" ({e.kind})"
+                found.append((seq, 0, f"chain entry {seq}{where}: {problem}"))
             last_seq, last_hash = seq, digest
             count += 1
-    return found, linked, hashed, count, last_seq, last_hash
+    return found, linked, hashed, count, last_seq, last_hash.decode("utf-8", "replace")
 
 
 def _check(conn: sqlite3.Connection) -> ChainReport:
