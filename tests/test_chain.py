@@ -358,9 +358,9 @@ def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain
 
 
 def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_order(tmp_path, capsys, monkeypatch):
-    """A long ledger's chain is checked in worker processes (each kind of record, and the walk) beside the
-    invariants; with every kind of tamper at once, `verify` names the same lines, in the same order, as
-    checking it in one pass: edited records, a changed, unparsable, non-canonical or relabelled entry, a
+    """A long ledger is checked by one process per core (each with some of the chain's parts: kinds of
+    record, the walk; and a range of generations); with every kind of tamper at once, `verify` names
+    the same lines, in the same order, as checking it in one pass: edited records, a changed, unparsable, non-canonical or relabelled entry, a
     deleted entry, a record gone, a record never chained."""
     db = replayed(tmp_path, capsys)
     script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")
@@ -394,7 +394,9 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
         "stump s-unchained00: not in the chain",
     ):
         assert any(expected in line for line in one_pass), (expected, one_pass)
-    monkeypatch.setattr(chain, "PARALLEL_FROM", 0)
+    from bot.ledger import verify as verifying
+
+    monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
     code, in_workers = run_verify(capsys, "--db", str(db))
     assert code == 1 and in_workers == one_pass
 
@@ -445,4 +447,4 @@ def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys)
 async def _verify(db: Path) -> list[str]:
     """The chain's own verdicts (the generation made by hand above is not a whole turn)."""
     async with Ledger.open(db) as lg:
-        return (await chain.check(lg.db, str(db))).violations
+        return (await chain.check(lg.db)).violations

@@ -341,12 +341,12 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
     ranges: list[tuple[str, str | None]] = []
-    real = verify._range_in_process
+    real = verify._job_in_process
 
-    async def spy(path: str, lo: str, hi: str | None) -> Any:
+    async def spy(path: str, top: int, own: list[int], lo: str, hi: str | None) -> Any:
         ranges.append((lo, hi))
-        return await real(path, lo, hi)
+        return await real(path, top, own, lo, hi)
 
-    monkeypatch.setattr(verify, "_range_in_process", spy)
+    monkeypatch.setattr(verify, "_job_in_process", spy)
     assert asyncio.run(run()) == one_pass
-    assert len(ranges) == 4 and ranges[0][0] == "" and ranges[-1][1] is None  # every id, in four processes
+    assert len(ranges) == 3 and ranges[-1][1] is None  # this process and three workers, the last open-ended

@@ -36,15 +36,11 @@ write lock; the hash is computed by `chain_hash`, a function `install` registers
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import os
-import pickle
 import re
 import sqlite3
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -711,76 +707,26 @@ def _marked(bits: bytearray, seq: int) -> bool:
     return 0 < seq < len(bits) * 8 and bool(bits[seq >> 3] & (1 << (seq & 7)))
 
 
-async def check(db: aiosqlite.Connection, path: str | None = None) -> ChainReport:
+async def check(db: aiosqlite.Connection) -> ChainReport:
     """The chain hashes link up, and each record's latest entry still says what the record says.
 
     Streams: each record is read once beside its latest entry (a seek), then the chain once in order;
     what is remembered between the two is a few bits per entry (whether it was some record's latest,
     whether it was exactly the entry the record gives, so canonical with the right kind and id, and
-    whether its link held). The parts are independent reads, so on a long ledger kept in a file
-    (`path`) they run side by side in worker processes (`PARALLEL_FROM`); the report is the same
-    either way. Otherwise it runs in the connection's own thread, in one trip.
+    whether its link held). The parts (`part`: each kind of record, and the walk) are independent
+    reads: `ledger verify` runs them side by side in worker processes on a long ledger and puts them
+    together with `finish`; here they run in the connection's own thread, in one trip.
     """
-    top = await head(db)
-    if path is None or path == ":memory:" or top[0] < PARALLEL_FROM or (os.cpu_count() or 1) < 2:
-        return await db._execute(_check, db._conn)  # aiosqlite's own queue
-    # one process per core, each given parts of about equal cost (dearest first, dealt round)
-    workers = min(os.cpu_count() or 1, len(_BY_COST))
-    groups = [_BY_COST[k::workers] for k in range(workers)]
-    done: dict[int, Any] = {}
-    for group, results in zip(
-        groups, await asyncio.gather(*(_parts_in_process(path, top[0], g) for g in groups)), strict=True
-    ):
-        done.update(zip(group, results, strict=True))
-    return await db._execute(_finish, db._conn, top[0], [done[i] for i in range(len(RECORDS))], done[len(RECORDS)])
+    return await db._execute(_check, db._conn)  # aiosqlite's own queue
 
 
-# The parts of `check`: each kind of `RECORDS` (0..4), then the walk (5), dearest first.
-_BY_COST = [0, 1, 5, 3, 4, 2]
+# The parts of `check`: each kind of `RECORDS` (0..4), then the walk (`WALK_PART`).
+WALK_PART = len(RECORDS)
 
 
-async def _parts_in_process(path: str, top: int, parts: list[int]) -> list[Any]:
-    """Parts of the check run by a fresh interpreter (nothing of this process, its threads or its main
-    module is inherited), their results read back pickled."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from bot.ledger.chain import _worker; _worker()",
-        path,
-        str(top),
-        ",".join(map(str, parts)),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"checking the chain of {path}: parts {parts} failed: " + err.decode(errors="replace").strip()[-500:]
-        )
-    got: list[Any] = pickle.loads(out)
-    return got
-
-
-def _worker() -> None:
-    """A worker process of `check`: argv PATH TOP PARTS (comma-separated); the results pickled on stdout."""
-    path, top, parts = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3].split(",")]
-    sys.stdout.buffer.write(pickle.dumps([_part_of_file(path, top, i) for i in parts]))
-
-
-# A chain this long is checked in worker processes (one per kind of record and one for the walk).
-PARALLEL_FROM = 100_000
-
-
-def _part_of_file(path: str, top: int, i: int) -> Any:
-    """Part `i` of the check (a kind of record, or the walk) on a read-only connection of its own."""
-    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-    try:
-        return _part(conn.cursor(), top, i)
-    finally:
-        conn.close()
-
-
-def _part(db: sqlite3.Cursor, top: int, i: int) -> Any:
+def part(db: sqlite3.Cursor, top: int, i: int) -> Any:
+    """Part `i` of `check` (a kind of `RECORDS`, or the walk) read on `db` up to entry `top`; `finish`
+    puts the parts together."""
     db.row_factory = None
     _install_sql(db.connection)
     return _walk(db) if i == len(RECORDS) else _records(db, top, i)
@@ -836,7 +782,7 @@ _Walk = tuple[_Found, bytearray, bytearray, int, int, str]
 def _walk(db: sqlite3.Cursor) -> _Walk:
     """The chain once in order: each entry follows the one before (seq and prev) and hashes to itself.
 
-    Whether a body is canonical, with its own kind and record, is left to `_finish` for the entries no
+    Whether a body is canonical, with its own kind and record, is left to `finish` for the entries no
     record gives exactly (few); so is whether an entry's record is gone. Returns the link lines, the
     entries whose link (seq, prev) broke, those whose hash did not match, the count, last seq and head.
     The entries are read as their stored bytes (`WALK`), hashed as they are: no text is decoded."""
@@ -858,7 +804,7 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
             if seq == last_seq + 1 and prev == last_hash:
                 if seq > 0:
                     linked[seq >> 3] |= 1 << (seq & 7)
-                    # canonical JSON is ASCII: any other body is not, and `_finish` says so
+                    # canonical JSON is ASCII: any other body is not, and `finish` says so
                     if (
                         body.isascii()
                         and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
@@ -885,10 +831,10 @@ def _check(conn: sqlite3.Connection) -> ChainReport:
     got = db.execute("SELECT seq FROM chain ORDER BY seq DESC LIMIT 1").fetchall()
     top = got[0][0] if got else 0
     _install_sql(conn)
-    return _finish(conn, top, [_records(db, top, i) for i in range(len(RECORDS))], _walk(db))
+    return finish(conn, top, [_records(db, top, i) for i in range(len(RECORDS))], _walk(db))
 
 
-def _finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: _Walk) -> ChainReport:
+def finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: _Walk) -> ChainReport:
     """The parts put together: the entries no record gives exactly are read again and checked whole (is
     the body canonical JSON of its own kind and record; is its record still there), and every line is
     ordered by entry, link problems first, as one pass over the chain would find them."""

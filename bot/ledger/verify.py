@@ -113,24 +113,147 @@ _CALLS = (
 
 
 async def check(ledger: Ledger) -> Report:
-    """Read the whole ledger once and check it; linear in its size, in memory bounded by a batch."""
-    db = ledger.db
-    # the chain is checked alongside (in worker processes on a long ledger), its lines put first at the end
-    links_task = asyncio.ensure_future(chain.check(db, ledger.path))
-    try:
-        rep = await _check(db, ledger.path)
-    except BaseException:
-        links_task.cancel()
-        raise
-    links = await links_task  # the first broken entry first, ahead of the invariants
-    rep.violations[:0] = links.violations
+    """Read the whole ledger once and check it; linear in its size, in memory bounded by a batch.
+
+    The chain's lines come first (the first broken entry first), then the invariants. On a long ledger
+    kept in a file the work is shared among processes, one per core (`PARALLEL_FROM`): this one and
+    workers, each with some of the chain's parts and a range of generations; the report is the same."""
+    db, path = ledger.db, ledger.path
+    count = list(await db.execute_fetchall("SELECT count(*) FROM generations"))[0][0]
+    procs = min(os.cpu_count() or 1, 4)
+    pre: _Prelude = await db._execute(_prelude, db._conn)  # aiosqlite's own queue
+    if path is None or path == ":memory:" or count < max(PARALLEL_FROM, 1) or procs < 2:
+        links = await chain.check(db)
+        parts = [await db._execute(_generations, db._conn, "", None, pre)]
+    else:
+        top = (await chain.head(db))[0]
+        shares = _shares(procs)
+        bounds: list[str] = []
+        done = 0.0
+        for _, share in shares[:-1]:
+            done += share
+            got = list(
+                await db.execute_fetchall(
+                    "SELECT id FROM generations ORDER BY id LIMIT 1 OFFSET ?", (min(count - 1, int(count * done)),)
+                )
+            )
+            bounds.append(max(got[0][0], bounds[-1]) if bounds else got[0][0])
+        ranges = list(zip(["", *bounds], [*bounds, None], strict=True))
+        results = await asyncio.gather(
+            db._execute(_job, db._conn, top, shares[0][0], *ranges[0], pre),
+            *(
+                _job_in_process(path, top, own, lo, hi)
+                for (own, _), (lo, hi) in zip(shares[1:], ranges[1:], strict=True)
+            ),
+        )
+        found: dict[int, Any] = {}
+        for (own, _), (of_parts, _) in zip(shares, results, strict=True):
+            found.update(zip(own, of_parts, strict=True))
+        links = await db._execute(
+            chain.finish, db._conn, top, [found[i] for i in range(chain.WALK_PART)], found[chain.WALK_PART]
+        )
+        parts = [part for _, part in results]
+    rep = await _assemble(db, pre, parts)
+    rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
     rep.chain_entries, rep.chain_head = links.entries, links.head
     return rep
 
 
-# A ledger of this many generations, kept in a file, has its generations checked in worker processes,
-# one contiguous range of ids each (beside the chain's own), so every core has a share of the work.
+# A ledger of this many generations, kept in a file, is checked by one process per core.
 PARALLEL_FROM = 50_000
+# What each part costs, per generation, as measured on a ledger of the field's proportions (`python -m
+# bench ledger-scale`): the chain's parts (attempt, generation, stump, post, delivered, walk) and the
+# generations' invariants; and what starting a worker process costs. Only the sharing depends on them.
+_PART_COST = {0: 1.1, 1: 0.9, 2: 0.12, 3: 0.72, 4: 0.3, chain.WALK_PART: 1.1}
+_INVARIANTS_COST = 4.4
+_START_COST = 0.2
+
+
+def _shares(procs: int) -> list[tuple[list[int], float]]:
+    """Each process's chain parts and share of the generations (this process first), so that all finish
+    together: the parts dealt dearest first to the least loaded, the generations filling up the rest."""
+    load = [0.0] + [_START_COST] * (procs - 1)
+    own: list[list[int]] = [[] for _ in range(procs)]
+    for i in sorted(_PART_COST, key=lambda i: -_PART_COST[i]):
+        k = load.index(min(load))
+        own[k].append(i)
+        load[k] += _PART_COST[i]
+    level = (sum(load) + _INVARIANTS_COST) / procs
+    room = [max(0.0, level - x) for x in load]
+    total = sum(room) or 1.0
+    return [(own[k], room[k] / total) for k in range(procs)]
+
+
+async def _assemble(db: Any, pre: _Prelude, parts: list[_Part]) -> Report:
+    """The ranges' findings in one report: records of missing generations, posts of none, published
+    stumps, each generation's lines oldest first, then attachments."""
+    rep = Report()
+    orphans: list[str] = []
+    for p in await db.execute_fetchall("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
+        _check_line(orphans, f"post {p['id']}", dict(p))  # notices about no generation (a declined /continue)
+        if p["kind"] != "notice":
+            orphans.append(f"post {p['id']}: a {p['kind']} post with no generation")
+    by_order: list[tuple[float, int, list[str]]] = []
+    unsettled: list[tuple[float, int, str]] = []
+    missing: list[str] = []
+    attached: list[str] = []
+    for part in parts:
+        missing += part.missing
+        by_order += part.by_order
+        unsettled += part.unsettled
+        attached += part.attached
+        rep.generations += part.generations
+        rep.undelivered += part.undelivered
+    rep.violations += missing + orphans + pre.lines
+    for _, _, lines in sorted(by_order, key=lambda f: (f[0], f[1])):
+        rep.violations += lines
+    rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
+    rep.violations += attached
+    return rep
+
+
+def _job(
+    conn: sqlite3.Connection, top: int, own: list[int], lo: str, hi: str | None, pre: _Prelude
+) -> tuple[list[Any], _Part]:
+    """One process's share: its parts of the chain (up to entry `top`), then the generations in (lo, hi]."""
+    return [chain.part(conn.cursor(), top, i) for i in own], _generations(conn, lo, hi, pre)
+
+
+async def _job_in_process(path: str, top: int, own: list[int], lo: str, hi: str | None) -> tuple[list[Any], _Part]:
+    """`_job` run by a fresh interpreter (nothing of this process, its threads or its main module is
+    inherited) on a read-only connection of its own, its results read back pickled."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from bot.ledger.verify import _worker; _worker()",
+        path,
+        str(top),
+        ",".join(map(str, own)),
+        lo,
+        "" if hi is None else hi,
+        "0" if hi is None else "1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"checking {path} (parts {own}, generations after {lo!r}): " + err.decode(errors="replace").strip()[-500:]
+        )
+    got: tuple[list[Any], _Part] = pickle.loads(out)
+    return got
+
+
+def _worker() -> None:
+    """A worker process of `check`: argv PATH TOP PARTS LO HI BOUNDED; its `_job`'s results pickled on stdout."""
+    path, top, own, lo, hi, bounded = sys.argv[1:7]
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        parts = [int(i) for i in own.split(",") if i]
+        got = _job(conn, int(top), parts, lo, hi if bounded == "1" else None, _prelude(conn))
+    finally:
+        conn.close()
+    sys.stdout.buffer.write(pickle.dumps(got))
 
 
 @dataclass
@@ -181,84 +304,6 @@ class _Part:
     attached: list[str] = field(default_factory=list)  # attachment rows' violations
     generations: int = 0
     undelivered: int = 0
-
-
-async def _check(db: Any, path: str | None = None) -> Report:
-    rep = Report()
-    v = rep.violations
-    pre: _Prelude = await db._execute(_prelude, db._conn)  # aiosqlite's own queue
-    orphans: list[str] = []
-    for p in await db.execute_fetchall("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
-        _check_line(orphans, f"post {p['id']}", dict(p))  # notices about no generation (a declined /continue)
-        if p["kind"] != "notice":
-            orphans.append(f"post {p['id']}: a {p['kind']} post with no generation")
-    count = list(await db.execute_fetchall("SELECT count(*) FROM generations"))[0][0]
-    workers = min(os.cpu_count() or 1, 4)
-    if path is None or path == ":memory:" or count < PARALLEL_FROM or workers < 2:
-        parts = [await db._execute(_generations, db._conn, "", None, pre)]
-    else:
-        # contiguous ranges of ids with about as many generations each; the last one open-ended
-        bounds: list[str] = []
-        for k in range(1, workers):
-            got = list(
-                await db.execute_fetchall(
-                    "SELECT id FROM generations ORDER BY id LIMIT 1 OFFSET ?", (count * k // workers,)
-                )
-            )
-            if got and (not bounds or got[0][0] > bounds[-1]):
-                bounds.append(got[0][0])
-        ranges = list(zip(["", *bounds], [*bounds, None], strict=True))
-        parts = await asyncio.gather(*(_range_in_process(path, lo, hi) for lo, hi in ranges))
-    by_order: list[tuple[float, int, list[str]]] = []
-    unsettled: list[tuple[float, int, str]] = []
-    missing: list[str] = []
-    attached: list[str] = []
-    for part in parts:
-        missing += part.missing
-        by_order += part.by_order
-        unsettled += part.unsettled
-        attached += part.attached
-        rep.generations += part.generations
-        rep.undelivered += part.undelivered
-    v += missing + orphans + pre.lines
-    for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
-        v += found
-    rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
-    v += attached
-    return rep
-
-
-async def _range_in_process(path: str, lo: str, hi: str | None) -> _Part:
-    """The generations in (lo, hi] checked by a fresh interpreter on a read-only connection of its own."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from bot.ledger.verify import _worker; _worker()",
-        path,
-        lo,
-        "" if hi is None else hi,
-        "0" if hi is None else "1",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"checking the generations of {path} after {lo!r}: " + err.decode(errors="replace").strip()[-500:]
-        )
-    part: _Part = pickle.loads(out)
-    return part
-
-
-def _worker() -> None:
-    """A worker process of `check`: argv PATH LO HI BOUNDED; its `_Part` pickled on stdout."""
-    path, lo, hi, bounded = sys.argv[1:5]
-    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-    try:
-        part = _generations(conn, lo, hi if bounded == "1" else None, _prelude(conn))
-    finally:
-        conn.close()
-    sys.stdout.buffer.write(pickle.dumps(part))
 
 
 def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelude) -> _Part:
