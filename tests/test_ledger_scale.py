@@ -340,13 +340,23 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
-    ranges: list[tuple[str, str | None]] = []
-    real = verify._job_in_process
+    monkeypatch.setattr(verify, "CHUNK", 2)
+    spans: list[tuple[str, str | None] | None] = []
+    workers: list[object] = []
+    next_span, run_worker = verify._Ranges.next, verify._Worker.run
 
-    async def spy(path: str, top: int, own: list[int], lo: str, hi: str | None) -> Any:
-        ranges.append((lo, hi))
-        return await real(path, top, own, lo, hi)
+    async def spy_next(self: Any) -> Any:
+        spans.append(await next_span(self))
+        return spans[-1]
 
-    monkeypatch.setattr(verify, "_job_in_process", spy)
+    async def spy_run(self: Any, ranges: Any) -> Any:
+        workers.append(self)
+        return await run_worker(self, ranges)
+
+    monkeypatch.setattr(verify._Ranges, "next", spy_next)
+    monkeypatch.setattr(verify._Worker, "run", spy_run)
     assert asyncio.run(run()) == one_pass
-    assert len(ranges) == 3 and ranges[-1][1] is None  # this process and three workers, the last open-ended
+    assert len(workers) == 3  # beside this process, one per core
+    handed = [s for s in spans if s is not None]
+    assert len(handed) == 5 and handed[0][0] == "" and handed[-1][1] is None  # 9 generations, 2 a range
+    assert all(a[1] == b[0] for a, b in zip(handed, handed[1:], strict=False))  # the ranges tile the ids

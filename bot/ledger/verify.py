@@ -117,7 +117,9 @@ async def check(ledger: Ledger) -> Report:
 
     The chain's lines come first (the first broken entry first), then the invariants. On a long ledger
     kept in a file the work is shared among processes, one per core (`PARALLEL_FROM`): this one and
-    workers, each with some of the chain's parts and a range of generations; the report is the same."""
+    workers. Each first checks some of the chain's parts, then takes ranges of generations (`CHUNK`
+    each) from one queue until none is left, so all finish together on any machine; the report is the
+    same as one pass."""
     db, path = ledger.db, ledger.path
     count = list(await db.execute_fetchall("SELECT count(*) FROM generations"))[0][0]
     procs = min(os.cpu_count() or 1, 4)
@@ -127,61 +129,154 @@ async def check(ledger: Ledger) -> Report:
         parts = [await db._execute(_generations, db._conn, "", None, pre)]
     else:
         top = (await chain.head(db))[0]
-        shares = _shares(procs)
-        bounds: list[str] = []
-        done = 0.0
-        for _, share in shares[:-1]:
-            done += share
-            got = list(
-                await db.execute_fetchall(
-                    "SELECT id FROM generations ORDER BY id LIMIT 1 OFFSET ?", (min(count - 1, int(count * done)),)
-                )
-            )
-            bounds.append(max(got[0][0], bounds[-1]) if bounds else got[0][0])
-        ranges = list(zip(["", *bounds], [*bounds, None], strict=True))
-        results = await asyncio.gather(
-            db._execute(_job, db._conn, top, shares[0][0], *ranges[0], pre),
-            *(
-                _job_in_process(path, top, own, lo, hi)
-                for (own, _), (lo, hi) in zip(shares[1:], ranges[1:], strict=True)
-            ),
-        )
+        own = _deal(procs)
+        ranges = await _Ranges.of(db)
+        workers = [_Worker(path, top, own[k]) for k in range(1, procs)]
+        try:
+            results = await asyncio.gather(_share_here(db, top, own[0], pre, ranges), *(w.run(ranges) for w in workers))
+        finally:
+            for w in workers:
+                w.stop()
         found: dict[int, Any] = {}
-        for (own, _), (of_parts, _) in zip(shares, results, strict=True):
-            found.update(zip(own, of_parts, strict=True))
+        parts = []
+        for mine, (of_parts, ranges_done) in zip(own, results, strict=True):
+            found.update(zip(mine, of_parts, strict=True))
+            parts += ranges_done
         links = await db._execute(
             chain.finish, db._conn, top, [found[i] for i in range(chain.WALK_PART)], found[chain.WALK_PART]
         )
-        parts = [part for _, part in results]
     rep = await _assemble(db, pre, parts)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
     rep.chain_entries, rep.chain_head = links.entries, links.head
     return rep
 
 
-# A ledger of this many generations, kept in a file, is checked by one process per core.
+# A ledger of this many generations, kept in a file, is checked by one process per core; they take its
+# generations this many at a time.
 PARALLEL_FROM = 50_000
-# What each part costs, per generation, as measured on a ledger of the field's proportions (`python -m
-# bench ledger-scale`): the chain's parts (attempt, generation, stump, post, delivered, walk) and the
-# generations' invariants; and what starting a worker process costs. Only the sharing depends on them.
+CHUNK = 4_000
+# What the chain's parts (attempt, generation, stump, post, delivered, walk) cost, one against another,
+# as measured on a ledger of the field's proportions: only how they are dealt depends on it.
 _PART_COST = {0: 1.1, 1: 0.9, 2: 0.12, 3: 0.72, 4: 0.3, chain.WALK_PART: 1.1}
-_INVARIANTS_COST = 4.4
-_START_COST = 0.2
 
 
-def _shares(procs: int) -> list[tuple[list[int], float]]:
-    """Each process's chain parts and share of the generations (this process first), so that all finish
-    together: the parts dealt dearest first to the least loaded, the generations filling up the rest."""
-    load = [0.0] + [_START_COST] * (procs - 1)
+def _deal(procs: int) -> list[list[int]]:
+    """The chain's parts among the processes (this one first), dearest first to the least loaded."""
+    load = [0.0] * procs
     own: list[list[int]] = [[] for _ in range(procs)]
     for i in sorted(_PART_COST, key=lambda i: -_PART_COST[i]):
         k = load.index(min(load))
         own[k].append(i)
         load[k] += _PART_COST[i]
-    level = (sum(load) + _INVARIANTS_COST) / procs
-    room = [max(0.0, level - x) for x in load]
-    total = sum(room) or 1.0
-    return [(own[k], room[k] / total) for k in range(procs)]
+    return own
+
+
+class _Ranges:
+    """The generations in ranges of ids of `CHUNK` each, handed out in order: ("", id1], (id1, id2], ...,
+    (idN, None) (open-ended), so together they are every id (and every record's generation id). The
+    bounds are read once, first (one walk of the ids' index), so handing one out waits for nothing."""
+
+    def __init__(self, bounds: list[str]) -> None:
+        self._spans = list(zip(["", *bounds], [*bounds, None], strict=True))
+        self._spans.reverse()
+
+    @classmethod
+    async def of(cls, db: Any) -> _Ranges:
+        rows = await db.execute_fetchall(
+            "SELECT id FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM generations) WHERE n % ? = 0",
+            (CHUNK,),
+        )
+        return cls([r[0] for r in rows])
+
+    async def next(self) -> tuple[str, str | None] | None:
+        return self._spans.pop() if self._spans else None
+
+
+async def _share_here(
+    db: Any, top: int, own: list[int], pre: _Prelude, ranges: _Ranges
+) -> tuple[list[Any], list[_Part]]:
+    """This process's share, in the connection's own thread: its chain parts, then ranges until none is left."""
+    of_parts = [await db._execute(_chain_part, db._conn, top, i) for i in own]
+    done = []
+    while (span := await ranges.next()) is not None:
+        done.append(await db._execute(_generations, db._conn, *span, pre))
+    return of_parts, done
+
+
+def _chain_part(conn: sqlite3.Connection, top: int, i: int) -> Any:
+    return chain.part(conn.cursor(), top, i)
+
+
+class _Worker:
+    """A worker process of `check`: a fresh interpreter (nothing of this process, its threads or its main
+    module is inherited) on a read-only connection of its own. It checks its chain parts, then each range
+    it is sent; every answer comes back as one frame: its length (8 bytes), then its pickle."""
+
+    def __init__(self, path: str, top: int, own: list[int]) -> None:
+        self.args = (path, str(top), ",".join(map(str, own)))
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def run(self, ranges: _Ranges) -> tuple[list[Any], list[_Part]]:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            "from bot.ledger.verify import _worker; _worker()",
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            of_parts: list[Any] = await self._answer()
+            done: list[_Part] = []
+            while (span := await ranges.next()) is not None:
+                self.proc.stdin.write(_frame(span))
+                await self.proc.stdin.drain()
+                done.append(await self._answer())
+            self.proc.stdin.close()
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise await self._failed() from e
+        if await self.proc.wait() != 0:
+            raise await self._failed()
+        return of_parts, done
+
+    async def _answer(self) -> Any:
+        assert self.proc is not None and self.proc.stdout is not None
+        size = int.from_bytes(await self.proc.stdout.readexactly(8), "big")
+        return pickle.loads(await self.proc.stdout.readexactly(size))
+
+    async def _failed(self) -> RuntimeError:
+        assert self.proc is not None and self.proc.stderr is not None
+        self.stop()
+        err = (await self.proc.stderr.read()).decode(errors="replace").strip()
+        return RuntimeError(f"checking {self.args[0]} in a worker process: {err[-500:] or 'it ended without a word'}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
+
+def _frame(value: Any) -> bytes:
+    data = pickle.dumps(value)
+    return len(data).to_bytes(8, "big") + data
+
+
+def _worker() -> None:
+    """A worker process of `check`: argv PATH TOP PARTS; ranges (lo, hi) as frames on stdin until it closes."""
+    path, top, own = sys.argv[1:4]
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    out, inp = sys.stdout.buffer, sys.stdin.buffer
+    try:
+        pre = _prelude(conn)
+        out.write(_frame([chain.part(conn.cursor(), int(top), int(i)) for i in own.split(",") if i]))
+        out.flush()
+        while head := inp.read(8):
+            lo, hi = pickle.loads(inp.read(int.from_bytes(head, "big")))
+            out.write(_frame(_generations(conn, lo, hi, pre)))
+            out.flush()
+    finally:
+        conn.close()
 
 
 async def _assemble(db: Any, pre: _Prelude, parts: list[_Part]) -> Report:
@@ -210,50 +305,6 @@ async def _assemble(db: Any, pre: _Prelude, parts: list[_Part]) -> Report:
     rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
     rep.violations += attached
     return rep
-
-
-def _job(
-    conn: sqlite3.Connection, top: int, own: list[int], lo: str, hi: str | None, pre: _Prelude
-) -> tuple[list[Any], _Part]:
-    """One process's share: its parts of the chain (up to entry `top`), then the generations in (lo, hi]."""
-    return [chain.part(conn.cursor(), top, i) for i in own], _generations(conn, lo, hi, pre)
-
-
-async def _job_in_process(path: str, top: int, own: list[int], lo: str, hi: str | None) -> tuple[list[Any], _Part]:
-    """`_job` run by a fresh interpreter (nothing of this process, its threads or its main module is
-    inherited) on a read-only connection of its own, its results read back pickled."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from bot.ledger.verify import _worker; _worker()",
-        path,
-        str(top),
-        ",".join(map(str, own)),
-        lo,
-        "" if hi is None else hi,
-        "0" if hi is None else "1",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"checking {path} (parts {own}, generations after {lo!r}): " + err.decode(errors="replace").strip()[-500:]
-        )
-    got: tuple[list[Any], _Part] = pickle.loads(out)
-    return got
-
-
-def _worker() -> None:
-    """A worker process of `check`: argv PATH TOP PARTS LO HI BOUNDED; its `_job`'s results pickled on stdout."""
-    path, top, own, lo, hi, bounded = sys.argv[1:7]
-    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
-    try:
-        parts = [int(i) for i in own.split(",") if i]
-        got = _job(conn, int(top), parts, lo, hi if bounded == "1" else None, _prelude(conn))
-    finally:
-        conn.close()
-    sys.stdout.buffer.write(pickle.dumps(got))
 
 
 @dataclass
