@@ -506,8 +506,8 @@ def _stored_bytes(value: bytes | str | None) -> bytes:
     return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
 
 
-def _sql_sha256(value: bytes | str | None) -> str:
-    return hashlib.sha256(_stored_bytes(value)).hexdigest()
+def _sql_sha256(value: bytes | str | None, _sha: Any = hashlib.sha256) -> str:
+    return _sha(value if type(value) is bytes else _stored_bytes(value)).hexdigest()
 
 
 def _sql_sent_same(value: bytes | str | None) -> str | None:

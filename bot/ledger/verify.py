@@ -410,7 +410,7 @@ def _batch(
     def fetch(sql: str, *params: Any) -> _Rows:
         got = db.execute(sql, params).fetchall()
         cols = [d[0] for d in db.description or ()]
-        return [dict(zip(cols, r, strict=True)) for r in got]
+        return [dict(zip(cols, r, strict=False)) for r in got]  # (the cursor's own columns)
 
     gens = fetch(_GENS if hi is None else _GENS_UPTO, *((lo, BATCH) if hi is None else (lo, hi, BATCH)))
     last = len(gens) < BATCH
