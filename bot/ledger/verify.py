@@ -9,6 +9,7 @@ what a load or crash test runs afterwards, and what an operator runs on a produc
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import pickle
 import re
@@ -101,9 +102,10 @@ _OF: list[tuple[str, str]] = [
     ("stumps", "SELECT * FROM stumps WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid"),
     ("posts", "SELECT * FROM posts WHERE generation_id > ?{upto} ORDER BY generation_id, seq"),
 ]
+# The blocks of the batch's attempts, by their ids (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
-    "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id"
-    " WHERE a.generation_id > ?{upto} ORDER BY a.generation_id, a.segment, a.idx, b.attempt_id, b.pos"
+    "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN ({marks})"
+    " ORDER BY attempt_id, pos"
 )
 _ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > ?{upto} ORDER BY generation_id, rowid"
 _CALLS = (
@@ -418,16 +420,27 @@ def _batch(
     upto = "" if end is None else " AND generation_id <= ?"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     by_gen: dict[str, dict[str, _Rows]] = defaultdict(lambda: defaultdict(list))
+    attempt_ids = []
     for table, sql in _OF:
         for d in fetch(sql.format(upto=upto), *span):
             by_gen[d["generation_id"]][table].append(d)
+            if table == "attempts":
+                attempt_ids.append(d["id"])
     blocks: dict[str, _Rows] = defaultdict(list)
-    for d in fetch(_BLOCKS.format(upto=upto), *span):
-        blocks[d["attempt_id"]].append(d)
+    for i in range(0, len(attempt_ids), 500):
+        ids = attempt_ids[i : i + 500]
+        for d in fetch(_BLOCKS.format(marks=",".join("?" * len(ids))), *ids):
+            blocks[d["attempt_id"]].append(d)
     calls: dict[str, _Rows] = defaultdict(list)
     for d in fetch(_CALLS.format(upto=upto), *span):
         calls[d["generation_id"]].append(d)
     return gens, by_gen, blocks, calls, fetch(_ATTACHMENTS.format(upto=upto), *span)
+
+
+@functools.cache
+def _status_by_rule(stop_reason: str | None) -> str:
+    """bot.truth's rule from a stop reason to a status (the same few answers for every generation)."""
+    return truth.status_of_outcome(truth.outcome_of_stop(stop_reason))
 
 
 def _check_generation(
@@ -471,11 +484,7 @@ def _check_generation(
         v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
     # The status follows from the stop reason by bot.truth's rule (a tool stop the loop did not go on
     # from, or the tool round limit, is incomplete); a failed generation stopped for no reason of the model's.
-    expected = (
-        "failed"
-        if status == "failed" and g["stop_reason"] is None
-        else truth.status_of_outcome(truth.outcome_of_stop(g["stop_reason"]))
-    )
+    expected = "failed" if status == "failed" and g["stop_reason"] is None else _status_by_rule(g["stop_reason"])
     if status != expected:
         v.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
     for a in attempts:
