@@ -312,7 +312,7 @@ async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
 def verify(path: str) -> dict[str, Any]:
     """`residents ledger verify` as a whole process: its time, CPU and peak RSS (the kernel's high-water
     mark of that process, read until it ends: a forked child's rusage would count this process too), and
-    the highest of the worker processes it starts to check a long chain alongside (`chain.PARALLEL_FROM`).
+    the highest of the worker processes it starts to share the check of a long ledger (`verify.PARALLEL_FROM`).
     CPU is theirs and its own together."""
     exe = os.path.join(os.path.dirname(sys.executable), "residents")
     t = time.perf_counter()

@@ -360,3 +360,26 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     handed = [s for s in spans if s is not None]
     assert len(handed) == 5 and handed[0][0] == "" and handed[-1][1] is None  # 9 generations, 2 a range
     assert all(a[1] == b[0] for a, b in zip(handed, handed[1:], strict=False))  # the ranges tile the ids
+
+
+def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys):
+    """A worker process that dies (here: one that cannot even start Python) ends `verify` with one line
+    naming the ledger and the failure, exit 1, no traceback, and no process or share left running."""
+    from bot import cli
+    from bot.ledger import verify
+
+    async def build() -> None:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            for i in range(3):
+                g = Generation(id=f"g-fail{i}", residence="cairn", channel="room", model="m")
+                await lg.create_generation(g)
+
+    asyncio.run(build())
+    monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(verify.sys, "executable", "/bin/false")
+    assert cli.main(["ledger", "verify", "--db", str(tmp_path / "l.db")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"residents: {tmp_path / 'l.db'}: a worker process checking the ledger failed: it ended with status 1 and said nothing"
+    ]

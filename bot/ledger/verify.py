@@ -25,7 +25,7 @@ from ..records import Block, PostReason, join_text
 from ..text import FENCE_LINE
 from ..truth import LIMIT, RECEIPT_PREFIX
 from . import chain
-from .store import Ledger, dec
+from .store import Ledger, LedgerError, dec
 from .verify_attachments import check_attachments
 from .verify_tools import check_tool_calls, joined_upto, round_finals
 
@@ -134,8 +134,15 @@ async def check(ledger: Ledger) -> Report:
         own = _deal(procs)
         ranges = await _Ranges.of(db)
         workers = [_Worker(path, top, own[k]) for k in range(1, procs)]
+        shares = [asyncio.ensure_future(_share_here(db, top, own[0], pre, ranges))]
+        shares += [asyncio.ensure_future(w.run(ranges)) for w in workers]
         try:
-            results = await asyncio.gather(_share_here(db, top, own[0], pre, ranges), *(w.run(ranges) for w in workers))
+            results = await asyncio.gather(*shares)
+        except BaseException:
+            for task in shares:  # one share failed (or this was cancelled): the others stop with it
+                task.cancel()
+            await asyncio.gather(*shares, return_exceptions=True)
+            raise
         finally:
             for w in workers:
                 w.stop()
@@ -248,11 +255,12 @@ class _Worker:
         size = int.from_bytes(await self.proc.stdout.readexactly(8), "big")
         return pickle.loads(await self.proc.stdout.readexactly(size))
 
-    async def _failed(self) -> RuntimeError:
+    async def _failed(self) -> LedgerError:
         assert self.proc is not None and self.proc.stderr is not None
         self.stop()
-        err = (await self.proc.stderr.read()).decode(errors="replace").strip()
-        return RuntimeError(f"checking {self.args[0]} in a worker process: {err[-500:] or 'it ended without a word'}")
+        err = (await self.proc.stderr.read()).decode(errors="replace").strip().splitlines()
+        why = err[-1] if err else f"it ended with status {await self.proc.wait()} and said nothing"
+        return LedgerError(f"{self.args[0]}: a worker process checking the ledger failed: {why[-300:]}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
