@@ -448,3 +448,43 @@ async def _verify(db: Path) -> list[str]:
     """The chain's own verdicts (the generation made by hand above is not a whole turn)."""
     async with Ledger.open(db) as lg:
         return (await chain.check(lg.db)).violations
+
+
+def test_a_record_and_its_entry_rewritten_together_still_fail_the_entry_hash(tmp_path, capsys, monkeypatch):
+    """Rewriting a record and its latest entry's body to match (the entry's hash left alone) makes the
+    entry exactly what the record gives, but it no longer hashes to itself: `verify` names it, in one
+    pass and shared among processes. So does a REAL where an integer was, whatever SQLite renders."""
+    db = replayed(tmp_path, capsys)
+    script(db, "DROP TRIGGER chain_no_update;")
+    [(gid,)] = sql(db, "SELECT id FROM generations WHERE status = 'completed' LIMIT 1")
+    seq = entry_of(db, "generation", gid)
+    [(body, model)] = sql(
+        db, "SELECT body, (SELECT model FROM generations WHERE id = ?) FROM chain WHERE seq = ?", (gid, seq)
+    )
+    sql(db, "UPDATE generations SET model = 'forged' WHERE id = ?", (gid,))
+    sql(db, "UPDATE chain SET body = ? WHERE seq = ?", (body.replace(f'"model":"{model}"', '"model":"forged"'), seq))
+    [(aid, aseq)] = sql(
+        db,
+        "SELECT record, max(seq) FROM chain WHERE kind = 'attempt' AND body LIKE '%\"output_tokens\":1%'"
+        " GROUP BY record LIMIT 1",
+    )
+    [(abody,)] = sql(db, "SELECT body FROM chain WHERE seq = ?", (aseq,))
+    tokens = json.loads(abody)["output_tokens"]
+    sql(db, "UPDATE attempts SET output_tokens = ? WHERE id = ?", (0.1 + 0.2, aid))  # SQLite writes it 0.3
+    sql(
+        db,
+        "UPDATE chain SET body = ? WHERE seq = ?",
+        (abody.replace(f'"output_tokens":{tokens}', '"output_tokens":0.3'), aseq),
+    )
+    code, one_pass = run_verify(capsys, "--db", str(db))
+    assert code == 1
+    assert f"chain entry {seq} (generation {gid}): its hash does not match its content" in one_pass
+    assert f"chain entry {aseq} (attempt {aid}): its hash does not match its content" in one_pass
+    assert any(
+        line.startswith(f"chain entry {aseq} (attempt {aid}): the ledger no longer matches it: output_tokens")
+        for line in one_pass
+    )
+    from bot.ledger import verify as verifying
+
+    monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
+    assert run_verify(capsys, "--db", str(db)) == (1, one_pass)

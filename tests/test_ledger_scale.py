@@ -295,8 +295,8 @@ def test_record_ids_sort_by_creation_so_a_ledger_read_in_id_order_walks_its_page
 
     burst = [records.new_id("g-") for _ in range(5000)]
     assert len(set(burst)) == len(burst) and burst == sorted(burst)
-    assert all(re.fullmatch(r"g-[0-9a-f]{16}", i) for i in burst)
-    stamp = int(burst[-1][2:], 16) >> 20  # milliseconds since the epoch
+    assert all(re.fullmatch(r"g-[0-9a-f]{20}", i) for i in burst)
+    stamp = int(burst[-1][2:], 16) >> 36  # milliseconds since the epoch
     assert abs(stamp - real_time.time_ns() // 1_000_000) < 60_000
     monkeypatch.setattr(records.time, "time_ns", lambda: 0)  # the clock stepped back to 1970
     after = [records.new_id("g-") for _ in range(3)]
@@ -345,8 +345,8 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     workers: list[object] = []
     next_span, run_worker = verify._Ranges.next, verify._Worker.run
 
-    async def spy_next(self: Any) -> Any:
-        spans.append(await next_span(self))
+    def spy_next(self: Any) -> Any:
+        spans.append(next_span(self))
         return spans[-1]
 
     async def spy_run(self: Any, ranges: Any) -> Any:
@@ -383,3 +383,39 @@ def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monk
     assert err == [
         f"residents: {tmp_path / 'l.db'}: a worker process checking the ledger failed: it ended with status 1 and said nothing"
     ]
+
+
+def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_lot(tmp_path, monkeypatch):
+    """Records of missing generations in many ranges, checked by two processes taking ranges as they
+    free up, come out in the order of one pass; a worker that writes far more than a pipe holds to its
+    stderr (every import traced) neither stops nor changes the check."""
+    from bot.ledger import verify
+
+    async def build() -> None:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            for i in range(8):
+                g = Generation(id=f"g-order{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
+                await lg.create_generation(g)
+                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
+                await lg.finish_generation(g, [])
+
+    async def run() -> list[str]:
+        async with Ledger.open(tmp_path / "l.db") as lg:
+            return (await check(lg)).violations
+
+    asyncio.run(build())
+    with sqlite3.connect(tmp_path / "l.db") as raw:
+        raw.execute("PRAGMA foreign_keys=OFF")
+        for i in range(8):  # one record of a missing generation after each generation's id
+            raw.execute(
+                "INSERT INTO stumps (id, generation_id, residence, scope, cause, text, chars, created_at)"
+                " VALUES (?, ?, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
+                (f"s-orphan{i}", f"g-order{i}x"),
+            )
+    one_pass = asyncio.run(run())
+    assert [line.split()[1] for line in one_pass if "missing generation" in line] == [f"s-orphan{i}:" for i in range(8)]
+    monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(verify, "CHUNK", 1)
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("PYTHONVERBOSE", "2")  # the worker's stderr: megabytes
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == one_pass

@@ -441,60 +441,165 @@ BLOCKS_OF = (
 )
 
 # The same records, each with whether its latest entry is, byte for byte, the entry its builder above
-# gives now: the payload rendered by SQLite's `json_object` with its keys in sorted order (the
-# canonical form wherever every string is ASCII), the texts hashed by `verify_sha256`. Only a row
-# answered 1 is taken as confirmed; any other answer (0: it differs, or a string SQLite writes
-# unescaped; NULL: no entry, or a post with lone surrogates) and any error is checked again by the
-# builders (`_built`), which alone name what differs. `test_chain` holds these renderings against the
-# builders for every field, so the two cannot drift apart unseen.
-_AT_SQL = "'at', json_extract(c.body, '$.at')"
-_CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (a NUL stops it: then 0)
+# gives now: the payload rendered by SQLite's `json_object` with its keys in sorted order, the texts
+# hashed by `verify_sha256`. That rendering is the canonical one only where every string is printable
+# ASCII and no number is REAL (SQLite writes other characters raw, and a REAL with 15 digits): a REAL
+# value in any column makes the query fail (`_v`), and an entry whose body is not printable ASCII is
+# never left confirmed: the walk counts it as not hashing to itself, so `finish` reads it whole.
+# Only a row answered 1 is taken as confirmed; any other answer (0: it differs; NULL: no entry, or a
+# post with lone surrogates) and any error is checked again by the builders (`_built`), which alone
+# name what differs. `test_chain` holds these renderings against the builders for every kind of record
+# a replay writes, so the two cannot drift apart unseen.
+_CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (up to a NUL: then it differs)
+
+
+def _v(col: str) -> str:
+    """A column as `json_object` may render it: a REAL stops the query (`json('!')` is malformed JSON)."""
+    return f"CASE typeof({col}) WHEN 'real' THEN json('!') ELSE {col} END"
+
+
+def _same(table: str, kind: str, fields: str, where: str) -> str:
+    """The query for one kind (from this module's constants only): rowid, the latest entry's seq, and
+    whether that entry is `fields` rendered."""
+    return (
+        "SELECT x.rowid, c.seq, c.body = json_object('at', json_extract(c.body, '$.at'), "
+        + fields
+        + ") FROM "
+        + table
+        + " x "
+        + _latest(kind)
+        + " WHERE x.rowid > ?"
+        + where
+        + " ORDER BY x.rowid LIMIT ?"
+    )
+
+
 CONFIRMED: dict[str, str] = {
-    "attempt": (
-        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ","
+    "attempt": _same(
+        "attempts",
+        "attempt",
         # its blocks; none kept (a ledger from before blocks were), its text as one text block
-        " 'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', "
+        "'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', "
         + _CHARS.format(col="b.content")
-        + ", 'index', b.idx, 'sha256', verify_sha256(b.content), 'type', b.type))"
-        " FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
-        " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', " + _CHARS.format(col="x.text") + ","
-        " 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"
-        " 'chars', " + _CHARS.format(col="x.text") + ", 'discard_reason', x.discard_reason, 'error', x.error,"
-        " 'generation_id', x.generation_id, 'id', x.id, 'index', x.idx, 'kind', 'attempt', 'outcome', x.outcome,"
-        " 'output_tokens', x.output_tokens, 'segment', x.segment, 'stop_reason', x.stop_reason,"
-        " 'text_sha256', verify_sha256(x.text)) FROM attempts x " + _latest("attempt") + " WHERE x.rowid > ?"
-        " AND x.outcome != 'streaming' ORDER BY x.rowid LIMIT ?"
+        + ", 'index', "
+        + _v("b.idx")
+        + ", 'sha256', verify_sha256(b.content), 'type', "
+        + _v("b.type")
+        + ")) FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
+        " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', "
+        + _CHARS.format(col="x.text")
+        + ", 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"
+        " 'chars', "
+        + _CHARS.format(col="x.text")
+        + ", 'discard_reason', "
+        + _v("x.discard_reason")
+        + ", 'error', "
+        + _v("x.error")
+        + ", 'generation_id', "
+        + _v("x.generation_id")
+        + ", 'id', "
+        + _v("x.id")
+        + ", 'index', "
+        + _v("x.idx")
+        + ", 'kind', 'attempt', 'outcome', "
+        + _v("x.outcome")
+        + ", 'output_tokens', "
+        + _v("x.output_tokens")
+        + ", 'segment', "
+        + _v("x.segment")
+        + ", 'stop_reason', "
+        + _v("x.stop_reason")
+        + ", 'text_sha256', verify_sha256(x.text)",
+        " AND x.outcome != 'streaming'",
     ),
-    "generation": (
-        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'channel', x.channel,"
-        " 'chars', " + _CHARS.format(col="x.text") + ", 'continuation_ended', x.continuation_ended, 'id', x.id,"
-        " 'kind', 'generation', 'model', x.model, 'output_tokens', x.output_tokens, 'residence', x.residence,"
-        " 'segments', (SELECT json_group_array(json_object('attempt_id', s.attempt_id, 'chars', s.chars,"
-        " 'index', s.idx, 'output_tokens', s.output_tokens, 'overlap_removed', s.overlap_removed,"
-        " 'stop_reason', s.stop_reason)) FROM (SELECT * FROM segments WHERE generation_id = x.id ORDER BY idx) s),"
-        " 'standing', x.standing, 'status', x.status, 'stop_reason', x.stop_reason,"
-        " 'text_sha256', verify_sha256(x.text)) FROM generations x " + _latest("generation") + " WHERE"
-        " x.rowid > ? AND x.status != 'pending' ORDER BY x.rowid LIMIT ?"
+    "generation": _same(
+        "generations",
+        "generation",
+        "'channel', "
+        + _v("x.channel")
+        + ", 'chars', "
+        + _CHARS.format(col="x.text")
+        + ", 'continuation_ended', "
+        + _v("x.continuation_ended")
+        + ", 'id', "
+        + _v("x.id")
+        + ", 'kind', 'generation', 'model', "
+        + _v("x.model")
+        + ", 'output_tokens', "
+        + _v("x.output_tokens")
+        + ", 'residence', "
+        + _v("x.residence")
+        + ", 'segments', (SELECT json_group_array(json_object('attempt_id', "
+        + _v("s.attempt_id")
+        + ", 'chars', "
+        + _v("s.chars")
+        + ", 'index', "
+        + _v("s.idx")
+        + ", 'output_tokens', "
+        + _v("s.output_tokens")
+        + ", 'overlap_removed', "
+        + _v("s.overlap_removed")
+        + ", 'stop_reason', "
+        + _v("s.stop_reason")
+        + ")) FROM (SELECT * FROM segments WHERE generation_id = x.id ORDER BY idx) s), 'standing', "
+        + _v("x.standing")
+        + ", 'status', "
+        + _v("x.status")
+        + ", 'stop_reason', "
+        + _v("x.stop_reason")
+        + ", 'text_sha256', verify_sha256(x.text)",
+        " AND x.status != 'pending'",
     ),
-    "stump": (
-        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'attempt_id', x.attempt_id, 'block', x.block,"
-        " 'block_type', x.block_type, 'cause', x.cause, 'chars', " + _CHARS.format(col="x.text") + ","
-        " 'generation_id', x.generation_id, 'id', x.id, 'kind', 'stump', 'output_tokens', x.output_tokens,"
-        " 'residence', x.residence, 'scope', x.scope, 'text_sha256', verify_sha256(x.text))"
-        " FROM stumps x " + _latest("stump") + " WHERE x.rowid > ? ORDER BY x.rowid LIMIT ?"
+    "stump": _same(
+        "stumps",
+        "stump",
+        "'attempt_id', "
+        + _v("x.attempt_id")
+        + ", 'block', "
+        + _v("x.block")
+        + ", 'block_type', "
+        + _v("x.block_type")
+        + ", 'cause', "
+        + _v("x.cause")
+        + ", 'chars', "
+        + _CHARS.format(col="x.text")
+        + ", 'generation_id', "
+        + _v("x.generation_id")
+        + ", 'id', "
+        + _v("x.id")
+        + ", 'kind', 'stump', 'output_tokens', "
+        + _v("x.output_tokens")
+        + ", 'residence', "
+        + _v("x.residence")
+        + ", 'scope', "
+        + _v("x.scope")
+        + ", 'text_sha256', verify_sha256(x.text)",
+        "",
     ),
     # `sent_sha256` is written only for content with lone surrogates: `verify_sent_same` answers NULL
     # for such content, so those posts are always held against their builder
-    "post": (
-        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'channel', x.channel,"
-        " 'chars', " + _CHARS.format(col="x.content") + ", 'content_sha256', verify_sent_same(x.content),"
-        " 'generation_id', x.generation_id, 'id', x.id, 'kind', 'post', 'post_kind', x.kind, 'seq', x.seq)"
-        " FROM posts x " + _latest("post") + " WHERE x.rowid > ? ORDER BY x.rowid LIMIT ?"
+    "post": _same(
+        "posts",
+        "post",
+        "'channel', "
+        + _v("x.channel")
+        + ", 'chars', "
+        + _CHARS.format(col="x.content")
+        + ", 'content_sha256', verify_sent_same(x.content), 'generation_id', "
+        + _v("x.generation_id")
+        + ", 'id', "
+        + _v("x.id")
+        + ", 'kind', 'post', 'post_kind', "
+        + _v("x.kind")
+        + ", 'seq', "
+        + _v("x.seq"),
+        "",
     ),
-    "delivered": (
-        "SELECT x.rowid, c.seq, c.body = json_object(" + _AT_SQL + ", 'id', x.id, 'kind', 'delivered',"
-        " 'message_id', x.message_id) FROM posts x " + _latest("delivered") + " WHERE x.rowid > ?"
-        " AND x.message_id IS NOT NULL ORDER BY x.rowid LIMIT ?"
+    "delivered": _same(
+        "posts",
+        "delivered",
+        "'id', " + _v("x.id") + ", 'kind', 'delivered', 'message_id', " + _v("x.message_id"),
+        " AND x.message_id IS NOT NULL",
     ),
 }
 
@@ -779,6 +884,9 @@ def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
 _Walk = tuple[_Found, bytearray, bytearray, int, int, str]
 
 
+_UNPRINTABLE = re.compile(rb"[^\x20-\x7e]")
+
+
 def _walk(db: sqlite3.Cursor) -> _Walk:
     """The chain once in order: each entry follows the one before (seq and prev) and hashes to itself.
 
@@ -804,9 +912,9 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
             if seq == last_seq + 1 and prev == last_hash:
                 if seq > 0:
                     linked[seq >> 3] |= 1 << (seq & 7)
-                    # canonical JSON is ASCII: any other body is not, and `finish` says so
+                    # canonical JSON is printable ASCII: any other body is not, and `finish` says so
                     if (
-                        body.isascii()
+                        not _UNPRINTABLE.search(body)
                         and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
                         == digest
                     ):
@@ -857,11 +965,16 @@ def finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: 
     # entries past `top` (appended while checking) are never a record's latest here: read them whole
     exact += bytearray(max(0, (last_seq >> 3) + 1 - len(exact)))
     attests += bytearray(max(0, len(exact) - len(attests)))
-    for m in re.finditer(b"[^\\xff]", bytes(exact)):
+    # so is an entry a record gives exactly whose link held but whose hash does not match (its body and
+    # its record rewritten together): what is left is every entry that needs no second look
+    n = len(exact)
+    unhashed = int.from_bytes(linked[:n], "little") & ~int.from_bytes(hashed[:n], "little")
+    settled = (int.from_bytes(exact, "little") & ~unhashed).to_bytes(n, "little")
+    for m in re.finditer(b"[^\\xff]", settled):
         byte = m.start()
         for bit in range(8):
             seq = (byte << 3) | bit
-            if seq == 0 or seq > last_seq or exact[byte] & (1 << bit):
+            if seq == 0 or seq > last_seq or settled[byte] & (1 << bit):
                 continue
             got = db.execute("SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq = ?", (seq,)).fetchall()
             if not got:
@@ -882,6 +995,7 @@ def finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: 
             if (
                 e.kind in RECORD_KINDS
                 and e.record is not None
+                and seq <= top  # one appended while checking attests a record read before it, or after
                 and not _marked(attests, seq)
                 and not db.execute(LATER, (e.record, e.kind, e.seq)).fetchall()
             ):

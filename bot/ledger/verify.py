@@ -15,6 +15,8 @@ import pickle
 import re
 import sqlite3
 import sys
+import tempfile
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,23 +136,23 @@ async def check(ledger: Ledger) -> Report:
         own = _deal(procs)
         ranges = await _Ranges.of(db)
         workers = [_Worker(path, top, own[k]) for k in range(1, procs)]
-        shares = [asyncio.ensure_future(_share_here(db, top, own[0], pre, ranges))]
+        shares = [asyncio.ensure_future(asyncio.to_thread(_share_here, path, top, own[0], ranges))]
         shares += [asyncio.ensure_future(w.run(ranges)) for w in workers]
         try:
             results = await asyncio.gather(*shares)
         except BaseException:
-            for task in shares:  # one share failed (or this was cancelled): the others stop with it
+            ranges.close()  # one share failed (or this was cancelled): the others stop with it
+            for task in shares:
                 task.cancel()
             await asyncio.gather(*shares, return_exceptions=True)
             raise
         finally:
-            for w in workers:
-                w.stop()
+            await asyncio.gather(*(w.close() for w in workers))
         found: dict[int, Any] = {}
-        parts = []
-        for mine, (of_parts, ranges_done) in zip(own, results, strict=True):
+        for mine, (of_parts, _) in zip(own, results, strict=True):
             found.update(zip(mine, of_parts, strict=True))
-            parts += ranges_done
+        # each range's findings in the order of the ranges, whichever process checked it
+        parts = [part for _, part in sorted((p for _, done in results for p in done), key=lambda p: p[0])]
         links = await db._execute(
             chain.finish, db._conn, top, [found[i] for i in range(chain.WALK_PART)], found[chain.WALK_PART]
         )
@@ -183,11 +185,13 @@ def _deal(procs: int) -> list[list[int]]:
 class _Ranges:
     """The generations in ranges of ids of `CHUNK` each, handed out in order: ("", id1], (id1, id2], ...,
     (idN, None) (open-ended), so together they are every id (and every record's generation id). The
-    bounds are read once, first (one walk of the ids' index), so handing one out waits for nothing."""
+    bounds are read once, first (one walk of the ids' index), so handing one out waits for nothing; the
+    threads and tasks of `check` take them under a lock."""
 
     def __init__(self, bounds: list[str]) -> None:
         self._spans = list(zip(["", *bounds], [*bounds, None], strict=True))
         self._spans.reverse()
+        self._lock = threading.Lock()
 
     @classmethod
     async def of(cls, db: Any) -> _Ranges:
@@ -197,35 +201,54 @@ class _Ranges:
         )
         return cls([r[0] for r in rows])
 
-    async def next(self) -> tuple[str, str | None] | None:
-        return self._spans.pop() if self._spans else None
+    def next(self) -> tuple[str, str | None] | None:
+        with self._lock:
+            return self._spans.pop() if self._spans else None
+
+    def close(self) -> None:
+        """No more ranges for anyone (a share failed: the others stop at their next range)."""
+        with self._lock:
+            self._spans.clear()
 
 
-async def _share_here(
-    db: Any, top: int, own: list[int], pre: _Prelude, ranges: _Ranges
-) -> tuple[list[Any], list[_Part]]:
-    """This process's share, in the connection's own thread: its chain parts, then ranges until none is left."""
-    of_parts = [await db._execute(_chain_part, db._conn, top, i) for i in own]
-    done = []
-    while (span := await ranges.next()) is not None:
-        done.append(await db._execute(_generations, db._conn, *span, pre))
-    return of_parts, done
+_Share = tuple[list[Any], list[tuple[str, "_Part"]]]  # the chain parts' results, each range's (lo, findings)
 
 
-def _chain_part(conn: sqlite3.Connection, top: int, i: int) -> Any:
-    return chain.part(conn.cursor(), top, i)
+def _read_only(path: str) -> sqlite3.Connection:
+    """A read-only connection to the ledger in one read transaction: its share sees one state of the
+    ledger, however the ledger moves while it is checked."""
+    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    conn.execute("BEGIN")
+    return conn
+
+
+def _share_here(path: str, top: int, own: list[int], ranges: _Ranges) -> _Share:
+    """This process's share, in a thread of its own on a connection of its own: its chain parts, then
+    ranges until none is left."""
+    conn = _read_only(path)
+    try:
+        pre = _prelude(conn)
+        of_parts = [chain.part(conn.cursor(), top, i) for i in own]
+        done = []
+        while (span := ranges.next()) is not None:
+            done.append((span[0], _generations(conn, *span, pre)))
+        return of_parts, done
+    finally:
+        conn.close()
 
 
 class _Worker:
     """A worker process of `check`: a fresh interpreter (nothing of this process, its threads or its main
     module is inherited) on a read-only connection of its own. It checks its chain parts, then each range
-    it is sent; every answer comes back as one frame: its length (8 bytes), then its pickle."""
+    it is sent; every answer comes back as one frame: its length (8 bytes), then its pickle. What it
+    says on stderr goes to a file (a pipe nobody reads would stop it once full)."""
 
     def __init__(self, path: str, top: int, own: list[int]) -> None:
         self.args = (path, str(top), ",".join(map(str, own)))
         self.proc: asyncio.subprocess.Process | None = None
+        self.err = tempfile.TemporaryFile()
 
-    async def run(self, ranges: _Ranges) -> tuple[list[Any], list[_Part]]:
+    async def run(self, ranges: _Ranges) -> _Share:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -233,16 +256,16 @@ class _Worker:
             *self.args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stderr=self.err,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             of_parts: list[Any] = await self._answer()
-            done: list[_Part] = []
-            while (span := await ranges.next()) is not None:
+            done: list[tuple[str, _Part]] = []
+            while (span := ranges.next()) is not None:
                 self.proc.stdin.write(_frame(span))
                 await self.proc.stdin.drain()
-                done.append(await self._answer())
+                done.append((span[0], await self._answer()))
             self.proc.stdin.close()
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             raise await self._failed() from e
@@ -256,15 +279,24 @@ class _Worker:
         return pickle.loads(await self.proc.stdout.readexactly(size))
 
     async def _failed(self) -> LedgerError:
-        assert self.proc is not None and self.proc.stderr is not None
-        self.stop()
-        err = (await self.proc.stderr.read()).decode(errors="replace").strip().splitlines()
-        why = err[-1] if err else f"it ended with status {await self.proc.wait()} and said nothing"
+        assert self.proc is not None
+        status: int | None
+        try:
+            status = await asyncio.wait_for(self.proc.wait(), 5)
+        except TimeoutError:
+            await self.close()
+            status = self.proc.returncode
+        self.err.seek(0)
+        said = self.err.read()[-4000:].decode(errors="replace").strip().splitlines()
+        why = said[-1] if said else f"it ended with status {status} and said nothing"
         return LedgerError(f"{self.args[0]}: a worker process checking the ledger failed: {why[-300:]}")
 
-    def stop(self) -> None:
+    async def close(self) -> None:
+        """The process ended (killed if it still runs) and waited for; its stderr file closed."""
         if self.proc is not None and self.proc.returncode is None:
             self.proc.kill()
+            await self.proc.wait()
+        self.err.close()
 
 
 def _frame(value: Any) -> bytes:
@@ -275,7 +307,7 @@ def _frame(value: Any) -> bytes:
 def _worker() -> None:
     """A worker process of `check`: argv PATH TOP PARTS; ranges (lo, hi) as frames on stdin until it closes."""
     path, top, own = sys.argv[1:4]
-    conn = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True)
+    conn = _read_only(path)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     try:
         pre = _prelude(conn)

@@ -35,13 +35,13 @@ def generation_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no generations"
     head = (
-        f"{'id':<15} {'when (UTC)':<19} {'residence':<12} {'status':<10} {'stop':<14} {'chars':>8} {'tokens':>8} "
+        f"{'id':<22} {'when (UTC)':<19} {'residence':<12} {'status':<10} {'stop':<14} {'chars':>8} {'tokens':>8} "
         f"{'att':>3} {'stumps':>6}  continuation"
     )
     lines = [head]
     for r in rows:
         lines.append(
-            f"{r['id']:<15} {when(r['created_at']):<19} {r['residence'][:12]:<12} {r['status']:<10} "
+            f"{r['id']:<22} {when(r['created_at']):<19} {r['residence'][:12]:<12} {r['status']:<10} "
             f"{(r['stop_reason'] or '-')[:14]:<14} {r['chars']:>8,} {tokens(r['output_tokens']):>8} "
             f"{r['attempts']:>3} {r['stumps']:>6}  {truth.continuation_ended_words(r['continuation_ended'], r['standing'])}"
         )
