@@ -10,6 +10,7 @@ attempt and its stump), a cut reply (partials and a receipt), and a cut inside r
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import sqlite3
@@ -488,3 +489,29 @@ def test_a_record_and_its_entry_rewritten_together_still_fail_the_entry_hash(tmp
 
     monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
     assert run_verify(capsys, "--db", str(db)) == (1, one_pass)
+
+
+@pytest.mark.parametrize("raw", ["\x7f", "é"])
+def test_an_entry_sqlite_would_render_but_canonical_json_would_not_is_named_even_rehashed(tmp_path, capsys, raw):
+    """SQLite writes DEL and characters outside ASCII raw; canonical JSON escapes them. A record and its
+    entry rewritten with such a character left raw, and every hash after it recomputed (so each link
+    and hash holds), is still named: the body is not canonical JSON."""
+    db = replayed(tmp_path, capsys)
+    script(db, "DROP TRIGGER chain_no_update;")
+    [(gid,)] = sql(db, "SELECT id FROM generations WHERE status = 'completed' LIMIT 1")
+    seq = entry_of(db, "generation", gid)
+    [(model,)] = sql(db, "SELECT model FROM generations WHERE id = ?", (gid,))
+    sql(db, "UPDATE generations SET model = ? WHERE id = ?", (model + raw, gid))
+    [(body,)] = sql(db, "SELECT body FROM chain WHERE seq = ?", (seq,))
+    sql(
+        db,
+        "UPDATE chain SET body = ? WHERE seq = ?",
+        (body.replace(f'"model":"{model}"', f'"model":"{model}{raw}"'), seq),
+    )
+    [(prev,)] = sql(db, "SELECT prev FROM chain WHERE seq = ?", (seq,))
+    for n, body_n in sql(db, "SELECT seq, body FROM chain WHERE seq >= ? ORDER BY seq", (seq,)):
+        digest = hashlib.sha256(f'{{"entry":{body_n},"prev":"{prev}","seq":{n}}}'.encode()).hexdigest()
+        sql(db, "UPDATE chain SET prev = ?, hash = ? WHERE seq = ?", (prev, digest, n))
+        prev = digest
+    code, lines = run_verify(capsys, "--db", str(db))
+    assert code == 1 and lines == [f"chain entry {seq} (generation {gid}): its body is not canonical JSON"], lines

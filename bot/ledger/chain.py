@@ -444,8 +444,9 @@ BLOCKS_OF = (
 # gives now: the payload rendered by SQLite's `json_object` with its keys in sorted order, the texts
 # hashed by `verify_sha256`. That rendering is the canonical one only where every string is printable
 # ASCII and no number is REAL (SQLite writes other characters raw, and a REAL with 15 digits): a REAL
-# value in any column makes the query fail (`_v`), and an entry whose body is not printable ASCII is
-# never left confirmed: the walk counts it as not hashing to itself, so `finish` reads it whole.
+# value in any column makes the query fail (`_v`), and an entry whose body holds a character outside
+# ASCII or a DEL is never left confirmed: the walk counts it as not hashing to itself, so `finish`
+# reads it whole (a raw control character cannot match: SQLite escapes those as canonical JSON does).
 # Only a row answered 1 is taken as confirmed; any other answer (0: it differs; NULL: no entry, or a
 # post with lone surrogates) and any error is checked again by the builders (`_built`), which alone
 # name what differs. `test_chain` holds these renderings against the builders for every kind of record
@@ -884,9 +885,6 @@ def _records(db: sqlite3.Cursor, top: int, i: int) -> _Records:
 _Walk = tuple[_Found, bytearray, bytearray, int, int, str]
 
 
-_UNPRINTABLE = re.compile(rb"[^\x20-\x7e]")
-
-
 def _walk(db: sqlite3.Cursor) -> _Walk:
     """The chain once in order: each entry follows the one before (seq and prev) and hashes to itself.
 
@@ -912,9 +910,11 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
             if seq == last_seq + 1 and prev == last_hash:
                 if seq > 0:
                     linked[seq >> 3] |= 1 << (seq & 7)
-                    # canonical JSON is printable ASCII: any other body is not, and `finish` says so
+                    # canonical JSON is ASCII with no DEL (nor any raw control character, which SQLite
+                    # never writes either): any other body is not, and `finish` says so
                     if (
-                        not _UNPRINTABLE.search(body)
+                        body.isascii()
+                        and b"\x7f" not in body
                         and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
                         == digest
                     ):
