@@ -451,13 +451,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--db", required=True, help="the ledger file to build (must not exist)")
     p.add_argument("--no-verify", action="store_true", help="skip timing `residents ledger verify`")
     p.add_argument("--verify-only", action="store_true", help="only time `verify` on the existing ledger --db")
+    p.add_argument("--runs", type=int, default=VERIFY_RUNS, help=f"times `verify` is run (default {VERIFY_RUNS})")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = p.parse_args(argv)
     if a.verify_only:
         if not os.path.exists(a.db):
             raise SystemExit(f"{a.db}: no ledger there to verify (build one first: drop --verify-only)")
         n = sqlite3.connect(a.db).execute("SELECT count(*) FROM generations").fetchone()[0]
-        v = verify_runs(a.db, n)
+        v = verify_runs(a.db, n, a.runs)
         print(json.dumps(v, indent=1) if a.json else verify_line(v))
         return 0
     r = run(a.db, a.generations, check=not a.no_verify)

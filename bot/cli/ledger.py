@@ -12,7 +12,7 @@ import click
 
 from ..ledger import chain, views
 from ..ledger.access import tool_calls_of
-from ..ledger.verify import Report, check
+from ..ledger.verify import Report, check, few_collections
 from ..records import Generation, Stump, ToolCall
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
@@ -194,7 +194,8 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
         async with open_ledger(path) as lg:
             return await check(lg)
 
-    rep = asyncio.run(go())
+    with few_collections():  # while this process only checks, as its workers do
+        rep = asyncio.run(go())
     lines = list(rep.violations)
     if strict:
         lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]

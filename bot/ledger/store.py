@@ -51,6 +51,9 @@ def enc(text: str) -> bytes:
 
 
 def dec(blob: bytes | str | None) -> str:
+    """A text column as stored (UTF-8 bytes, lone surrogates passed through) read back exactly."""
+    if type(blob) is bytes:  # the usual case first: `verify` reads every text of the ledger through here
+        return blob.decode("utf-8", "surrogatepass")
     if blob is None:
         return ""
     if isinstance(blob, str):
