@@ -382,7 +382,11 @@ VERIFY_RUNS = 5
 def verify_runs(path: str, n: int, runs: int = VERIFY_RUNS) -> dict[str, Any]:
     """`verify` timed `runs` times (a shared machine's speed varies from one run to the next): the
     median run's figures, the range of the wall times, and the highest peak memory of any run."""
-    got = [verify(path) for _ in range(runs)]
+    speed = [_reference()]
+    got = []
+    for _ in range(runs):
+        got.append(verify(path))
+        speed.append(_reference())
     walls = sorted(g["wall_s"] for g in got)
     v = dict(sorted(got, key=lambda g: g["wall_s"])[len(got) // 2])
     v.update(
@@ -397,7 +401,18 @@ def verify_runs(path: str, n: int, runs: int = VERIFY_RUNS) -> dict[str, Any]:
     v["generations_per_s"] = n / v["wall_s"]
     v["generations_per_s_range"] = [n / walls[-1], n / walls[0]]
     v["generations_per_cpu_s"] = n / max(v["cpu_s"], 1e-9)
+    v["reference_s"] = statistics.median(speed)
     return v
+
+
+def _reference() -> float:
+    """The machine's speed just then: CPU seconds of a fixed pure-Python loop (a shared VM's speed has
+    been seen to vary by half within an hour; this says which speed a figure was measured at)."""
+    t = time.process_time()
+    x = 0
+    for i in range(5_000_000):
+        x += i
+    return time.process_time() - t
 
 
 def at_scale(n: int) -> dict[str, Any]:
@@ -439,6 +454,7 @@ def verify_line(v: dict[str, Any]) -> str:
             if v["workers"]
             else ""
         )
+        + f"; machine reference {v['reference_s'] * 1000:.0f} ms (5,000,000 Python additions, CPU; median around the runs)"
     )
 
 
