@@ -71,6 +71,31 @@ USES = {
 }
 
 
+def settled(path: Any, prefix: str, n: int) -> None:
+    """A ledger of `n` completed generations `{prefix}0`, `{prefix}1`, ... with ids ascending and created
+    newest first (so the order of ids is not the order of the verdicts)."""
+
+    async def build() -> None:
+        async with Ledger.open(path) as lg:
+            for i in range(n):
+                g = Generation(id=f"{prefix}{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
+                await lg.create_generation(g)
+                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
+                await lg.finish_generation(g, [])
+
+    asyncio.run(build())
+
+
+def violations(path: Any) -> list[str]:
+    """`verify`'s lines on the ledger at `path`, within a minute (a check that stops fails the test)."""
+
+    async def run() -> list[str]:
+        async with Ledger.open(path) as lg:
+            return (await check(lg)).violations
+
+    return asyncio.run(asyncio.wait_for(run(), 60))
+
+
 async def test_every_read_people_and_start_up_make_is_an_index_seek(tmp_path):
     """EXPLAIN QUERY PLAN of each read, on a ledger as migrations leave it (no ANALYZE, as in production):
     no table is scanned but along an index, and no listing sorts its whole table to take a page."""
@@ -243,29 +268,17 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     generations oldest first), as with every row at once."""
     from bot.ledger import chain, verify
 
-    async def build() -> None:
-        async with Ledger.open(tmp_path / "l.db") as lg:
-            for i in range(7):  # ids ascending, created newest first: the order of ids is not the verdicts'
-                g = Generation(id=f"g-batch{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
-                await lg.create_generation(g)
-                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
-                await lg.finish_generation(g, [])
-
-    async def run() -> list[str]:
-        async with Ledger.open(tmp_path / "l.db") as lg:
-            return (await check(lg)).violations
-
-    asyncio.run(build())
+    settled(tmp_path / "l.db", "g-batch", 7)
     with sqlite3.connect(tmp_path / "l.db") as raw:
         raw.execute("UPDATE generations SET model = 'other' WHERE id IN ('g-batch1', 'g-batch5')")
-    whole = asyncio.run(run())
+    whole = violations(tmp_path / "l.db")
     assert whole[0].startswith("chain entry 2 (generation g-batch1): the ledger no longer matches it: model")
     assert whole[1].startswith("chain entry 6 (generation g-batch5)")
     named = [line.split()[1].rstrip(":") for line in whole if line.startswith("generation ")]
     assert list(dict.fromkeys(named)) == [f"g-batch{i}" for i in range(6, -1, -1)]
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(chain, "BATCH", 2)
-    assert asyncio.run(run()) == whole
+    assert violations(tmp_path / "l.db") == whole
 
 
 def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypatch):
@@ -309,20 +322,12 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     fall between two ranges and at the end, and the counts of generations and undelivered posts."""
     from bot.ledger import verify
 
-    async def build() -> None:
-        async with Ledger.open(tmp_path / "l.db") as lg:
-            for i in range(9):  # created newest first: the order of ids is not the verdicts'
-                g = Generation(id=f"g-range{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
-                await lg.create_generation(g)
-                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
-                await lg.finish_generation(g, [])
-
     async def run() -> tuple[list[str], int, list[str]]:
         async with Ledger.open(tmp_path / "l.db") as lg:
             r = await check(lg)
             return r.violations, r.generations, r.unsettled
 
-    asyncio.run(build())
+    settled(tmp_path / "l.db", "g-range", 9)
     with sqlite3.connect(tmp_path / "l.db") as raw:
         raw.execute("PRAGMA foreign_keys=OFF")
         raw.execute("UPDATE generations SET chars = 99 WHERE id IN ('g-range2', 'g-range7')")
@@ -391,19 +396,7 @@ def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_l
     stderr (every import traced) neither stops nor changes the check."""
     from bot.ledger import verify
 
-    async def build() -> None:
-        async with Ledger.open(tmp_path / "l.db") as lg:
-            for i in range(8):
-                g = Generation(id=f"g-order{i}", residence="cairn", channel="room", model="m", created_at=100.0 - i)
-                await lg.create_generation(g)
-                g.status, g.text, g.finished_at = "completed", f"text {i}", 100.0
-                await lg.finish_generation(g, [])
-
-    async def run() -> list[str]:
-        async with Ledger.open(tmp_path / "l.db") as lg:
-            return (await check(lg)).violations
-
-    asyncio.run(build())
+    settled(tmp_path / "l.db", "g-order", 8)
     with sqlite3.connect(tmp_path / "l.db") as raw:
         raw.execute("PRAGMA foreign_keys=OFF")
         for i in range(8):  # one record of a missing generation after each generation's id
@@ -412,10 +405,10 @@ def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_l
                 " VALUES (?, ?, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
                 (f"s-orphan{i}", f"g-order{i}x"),
             )
-    one_pass = asyncio.run(run())
+    one_pass = violations(tmp_path / "l.db")
     assert [line.split()[1] for line in one_pass if "missing generation" in line] == [f"s-orphan{i}:" for i in range(8)]
     monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
     monkeypatch.setattr(verify, "CHUNK", 1)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
     monkeypatch.setenv("PYTHONVERBOSE", "2")  # the worker's stderr: megabytes
-    assert asyncio.run(asyncio.wait_for(run(), 60)) == one_pass
+    assert violations(tmp_path / "l.db") == one_pass
