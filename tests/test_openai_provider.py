@@ -244,6 +244,18 @@ async def call(server: ProviderServer, request: dict[str, Any], timeout: float |
 REQ = {"model": "gpt-4o", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
 
 
+async def served(chunks: list[dict[str, Any]]) -> tuple[Any, ListSink]:
+    """One stream of these chat-completion chunks (then `[DONE]`) from the local provider, read through the SDK."""
+    server = ProviderServer()
+    await server.start()
+    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    try:
+        server.enqueue([Call(sse=raw.encode())])
+        return await call(server, REQ)
+    finally:
+        await server.stop()
+
+
 async def test_http_errors_cut_connections_and_stalls_are_classified_failures():
     server = ProviderServer()
     await server.start()
@@ -328,18 +340,12 @@ async def test_the_request_is_translated_to_chat_messages_with_images_and_text_f
 
 
 async def test_a_refusal_field_is_the_provider_declining_kept_in_its_own_block():
-    server = ProviderServer()
-    await server.start()
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"role": "assistant", "refusal": "I can't help with that."}}]},
-        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-    ]
-    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    try:
-        server.enqueue([Call(sse=raw.encode())])
-        end, sink = await call(server, REQ)
-    finally:
-        await server.stop()
+    end, sink = await served(
+        [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "refusal": "I can't help with that."}}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+    )
     assert (end.stop_reason, end.stop_details) == ("refusal", {"finish_reason": "stop"})
     [b] = sink.blocks()
     assert (b.type, b.content) == ("refusal", "I can't help with that.") and sink.text() == ""
@@ -394,8 +400,6 @@ async def test_the_start_up_key_check_asks_get_models_and_names_the_variable():
 
 async def test_reasoning_is_read_from_either_field_once():
     """OpenRouter sends `reasoning`, vLLM `reasoning_content`; a server sending both sends the same text."""
-    server = ProviderServer()
-    await server.start()
     deltas = [
         {"reasoning": "Two ", "reasoning_content": ""},
         {"reasoning": "tides.", "reasoning_content": None},
@@ -404,12 +408,7 @@ async def test_reasoning_is_read_from_either_field_once():
     ]
     chunks = [{"choices": [{"index": 0, "delta": d}]} for d in deltas]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    try:
-        server.enqueue([Call(sse=raw.encode())])
-        end, sink = await call(server, REQ)
-    finally:
-        await server.stop()
+    end, sink = await served(chunks)
     thinking, text = sink.blocks()
     assert (thinking.type, thinking.content) == ("thinking", "Two tides. Moon.")
     assert (text.type, text.content, end.stop_reason, end.output_tokens) == ("text", "Twice a day.", "stop", None)
@@ -451,16 +450,9 @@ def _tool_delta(call: dict[str, Any]) -> dict[str, Any]:
 )
 async def test_each_tool_call_is_its_own_block_however_the_server_numbers_them(calls):
     """Two calls' arguments are never joined into one block (`{"q":1}{"q":2}` is no call at all)."""
-    server = ProviderServer()
-    await server.start()
     chunks = [_tool_delta(c) for c in calls]
     chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
-    raw = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
-    try:
-        server.enqueue([Call(sse=raw.encode())])
-        end, sink = await call(server, REQ)
-    finally:
-        await server.stop()
+    end, sink = await served(chunks)
     assert end.failure is None and end.stop_reason == "tool_calls"
     assert [(b.type, b.start, b.content) for b in sink.blocks()] == [
         ("tool_use", {"id": "call_a", "name": "look"}, '{"q":1}'),
