@@ -167,10 +167,8 @@ async def test_a_request_reads_back_as_the_exact_json_it_was_stored_from(tmp_pat
         assert whole is None and b"ana" not in ref  # the text lives in the parts, once
 
 
-async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tmp_path):
-    """A ledger from before m033 keeps its whole request per row; opening it stores them by content
-    (m034), every request reading back as the same JSON bytes and the chain still whole."""
-    path = tmp_path / "old.db"
+async def before_m033(path: Any) -> aiosqlite.Connection:
+    """A new ledger at `path` as the migrations before `m033_request_parts` leave it (requests kept whole)."""
     first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
     db = await aiosqlite.connect(path, isolation_level=None)
     saved = list(migrations.MIGRATIONS)
@@ -179,6 +177,14 @@ async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tm
         await migrations.apply(db)
     finally:
         migrations.MIGRATIONS[:] = saved
+    return db
+
+
+async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tmp_path):
+    """A ledger from before m033 keeps its whole request per row; opening it stores them by content
+    (m034), every request reading back as the same JSON bytes and the chain still whole."""
+    path = tmp_path / "old.db"
+    db = await before_m033(path)
     blobs = {}
     for i in range(3):
         req = {**REQUEST, "messages": REQUEST["messages"][: 3 + i]}
@@ -205,14 +211,7 @@ async def test_an_old_ledgers_odd_requests_are_kept_as_they_were_and_the_ledger_
     """Rows m034 cannot store by content (not JSON, not UTF-8, a request kept as TEXT) stay in their old
     column byte for byte; the others are converted; the ledger opens and every request reads back."""
     path = tmp_path / "old.db"
-    first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
-    db = await aiosqlite.connect(path, isolation_level=None)
-    saved = list(migrations.MIGRATIONS)
-    try:
-        migrations.MIGRATIONS[:] = saved[:first]
-        await migrations.apply(db)
-    finally:
-        migrations.MIGRATIONS[:] = saved
+    db = await before_m033(path)
     odd: dict[str, Any] = {
         "g-notjson0001": b"{not json",
         "g-notutf80001": b'{"a": "\xff"}',
