@@ -612,8 +612,9 @@ def _stored_bytes(value: bytes | str | None) -> bytes:
     return value.encode("utf-8", "surrogatepass") if isinstance(value, str) else bytes(value)
 
 
-def _sql_sha256(value: bytes | str | None, _sha: Any = hashlib.sha256) -> str:
-    return _sha(value if type(value) is bytes else _stored_bytes(value)).hexdigest()
+def _sql_sha256(value: bytes | str | None) -> str:
+    """`verify_sha256`: `sha256_text` of a text column's value as stored (NULL read as empty)."""
+    return sha256_text(b"" if value is None else value)
 
 
 def _sql_sent_same(value: bytes | str | None) -> str | None:

@@ -90,11 +90,7 @@ BATCH = 1000
 # times, are not checked here and are the widest columns to copy).
 _GENS = (
     "SELECT rowid, id, status, stop_reason, text, chars, standing, created_at FROM generations"
-    " WHERE id > ? ORDER BY id LIMIT ?"
-)
-_GENS_UPTO = (
-    "SELECT rowid, id, status, stop_reason, text, chars, standing, created_at FROM generations"
-    " WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"
+    " WHERE id > ?{upto} ORDER BY id LIMIT ?"
 )
 # Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
 _OF: list[tuple[str, str]] = [
@@ -139,7 +135,7 @@ async def check(ledger: Ledger) -> Report:
         own = _deal(procs)
         ranges = await _Ranges.of(db)
         workers = [_Worker(path, top, own[k]) for k in range(1, procs)]
-        shares = [asyncio.ensure_future(asyncio.to_thread(_share_here, path, top, own[0], ranges))]
+        shares = [asyncio.ensure_future(asyncio.to_thread(_share_here, path, top, own[0], ranges, pre))]
         shares += [asyncio.ensure_future(w.run(ranges)) for w in workers]
         try:
             results = await asyncio.gather(*shares)
@@ -171,7 +167,8 @@ PARALLEL_FROM = 50_000
 CHUNK = 4_000
 # What the chain's parts (attempt, generation, stump, post, delivered, walk) cost, one against another,
 # as measured on a ledger of the field's proportions: only how they are dealt depends on it.
-_PART_COST = {0: 1.1, 1: 0.9, 2: 0.12, 3: 0.72, 4: 0.3, chain.WALK_PART: 1.1}
+_KIND_COST = {"attempt": 1.1, "generation": 0.9, "stump": 0.12, "post": 0.72, "delivered": 0.3}
+_PART_COST = {i: _KIND_COST[kind] for i, (kind, _) in enumerate(chain.RECORDS)} | {chain.WALK_PART: 1.1}
 
 
 def _deal(procs: int) -> list[list[int]]:
@@ -225,12 +222,11 @@ def _read_only(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _share_here(path: str, top: int, own: list[int], ranges: _Ranges) -> _Share:
+def _share_here(path: str, top: int, own: list[int], ranges: _Ranges, pre: _Prelude) -> _Share:
     """This process's share, in a thread of its own on a connection of its own: its chain parts, then
     ranges until none is left."""
     conn = _read_only(path)
     try:
-        pre = _prelude(conn)
         of_parts = [chain.part(conn.cursor(), top, i) for i in own]
         done = []
         while (span := ranges.next()) is not None:
@@ -371,9 +367,7 @@ class _Prelude:
 
     shown_live: set[str]  # stumps whose text a live message showed and then set aside
     chunks: dict[str, int]  # streamed chunks left per attempt
-    published: list[dict[str, Any]]  # posts publishing a stump at its resident's request
-    stumps: dict[str, dict[str, Any]]  # the stumps those posts name
-    lines: list[str]  # what the published stumps' posts violate
+    lines: list[str]  # what the posts publishing a stump at its resident's request violate
     recovered: set[str]  # stumps whose recovered posts were delivered
 
 
@@ -400,7 +394,7 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     lines: list[str] = []
     _check_recovered(lines, stumps, published)
     recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
-    return _Prelude(shown_live, chunks, published, stumps, lines, recovered)
+    return _Prelude(shown_live, chunks, lines, recovered)
 
 
 @dataclass
@@ -470,7 +464,8 @@ def _batch(
         cols = [d[0] for d in db.description or ()]
         return [dict(zip(cols, r, strict=False)) for r in got]  # (the cursor's own columns)
 
-    gens = fetch(_GENS if hi is None else _GENS_UPTO, *((lo, BATCH) if hi is None else (lo, hi, BATCH)))
+    bounded = hi is not None
+    gens = fetch(_GENS.format(upto=" AND id <= ?" if bounded else ""), *((lo, hi, BATCH) if bounded else (lo, BATCH)))
     last = len(gens) < BATCH
     end = hi if last else gens[-1]["id"]
     upto = "" if end is None else " AND generation_id <= ?"
