@@ -324,29 +324,14 @@ class Entry:
         return export_line(self.seq, self.prev, self.body, self.hash)
 
 
-def _link_problem(e: Entry, last_seq: int, last_hash: str, parsed: bool = False) -> str | None:
-    """Why entry `e` does not follow the entry (last_seq, last_hash), or does not hash to itself.
-
-    `parsed`: its body is already known canonical, with its own kind and record (`check`)."""
+def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
+    """Why entry `e` does not follow the entry (last_seq, last_hash); whether it hashes to itself, and
+    its body, are `_body_problem`'s."""
     if e.seq != last_seq + 1:
         return f"follows entry {last_seq}" + (
             f"; entries {last_seq + 1}..{e.seq - 1} are missing" if e.seq > last_seq + 1 else ""
         )
-    if e.prev != last_hash:
-        return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
-    if parsed:
-        return "its hash does not match its content" if entry_hash(e.seq, e.prev, e.body) != e.hash else None
-    try:
-        obj = json.loads(e.body)
-    except ValueError:
-        return "its body is not JSON"
-    if not isinstance(obj, dict) or canonical(obj) != e.body:
-        return "its body is not canonical JSON"
-    if entry_hash(e.seq, e.prev, e.body) != e.hash:
-        return "its hash does not match its content"
-    if obj.get("kind") != e.kind or (obj.get("id") if e.kind != "genesis" else None) != e.record:
-        return f"its kind/record columns ({e.kind}, {e.record}) differ from the entry's own"
-    return None
+    return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
 
 
 async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
@@ -1016,7 +1001,8 @@ def finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: 
 
 
 def _body_problem(e: Entry, hash_ok: bool) -> str | None:
-    """`_link_problem` of an entry whose link held and whose body no record gives exactly."""
+    """What is wrong with an entry whose link held and which no record gives exactly, or which does not
+    hash to itself: its body, its hash, its kind and record columns."""
     try:
         obj = json.loads(e.body)
     except ValueError:
