@@ -471,7 +471,7 @@ CONFIRMED: dict[str, str] = {
         + _v("b.idx")
         + ", 'sha256', verify_sha256(b.content), 'type', "
         + _v("b.type")
-        + ")) FROM (SELECT * FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
+        + ")) FROM (SELECT idx, type, content FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
         " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', "
         + _CHARS.format(col="x.text")
         + ", 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"

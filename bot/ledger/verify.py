@@ -101,7 +101,11 @@ _OF: list[tuple[str, str]] = [
     ),
     ("segments", "SELECT * FROM segments WHERE generation_id > ?{upto} ORDER BY generation_id, idx"),
     ("stumps", "SELECT * FROM stumps WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid"),
-    ("posts", "SELECT * FROM posts WHERE generation_id > ?{upto} ORDER BY generation_id, seq"),
+    (
+        "posts",
+        "SELECT id, generation_id, seq, kind, content, message_id, reason, stump_id FROM posts"
+        " WHERE generation_id > ?{upto} ORDER BY generation_id, seq",
+    ),
 ]
 # The blocks of the batch's attempts, by their ids (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
@@ -345,7 +349,7 @@ async def _assemble(db: Any, pre: _Prelude, parts: list[_Part]) -> Report:
     rep = Report()
     orphans: list[str] = []
     for p in await db.execute_fetchall("SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq"):
-        _check_line(orphans, f"post {p['id']}", dict(p))  # notices about no generation (a declined /continue)
+        _check_line(orphans, dict(p))  # notices about no generation (a declined /continue)
         if p["kind"] != "notice":
             orphans.append(f"post {p['id']}: a {p['kind']} post with no generation")
     by_order: list[tuple[float, int, list[str]]] = []
@@ -436,8 +440,12 @@ def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelud
             for st in t["stumps"]:
                 st["shown_live"] = st["id"] in pre.shown_live
                 st["recovered"] = st["id"] in recovered
-            out.undelivered += sum(1 for p in t["posts"] if p["message_id"] is None)
-            own = [p for p in t["posts"] if p.get("stump_id") is None]
+            own = []
+            for p in t["posts"]:
+                if p["message_id"] is None:
+                    out.undelivered += 1
+                if p["stump_id"] is None:
+                    own.append(p)
             rounds = round_finals(t["attempts"], calls[g["id"]])
             found: list[str] = []
             pending: list[str] = []
@@ -469,7 +477,7 @@ def _batch(
 
     def fetch(sql: str, *params: Any) -> _Rows:
         got = db.execute(sql, params).fetchall()
-        cols = [d[0] for d in db.description or ()]
+        cols = [sys.intern(d[0]) for d in db.description or ()]  # (so each look-up by name is one compare)
         return [dict(zip(cols, r, strict=False)) for r in got]  # (the cursor's own columns)
 
     bounded = hi is not None
@@ -716,7 +724,7 @@ def _check_posts(
     if len(set(seqs)) != len(seqs):
         v.append(f"{where}: duplicate post seq numbers")
     for p in posts:
-        _check_line(v, f"post {p['id']} ({where})", p)
+        _check_line(v, p, where)
     text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
     receipts = [p for p in posts if p["kind"] == "receipt"]
     boundary_notices = [p for p in posts if p["kind"] == "notice" and p["reason"] not in _SIDE_NOTICES]
@@ -770,22 +778,28 @@ def _check_posts(
         v.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
 
 
-def _check_line(v: list[str], who: str, p: dict[str, Any]) -> None:
-    """Posts fit a Discord message; receipts and notices are compact and never in the second person."""
+def _check_line(v: list[str], p: dict[str, Any], about: str | None = None) -> None:
+    """Posts fit a Discord message; receipts and notices are compact and never in the second person.
+    Lines name the post (and `about`: its generation or stump), named only when one is found."""
     content = p["content"] if isinstance(p["content"], str) else dec(p["content"])
+    kind = p["kind"]
+    found = []
     if len(content) > LIMIT:
-        v.append(f"{who}: {len(content)} characters, over the {LIMIT:,} limit")
-    if p["kind"] in ("receipt", "notice"):
+        found.append(f"{len(content)} characters, over the {LIMIT:,} limit")
+    if kind in ("receipt", "notice"):
         line = content[len(RECEIPT_PREFIX) :] if content.startswith(RECEIPT_PREFIX) else content
         if len(line) > truth.MAX_LINE:
-            v.append(f"{who}: {p['kind']} of {len(line)} characters, over {truth.MAX_LINE}")
+            found.append(f"{kind} of {len(line)} characters, over {truth.MAX_LINE}")
         if _SECOND_PERSON.search(line):
-            v.append(f"{who}: {p['kind']} addresses someone in the second person")
-    elif p["kind"] not in TEXT_KINDS and p["kind"] != "recovered":
-        v.append(f"{who}: unknown post kind {p['kind']!r}")
+            found.append(f"{kind} addresses someone in the second person")
+    elif kind not in TEXT_KINDS and kind != "recovered":
+        found.append(f"unknown post kind {kind!r}")
     reason = p.get("reason")
-    if reason is not None and p["kind"] not in _REASON_KINDS.get(reason, ()):
-        v.append(f"{who}: a {p['kind']} post with reason {reason!r}")
+    if reason is not None and kind not in _REASON_KINDS.get(reason, ()):
+        found.append(f"a {kind} post with reason {reason!r}")
+    if found:
+        who = f"post {p['id']}" + (f" ({about})" if about else "")
+        v += [f"{who}: {line}" for line in found]
 
 
 def _cover(text: str, contents: list[str]) -> str | None:
@@ -796,6 +810,8 @@ def _cover(text: str, contents: list[str]) -> str | None:
     them. Where a fence line could be either the text's own or an added one, both readings are
     followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
     """
+    if "".join(contents) == text:
+        return None  # the pieces end to end (the usual case): the reading below would find just this
     reach = {0}
     for i, c in enumerate(contents, 1):
         nxt: set[int] = set()
@@ -878,7 +894,7 @@ def _check_recovered(v: list[str], stumps: dict[str, dict[str, Any]], posts: lis
         who = f"stump {sid}"
         for p in ps:
             p["content"] = dec(p["content"])
-            _check_line(v, f"post {p['id']} ({who})", p)
+            _check_line(v, p, who)
         s = stumps.get(sid)
         if s is None:
             v.append(f"{who}: published by {len(ps)} post(s) but no such stump")
