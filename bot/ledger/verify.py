@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import functools
 import gc
+import itertools
+import operator
 import os
 import pickle
 import re
@@ -426,35 +428,38 @@ def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelud
     out = _Part()
     recovered = pre.recovered
     while True:
-        gens, by_gen, blocks, calls, attachment_rows = _batch(conn, lo, hi)
+        gens, of, blocks, calls, attachment_rows = _batch(conn, lo, hi)
         known = {g["id"] for g in gens}
-        for gid in sorted(by_gen):
-            if gid not in known:
-                for table, items in by_gen[gid].items():
-                    out.missing += [
-                        f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
-                        for i in items
-                    ]
+        for gid in sorted({gid for rows in of.values() for gid in rows} - known):
+            for table, rows in of.items():
+                out.missing += [
+                    f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
+                    for i in rows.get(gid, ())
+                ]
+        attempts_of, segments_of, stumps_of, posts_of = of["attempts"], of["segments"], of["stumps"], of["posts"]
         for g in gens:
-            t = by_gen[g["id"]]
-            for st in t["stumps"]:
+            gid = g["id"]
+            attempts, segments = attempts_of.get(gid) or [], segments_of.get(gid) or []
+            stumps, posts = stumps_of.get(gid) or [], posts_of.get(gid) or []
+            for st in stumps:
                 st["shown_live"] = st["id"] in pre.shown_live
                 st["recovered"] = st["id"] in recovered
             own = []
-            for p in t["posts"]:
+            for p in posts:
                 if p["message_id"] is None:
                     out.undelivered += 1
                 if p["stump_id"] is None:
                     own.append(p)
-            rounds = round_finals(t["attempts"], calls[g["id"]])
+            its_calls = calls.get(gid) or []
+            rounds = round_finals(attempts, its_calls)
             found: list[str] = []
             pending: list[str] = []
-            _check_generation(found, pending, g, t["attempts"], t["segments"], t["stumps"], own, pre.chunks, rounds)
-            _check_blocks(found, g, t["attempts"], t["segments"], t["stumps"], blocks)
-            check_tool_calls(found, g, t["attempts"], calls[g["id"]])
+            _check_generation(found, pending, g, attempts, segments, stumps, own, pre.chunks, rounds)
+            _check_blocks(found, g, attempts, segments, stumps, blocks)
+            check_tool_calls(found, g, attempts, its_calls)
             if found:
                 out.by_order.append((g["created_at"], g["rowid"], found))
-            out.unsettled += [(g["created_at"], g["rowid"], gid) for gid in pending]
+            out.unsettled += [(g["created_at"], g["rowid"], p) for p in pending]
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
         if len(gens) < BATCH:
@@ -467,18 +472,19 @@ _Rows = list[dict[str, Any]]
 
 def _batch(
     conn: sqlite3.Connection, lo: str, hi: str | None = None
-) -> tuple[_Rows, Any, dict[str, _Rows], dict[str, _Rows], _Rows]:
-    """The next `BATCH` generations after id `lo` (up to `hi`) and their records, as dicts made straight
-    from tuples (sqlite3.Row looks each column up by name). The records are read up to the batch's last
-    id, or, for the range's last batch, up to `hi` (or all that follow), so a record whose generation
-    is missing is found by the range it falls in."""
+) -> tuple[_Rows, dict[str, dict[str, _Rows]], dict[str, _Rows], dict[str, _Rows], _Rows]:
+    """The next `BATCH` generations after id `lo` (up to `hi`) and their records: each table's rows by
+    generation id (blocks by attempt id), as dicts made straight from tuples (sqlite3.Row looks each
+    column up by name). The records are read up to the batch's last id, or, for the range's last
+    batch, up to `hi` (or all that follow), so a record whose generation is missing is found by the
+    range it falls in."""
     db = conn.cursor()
     db.row_factory = None
 
     def fetch(sql: str, *params: Any) -> _Rows:
         got = db.execute(sql, params).fetchall()
         cols = [sys.intern(d[0]) for d in db.description or ()]  # (so each look-up by name is one compare)
-        return [dict(zip(cols, r, strict=False)) for r in got]  # (the cursor's own columns)
+        return list(map(dict, map(zip, itertools.repeat(cols), got)))  # (the cursor's own columns)
 
     bounded = hi is not None
     gens = fetch(_GENS.format(upto=" AND id <= ?" if bounded else ""), *((lo, hi, BATCH) if bounded else (lo, BATCH)))
@@ -486,22 +492,23 @@ def _batch(
     end = hi if last else gens[-1]["id"]
     upto = "" if end is None else " AND generation_id <= ?"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
-    by_gen: dict[str, dict[str, _Rows]] = defaultdict(lambda: defaultdict(list))
-    attempt_ids = []
-    for table, sql in _OF:
-        for d in fetch(sql.format(upto=upto), *span):
-            by_gen[d["generation_id"]][table].append(d)
-            if table == "attempts":
-                attempt_ids.append(d["id"])
-    blocks: dict[str, _Rows] = defaultdict(list)
+    of = {table: _grouped(fetch(sql.format(upto=upto), *span), _BY_GENERATION) for table, sql in _OF}
+    attempt_ids = [a["id"] for rows in of["attempts"].values() for a in rows]
+    blocks: dict[str, _Rows] = {}
     for i in range(0, len(attempt_ids), 500):
         ids = attempt_ids[i : i + 500]
-        for d in fetch(_BLOCKS.format(marks=",".join("?" * len(ids))), *ids):
-            blocks[d["attempt_id"]].append(d)
-    calls: dict[str, _Rows] = defaultdict(list)
-    for d in fetch(_CALLS.format(upto=upto), *span):
-        calls[d["generation_id"]].append(d)
-    return gens, by_gen, blocks, calls, fetch(_ATTACHMENTS.format(upto=upto), *span)
+        blocks |= _grouped(fetch(_BLOCKS.format(marks=",".join("?" * len(ids))), *ids), _BY_ATTEMPT)
+    calls = _grouped(fetch(_CALLS.format(upto=upto), *span), _BY_GENERATION)
+    return gens, of, blocks, calls, fetch(_ATTACHMENTS.format(upto=upto), *span)
+
+
+_BY_GENERATION = operator.itemgetter("generation_id")
+_BY_ATTEMPT = operator.itemgetter("attempt_id")
+
+
+def _grouped(rows: _Rows, key: Any) -> dict[str, _Rows]:
+    """Rows read in order of `key` (each query's ORDER BY), as lists by key."""
+    return {k: list(g) for k, g in itertools.groupby(rows, key)}
 
 
 @functools.cache
