@@ -605,10 +605,11 @@ def _sql_sha256(value: bytes | str | None) -> str:
 def _sql_sent_same(value: bytes | str | None) -> str | None:
     """The content's SHA-256 where what was sent is the content itself (valid UTF-8), else NULL."""
     data = _stored_bytes(value)
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    if not data.isascii():  # (ASCII is UTF-8: no text made to find out)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
     return hashlib.sha256(data).hexdigest()
 
 
