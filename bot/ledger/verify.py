@@ -817,8 +817,15 @@ def _cover(text: str, contents: list[str]) -> str | None:
     them. Where a fence line could be either the text's own or an added one, both readings are
     followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
     """
-    if "".join(contents) == text:
-        return None  # the pieces end to end (the usual case): the reading below would find just this
+    if "".join(contents) == text and all(c and "\\-# " not in c and _one_way(c) for c in contents):
+        # the pieces end to end, none of them empty or readable another way (the usual case): every
+        # position the reading reaches is at or past the exact one, which it ends at
+        return None
+    return _cover_by_reading(text, contents)
+
+
+def _cover_by_reading(text: str, contents: list[str]) -> str | None:
+    """`_cover` by following every reading of every piece."""
     reach = {0}
     for i, c in enumerate(contents, 1):
         nxt: set[int] = set()
@@ -873,6 +880,15 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
         else:
             return None
     return i
+
+
+def _one_way(content: str) -> bool:
+    """Whether `_bodies` reads the content only as posted: neither its first nor its last line is a
+    fence line (found without splitting the content)."""
+    if "\n" not in content:
+        return True
+    first, last = content[: content.index("\n")], content[content.rindex("\n") + 1 :]
+    return not FENCE_LINE.match(first) and not FENCE_LINE.match(last)
 
 
 def _bodies(content: str) -> list[tuple[str, bool]]:
