@@ -435,7 +435,10 @@ BLOCKS_OF = (
 # Only a row answered 1 is taken as confirmed; any other answer (0: it differs; NULL: no entry, or a
 # post with lone surrogates) and any error is checked again by the builders (`_built`), which alone
 # name what differs. `test_chain` holds these renderings against the builders for every kind of record
-# a replay writes, so the two cannot drift apart unseen.
+# a replay writes, so the two cannot drift apart unseen. An attempt's blocks and a generation's
+# segments are gathered in the order of their primary key's index (by pos, by index), the order
+# SQLite reads them for one attempt or generation; were they gathered in any other order, the
+# rendering would differ and the builders would be asked: never a false confirmation.
 _CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (up to a NUL: then it differs)
 
 
@@ -444,11 +447,20 @@ def _v(col: str) -> str:
     return f"CASE typeof({col}) WHEN 'real' THEN json('!') ELSE {col} END"
 
 
+# The entry's `at`, its first key in sorted order, parsed from the body up to its first comma: the whole
+# body is not parsed for it. Where that prefix is not `{"at":VALUE}` (a body not written by the
+# builders), the value is NULL or the query fails, and the entry is not confirmed; where it is, the
+# value is the one the whole body states.
+_AT_SQL = "json_extract(substr(c.body, 1, instr(c.body, ',') - 1) || '}', '$.at')"
+
+
 def _same(table: str, kind: str, fields: str, where: str) -> str:
     """The query for one kind (from this module's constants only): rowid, the latest entry's seq, and
     whether that entry is `fields` rendered."""
     return (
-        "SELECT x.rowid, c.seq, c.body = json_object('at', json_extract(c.body, '$.at'), "
+        "SELECT x.rowid, c.seq, c.body = json_object('at', "
+        + _AT_SQL
+        + ", "
         + fields
         + ") FROM "
         + table
@@ -471,7 +483,7 @@ CONFIRMED: dict[str, str] = {
         + _v("b.idx")
         + ", 'sha256', verify_sha256(b.content), 'type', "
         + _v("b.type")
-        + ")) FROM (SELECT idx, type, content FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
+        + ")) FROM attempt_blocks b WHERE b.attempt_id = x.id), '[]'),"
         " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', "
         + _CHARS.format(col="x.text")
         + ", 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"
@@ -527,7 +539,7 @@ CONFIRMED: dict[str, str] = {
         + _v("s.overlap_removed")
         + ", 'stop_reason', "
         + _v("s.stop_reason")
-        + ")) FROM (SELECT * FROM segments WHERE generation_id = x.id ORDER BY idx) s), 'standing', "
+        + ")) FROM segments s WHERE s.generation_id = x.id), 'standing', "
         + _v("x.standing")
         + ", 'status', "
         + _v("x.status")
