@@ -415,7 +415,7 @@ def held(db: Path, kind: str) -> tuple[int, list[str]]:
 
 
 def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys):
-    """`chain.CONFIRMED` renders each record's entry in SQLite; it must agree with the builders for every
+    """`chain.confirmed` renders each record's entry in SQLite; it must agree with the builders for every
     kind and field (blocks of every type, several segments, retries, cuts, continuations, tool rounds,
     deliveries), so on a whole ledger every record is confirmed there and none is built in Python. A
     string SQLite writes unescaped (outside ASCII) goes to the builders and still holds; a changed record
@@ -443,6 +443,38 @@ def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys)
     assert asyncio.run(_verify(db)) == []
     script(db, "UPDATE generations SET model = 'other' WHERE id = 'g-outside-ascii'")
     assert [line.split(": ", 2)[-1] for line in asyncio.run(_verify(db))] == ["model (entry m, ledger other)"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "text"),
+    [("TEXT", True), ("varchar(20)", True), ("CLOB", True), ("CHARINT", False), ("INTEGER", False),
+     ("BLOB", False), ("", False), ("REAL", False), ("NUMERIC", False)],
+)  # fmt: skip
+def test_a_column_is_left_unguarded_only_where_sqlite_gives_it_text_affinity(declared: str, text: bool) -> None:
+    assert chain._text_affinity(declared) is text
+
+
+def test_a_number_in_a_text_column_is_stored_as_text_and_never_confirmed(tmp_path, capsys):
+    """The guard against a REAL is left off the text columns because SQLite stores a number given to them
+    as text: such a change is named like any other. A schema declaring the column otherwise keeps it."""
+    db = replayed(tmp_path, capsys)
+    [(gid, model)] = sql(db, "SELECT id, model FROM generations WHERE status = 'completed' LIMIT 1")
+    con = sqlite3.connect(db)
+    try:
+        ours = chain.confirmed(con)["generation"]
+    finally:
+        con.close()
+    assert "typeof(x.model)" not in ours and "typeof(x.output_tokens)" in ours
+    sql(db, "UPDATE generations SET model = ? WHERE id = ?", (0.3, gid))
+    assert sql(db, "SELECT typeof(model) FROM generations WHERE id = ?", (gid,)) == [("text",)]
+    assert gid in held(db, "generation")[1]  # built by the builders, not confirmed
+    assert [line.split(": ", 2)[-1] for line in asyncio.run(_verify(db))] == [
+        f"model (entry {chain._short(model)}, ledger 0.3)"
+    ]
+    other = sqlite3.connect(":memory:")
+    other.execute("CREATE TABLE generations (id TEXT, model NUMERIC, output_tokens INTEGER)")
+    assert "typeof(x.model)" in chain.confirmed(other)["generation"]
+    assert "typeof(x.id)" not in chain.confirmed(other)["generation"]
 
 
 async def _verify(db: Path) -> list[str]:

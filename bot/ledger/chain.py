@@ -36,6 +36,7 @@ write lock; the hash is computed by `chain_hash`, a function `install` registers
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -631,6 +632,40 @@ def _install_sql(conn: sqlite3.Connection) -> None:
     conn.create_function("verify_sent_same", 1, _sql_sent_same, deterministic=True)
 
 
+# The tables `CONFIRMED` reads, by the alias each query gives them.
+_ALIASES = {"attempt": "attempts", "generation": "generations", "stump": "stumps", "post": "posts"}
+_ALIASES["delivered"] = "posts"
+_GUARD = re.compile(r"CASE typeof\((\w+)\.(\w+)\) WHEN 'real' THEN json\('!'\) ELSE \1\.\2 END")
+
+
+def confirmed(conn: sqlite3.Connection) -> dict[str, str]:
+    """`CONFIRMED` for this ledger's schema, with no guard (`_v`) on a column whose declared type gives it
+    TEXT affinity: SQLite stores a number given to such a column as text, so it never holds a REAL."""
+    text = frozenset(
+        (table, name)
+        for table in ("attempts", "generations", "stumps", "posts", "attempt_blocks", "segments")
+        for name, declared in conn.execute("SELECT name, type FROM pragma_table_info(?)", (table,))
+        if _text_affinity(declared)
+    )
+    return _confirmed_for(text)
+
+
+def _text_affinity(declared: str) -> bool:
+    """SQLite's rule: a declared type holding INT is INTEGER; else one holding CHAR, CLOB or TEXT is TEXT."""
+    upper = declared.upper()
+    return "INT" not in upper and any(word in upper for word in ("CHAR", "CLOB", "TEXT"))
+
+
+@functools.cache
+def _confirmed_for(text: frozenset[tuple[str, str]]) -> dict[str, str]:
+    return {kind: _unguarded(query, _ALIASES[kind], text) for kind, query in CONFIRMED.items()}
+
+
+def _unguarded(query: str, table: str, text: frozenset[tuple[str, str]]) -> str:
+    tables = {"x": table, "b": "attempt_blocks", "s": "segments"}
+    return _GUARD.sub(lambda m: m[1] + "." + m[2] if (tables[m[1]], m[2]) in text else m[0], query)
+
+
 def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
     """`_payloads`, a batch at a time, as (the seqs of the latest entries SQLite confirmed, by `CONFIRMED`,
     the records built in Python): only a batch holding some record SQLite does not confirm is read
@@ -638,10 +673,11 @@ def _held(db: sqlite3.Cursor, i: int) -> Iterator[_Held]:
     kind, sql = RECORDS[i]
     if kind == "delivered":
         yield [], _access(db)
+    confirming = confirmed(db.connection)[kind]
     last = -(2**63)
     while True:
         try:
-            rows: list[Any] | None = db.execute(CONFIRMED[kind], (last, BATCH)).fetchall()
+            rows: list[Any] | None = db.execute(confirming, (last, BATCH)).fetchall()
         except sqlite3.Error:
             rows = None  # a value SQLite's JSON cannot hold (a BLOB id, a body that is not JSON)
         if rows is not None and all(r[2] == 1 for r in rows):
