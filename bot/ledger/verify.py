@@ -94,15 +94,24 @@ _GENS = (
     "SELECT rowid, id, status, stop_reason, text, chars, standing, created_at FROM generations"
     " WHERE id > ?{upto} ORDER BY id LIMIT ?"
 )
-# Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
+# Each table's rows of the generations in (lo, hi], with the columns the checks read (each costs as much
+# as a row of few); `{upto}`: " AND generation_id <= ?" or "" (the last batch).
 _OF: list[tuple[str, str]] = [
     (
         "attempts",
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
         " replaced_by FROM attempts WHERE generation_id > ?{upto} ORDER BY generation_id, segment, idx, started_at",
     ),
-    ("segments", "SELECT * FROM segments WHERE generation_id > ?{upto} ORDER BY generation_id, idx"),
-    ("stumps", "SELECT * FROM stumps WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid"),
+    (
+        "segments",
+        "SELECT generation_id, idx, attempt_id, chars, overlap_removed FROM segments WHERE generation_id > ?{upto}"
+        " ORDER BY generation_id, idx",
+    ),
+    (
+        "stumps",
+        "SELECT id, generation_id, attempt_id, scope, cause, text, chars, published, replaced_by, block FROM stumps"
+        " WHERE generation_id > ?{upto} ORDER BY generation_id, created_at, rowid",
+    ),
     (
         "posts",
         "SELECT id, generation_id, seq, kind, content, message_id, reason, stump_id FROM posts"
