@@ -457,9 +457,12 @@ _AT_SQL = "json_extract(substr(c.body, 1, instr(c.body, ',') - 1) || '}', '$.at'
 
 def _same(table: str, kind: str, fields: str, where: str) -> str:
     """The query for one kind (from this module's constants only): rowid, the latest entry's seq, and
-    whether that entry is `fields` rendered."""
+    whether that entry is `fields` rendered. `table` may be a subquery that pages itself (`rowid_`)."""
+    paged = table.startswith("(")
     return (
-        "SELECT x.rowid, c.seq, c.body = json_object('at', "
+        "SELECT x."
+        + ("rowid_" if paged else "rowid")
+        + ", c.seq, c.body = json_object('at', "
         + _AT_SQL
         + ", "
         + fields
@@ -467,30 +470,37 @@ def _same(table: str, kind: str, fields: str, where: str) -> str:
         + table
         + " x "
         + _latest(kind)
-        + " WHERE x.rowid > ?"
-        + where
-        + " ORDER BY x.rowid LIMIT ?"
+        + (" ORDER BY x.rowid_" if paged else " WHERE x.rowid > ?" + where + " ORDER BY x.rowid LIMIT ?")
     )
+
+
+# The attempts of a batch with their text hashed and counted once (`h`, `n`): SQLite works an expression
+# out each time it is named, and an attempt of one text block names its text twice (the block, the whole).
+_ATTEMPTS = (
+    "(SELECT rowid AS rowid_, id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text,"
+    " output_tokens, verify_sha256(text) AS h, "
+    + _CHARS.format(col="text")
+    + " AS n FROM attempts WHERE rowid > ? AND outcome != 'streaming' ORDER BY rowid LIMIT ?)"
+)
 
 
 CONFIRMED: dict[str, str] = {
     "attempt": _same(
-        "attempts",
+        _ATTEMPTS,
         "attempt",
-        # its blocks; none kept (a ledger from before blocks were), its text as one text block
-        "'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', "
+        # its blocks (one whose content is the attempt's text takes its hash and count); none kept (a
+        # ledger from before blocks were), its text as one text block
+        "'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', CASE WHEN b.content = x.text"
+        " THEN x.n ELSE "
         + _CHARS.format(col="b.content")
-        + ", 'index', "
+        + " END, 'index', "
         + _v("b.idx")
-        + ", 'sha256', verify_sha256(b.content), 'type', "
+        + ", 'sha256', CASE WHEN b.content = x.text THEN x.h ELSE verify_sha256(b.content) END, 'type', "
         + _v("b.type")
         + ")) FROM attempt_blocks b WHERE b.attempt_id = x.id), '[]'),"
-        " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', "
-        + _CHARS.format(col="x.text")
-        + ", 'index', 0, 'sha256', verify_sha256(x.text), 'type', 'text')) ELSE json_array() END),"
-        " 'chars', "
-        + _CHARS.format(col="x.text")
-        + ", 'discard_reason', "
+        " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', x.n, 'index', 0, 'sha256', x.h,"
+        " 'type', 'text')) ELSE json_array() END),"
+        " 'chars', x.n, 'discard_reason', "
         + _v("x.discard_reason")
         + ", 'error', "
         + _v("x.error")
@@ -508,8 +518,8 @@ CONFIRMED: dict[str, str] = {
         + _v("x.segment")
         + ", 'stop_reason', "
         + _v("x.stop_reason")
-        + ", 'text_sha256', verify_sha256(x.text)",
-        " AND x.outcome != 'streaming'",
+        + ", 'text_sha256', x.h",
+        "",
     ),
     "generation": _same(
         "generations",
