@@ -951,19 +951,20 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
             grow = bytearray((rows[-1][0] >> 3) + 1 - len(linked) + n)
             linked += grow
             hashed += grow
+        count += len(rows)
         for seq, prev, body, digest in rows:
-            if seq == last_seq + 1 and prev == last_hash:
-                if seq > 0:
-                    linked[seq >> 3] |= 1 << (seq & 7)
-                    # canonical JSON is ASCII with no DEL (nor any raw control character, which SQLite
-                    # never writes either): any other body is not, and `finish` says so
-                    if (
-                        body.isascii()
-                        and b"\x7f" not in body
-                        and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
-                        == digest
-                    ):
-                        hashed[seq >> 3] |= 1 << (seq & 7)
+            if seq == last_seq + 1 and prev == last_hash:  # (seq > 0: the first read is of seq > 0)
+                byte, bit = seq >> 3, 1 << (seq & 7)
+                linked[byte] |= bit
+                # canonical JSON is ASCII with no DEL (nor any raw control character, which SQLite
+                # never writes either): any other body is not, and `finish` says so
+                if (
+                    body.isascii()
+                    and b"\x7f" not in body
+                    and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
+                    == digest
+                ):
+                    hashed[byte] |= bit
             else:
                 e = Entry(
                     *db.execute(
@@ -974,7 +975,6 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
                 where = f" ({e.kind} {e.record})" if e.record else f" ({e.kind})"
                 found.append((seq, 0, f"chain entry {seq}{where}: {problem}"))
             last_seq, last_hash = seq, digest
-            count += 1
     return found, linked, hashed, count, last_seq, last_hash.decode("utf-8", "replace")
 
 
