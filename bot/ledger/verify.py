@@ -439,7 +439,7 @@ def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelud
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(conn, lo, hi)
         known = {g["id"] for g in gens}
-        for gid in sorted({gid for rows in of.values() for gid in rows} - known):
+        for gid in sorted(set().union(*of.values()) - known):
             for table, rows in of.items():
                 out.missing += [
                     f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
@@ -502,7 +502,7 @@ def _batch(
     upto = "" if end is None else " AND generation_id <= ?"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     of = {table: _grouped(fetch(sql.format(upto=upto), *span), _BY_GENERATION) for table, sql in _OF}
-    attempt_ids = [a["id"] for rows in of["attempts"].values() for a in rows]
+    attempt_ids = list(map(_ID, itertools.chain.from_iterable(of["attempts"].values())))
     blocks: dict[str, _Rows] = {}
     for i in range(0, len(attempt_ids), 500):
         ids = attempt_ids[i : i + 500]
@@ -511,6 +511,7 @@ def _batch(
     return gens, of, blocks, calls, fetch(_ATTACHMENTS.format(upto=upto), *span)
 
 
+_ID = operator.itemgetter("id")
 _BY_GENERATION = operator.itemgetter("generation_id")
 _BY_ATTEMPT = operator.itemgetter("attempt_id")
 
@@ -736,17 +737,22 @@ def _check_posts(
         if g["standing"] == "on-request" and not rounds
         else 0
     )
-    seqs = [p["seq"] for p in posts]
-    if len(set(seqs)) != len(seqs):
+    if len({p["seq"] for p in posts}) != len(posts):
         v.append(f"{where}: duplicate post seq numbers")
+    text_posts, receipts, boundary_notices, kinds = [], [], [], set()
     for p in posts:
         _check_line(v, p, where)
-    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
-    receipts = [p for p in posts if p["kind"] == "receipt"]
-    boundary_notices = [p for p in posts if p["kind"] == "notice" and p["reason"] not in _SIDE_NOTICES]
-    if status != "completed" and any(p["kind"] == "speech" for p in posts):
+        kind = p["kind"]
+        kinds.add(kind)
+        if kind in TEXT_KINDS:
+            text_posts.append(p)
+        elif kind == "receipt":
+            receipts.append(p)
+        elif kind == "notice" and p["reason"] not in _SIDE_NOTICES:
+            boundary_notices.append(p)
+    if status != "completed" and "speech" in kinds:
         v.append(f"{where}: speech post for a {status} generation")
-    if status == "completed" and calls == 0 and any(p["kind"] == "partial" for p in posts):
+    if status == "completed" and calls == 0 and "partial" in kinds:
         v.append(f"{where}: partial post for a generation completed in one settlement")
     if status == "refused":
         if text_posts:
@@ -826,10 +832,12 @@ def _cover(text: str, contents: list[str]) -> str | None:
     them. Where a fence line could be either the text's own or an added one, both readings are
     followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
     """
-    if "".join(contents) == text and all(c and "\\-# " not in c and _one_way(c) for c in contents):
-        # the pieces end to end, none of them empty or readable another way (the usual case): every
-        # position the reading reaches is at or past the exact one, which it ends at
-        return None
+    if "".join(contents) == text:
+        for c in contents:
+            if not c or "\\-# " in c or not _one_way(c):
+                break
+        else:  # the pieces end to end, none of them empty or readable another way (the usual case):
+            return None  # every position the reading reaches is at or past the exact one, which it ends at
     return _cover_by_reading(text, contents)
 
 
