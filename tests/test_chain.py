@@ -448,7 +448,7 @@ def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys)
 @pytest.mark.parametrize(
     ("declared", "text"),
     [("TEXT", True), ("varchar(20)", True), ("CLOB", True), ("CHARINT", False), ("INTEGER", False),
-     ("BLOB", False), ("", False), ("REAL", False), ("NUMERIC", False)],
+     ("BLOB", False), ("", False), ("REAL", False), ("NUMERIC", False), ("TEXẗ", False), ("text int", False)],
 )  # fmt: skip
 def test_a_column_is_left_unguarded_only_where_sqlite_gives_it_text_affinity(declared: str, text: bool) -> None:
     assert chain._text_affinity(declared) is text
@@ -475,6 +475,55 @@ def test_a_number_in_a_text_column_is_stored_as_text_and_never_confirmed(tmp_pat
     other.execute("CREATE TABLE generations (id TEXT, model NUMERIC, output_tokens INTEGER)")
     assert "typeof(x.model)" in chain.confirmed(other)["generation"]
     assert "typeof(x.id)" not in chain.confirmed(other)["generation"]
+
+
+def test_blocks_put_in_another_order_are_named_whatever_order_a_plan_reads_them_in(tmp_path, capsys):
+    """An attempt's blocks swapped (their pos), the chain left alone, with an index that reads them in
+    the order they were written: the entry no longer matches, and `verify` says so."""
+    db = replayed(tmp_path, capsys, ("unknown-block",))
+    [(aid,)] = sql(db, "SELECT attempt_id FROM attempt_blocks GROUP BY attempt_id HAVING count(*) >= 2 LIMIT 1")
+    seq = entry_of(db, "attempt", aid)
+    script(
+        db,
+        f"UPDATE attempt_blocks SET pos = pos + 100 WHERE attempt_id = '{aid}';"
+        f"UPDATE attempt_blocks SET pos = (SELECT max(pos) FROM attempt_blocks WHERE attempt_id = '{aid}') + 101 - pos"
+        f" WHERE attempt_id = '{aid}';"
+        "CREATE INDEX blocks_as_written ON attempt_blocks(attempt_id, idx, type, content);",
+    )
+    assert any(
+        line.startswith(f"chain entry {seq} (attempt {aid}): the ledger no longer matches it: blocks")
+        for line in asyncio.run(_verify(db))
+    )
+
+
+def test_a_block_equal_to_its_text_only_by_a_collation_is_named(tmp_path, capsys):
+    """A block's content told from its attempt's text byte for byte, not by `=`: with the column made
+    NOCASE and the block's case changed (the chain left alone), the entry no longer matches."""
+    db = replayed(tmp_path, capsys)
+    [(aid, text)] = sql(
+        db,
+        "SELECT a.id, a.text FROM attempts a JOIN attempt_blocks b ON b.attempt_id = a.id AND b.content = a.text"
+        " WHERE CAST(a.text AS TEXT) GLOB '*[a-z]*' LIMIT 1",
+    )
+    seq = entry_of(db, "attempt", aid)
+    [(schema,)] = sql(db, "SELECT sql FROM sqlite_master WHERE name = 'attempt_blocks'")
+    con = sqlite3.connect(db, isolation_level=None)
+    try:
+        con.execute("PRAGMA writable_schema = ON")
+        con.execute(
+            "UPDATE sqlite_master SET sql = ? WHERE name = 'attempt_blocks'",
+            (schema.replace("content BLOB NOT NULL", "content BLOB NOT NULL COLLATE NOCASE"),),
+        )
+    finally:
+        con.close()
+    t = bytes(text).decode()
+    sql(db, "UPDATE attempts SET text = ? WHERE id = ?", (t, aid))  # the same characters, as TEXT
+    sql(db, "UPDATE attempt_blocks SET content = ? WHERE attempt_id = ?", (t.swapcase(), aid))  # as TEXT too
+    assert sql(db, "SELECT count(*) FROM attempt_blocks WHERE attempt_id = ? AND content = ?", (aid, t)) == [(1,)]
+    assert any(
+        line.startswith(f"chain entry {seq} (attempt {aid}): the ledger no longer matches it: blocks")
+        for line in asyncio.run(_verify(db))
+    )
 
 
 async def _verify(db: Path) -> list[str]:

@@ -437,9 +437,8 @@ BLOCKS_OF = (
 # post with lone surrogates) and any error is checked again by the builders (`_built`), which alone
 # name what differs. `test_chain` holds these renderings against the builders for every kind of record
 # a replay writes, so the two cannot drift apart unseen. An attempt's blocks and a generation's
-# segments are gathered in the order of their primary key's index (by pos, by index), the order
-# SQLite reads them for one attempt or generation; were they gathered in any other order, the
-# rendering would differ and the builders would be asked: never a false confirmation.
+# segments are gathered in the builders' order by an ORDER BY (the order a plan reads them in is not
+# theirs to trust: an index or the planner's statistics may change it).
 _CHARS = "length(CAST({col} AS TEXT))"  # code points, as `len` counts them (up to a NUL: then it differs)
 
 
@@ -474,6 +473,9 @@ def _same(table: str, kind: str, fields: str, where: str) -> str:
     )
 
 
+# A block whose content is, byte for byte and in type, the attempt's text (not equal by a collation or
+# an affinity the columns might be given).
+_SAME_BYTES = "typeof(b.content) = typeof(x.text) AND CAST(b.content AS BLOB) = CAST(x.text AS BLOB)"
 # The attempts of a batch with their text hashed and counted once (`h`, `n`): SQLite works an expression
 # out each time it is named, and an attempt of one text block names its text twice (the block, the whole).
 _ATTEMPTS = (
@@ -490,14 +492,17 @@ CONFIRMED: dict[str, str] = {
         "attempt",
         # its blocks (one whose content is the attempt's text takes its hash and count); none kept (a
         # ledger from before blocks were), its text as one text block
-        "'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', CASE WHEN b.content = x.text"
-        " THEN x.n ELSE "
+        "'blocks', coalesce(nullif((SELECT json_group_array(json_object('chars', CASE WHEN "
+        + _SAME_BYTES
+        + " THEN x.n ELSE "
         + _CHARS.format(col="b.content")
         + " END, 'index', "
         + _v("b.idx")
-        + ", 'sha256', CASE WHEN b.content = x.text THEN x.h ELSE verify_sha256(b.content) END, 'type', "
+        + ", 'sha256', CASE WHEN "
+        + _SAME_BYTES
+        + " THEN x.h ELSE verify_sha256(b.content) END, 'type', "
         + _v("b.type")
-        + ")) FROM attempt_blocks b WHERE b.attempt_id = x.id), '[]'),"
+        + ")) FROM (SELECT idx, type, content FROM attempt_blocks WHERE attempt_id = x.id ORDER BY pos) b), '[]'),"
         " CASE WHEN length(x.text) > 0 THEN json_array(json_object('chars', x.n, 'index', 0, 'sha256', x.h,"
         " 'type', 'text')) ELSE json_array() END),"
         " 'chars', x.n, 'discard_reason', "
@@ -550,7 +555,7 @@ CONFIRMED: dict[str, str] = {
         + _v("s.overlap_removed")
         + ", 'stop_reason', "
         + _v("s.stop_reason")
-        + ")) FROM segments s WHERE s.generation_id = x.id), 'standing', "
+        + ")) FROM (SELECT * FROM segments WHERE generation_id = x.id ORDER BY idx) s), 'standing', "
         + _v("x.standing")
         + ", 'status', "
         + _v("x.status")
@@ -650,7 +655,12 @@ _GUARD = re.compile(r"CASE typeof\((\w+)\.(\w+)\) WHEN 'real' THEN json\('!'\) E
 
 def confirmed(conn: sqlite3.Connection) -> dict[str, str]:
     """`CONFIRMED` for this ledger's schema, with no guard (`_v`) on a column whose declared type gives it
-    TEXT affinity: SQLite stores a number given to such a column as text, so it never holds a REAL."""
+    TEXT affinity: SQLite stores a number given to such a column as text, so it never holds a REAL.
+
+    (One who rewrites the schema's text itself may redeclare a column after storing a REAL in it; for
+    SQLite's 15 digits to match an entry, the entry must then be rewritten too, and every later hash
+    worked out again: one who can do that can write an entry matching the record anyway. The chain's
+    head, published, is what shows such a rewrite.)"""
     text = frozenset(
         (table, name)
         for table in ("attempts", "generations", "stumps", "posts", "attempt_blocks", "segments")
@@ -661,9 +671,10 @@ def confirmed(conn: sqlite3.Connection) -> dict[str, str]:
 
 
 def _text_affinity(declared: str) -> bool:
-    """SQLite's rule: a declared type holding INT is INTEGER; else one holding CHAR, CLOB or TEXT is TEXT."""
-    upper = declared.upper()
-    return "INT" not in upper and any(word in upper for word in ("CHAR", "CLOB", "TEXT"))
+    """SQLite's rule: a declared type holding INT is INTEGER; else one holding CHAR, CLOB or TEXT is TEXT
+    (its case folded in ASCII only, as SQLite folds it)."""
+    upper = declared.encode("utf-8", "surrogatepass").upper()
+    return b"INT" not in upper and any(word in upper for word in (b"CHAR", b"CLOB", b"TEXT"))
 
 
 @functools.cache
