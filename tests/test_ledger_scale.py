@@ -8,6 +8,7 @@ import json
 import random
 import re
 import sqlite3
+import sys
 from typing import Any
 
 import aiosqlite
@@ -349,8 +350,11 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     workers: list[object] = []
     next_span, run_worker = verify._Ranges.next, verify._Worker.run
 
+    before, switches = sys.getswitchinterval(), set()
+
     def spy_next(self: Any) -> Any:
         spans.append(next_span(self))
+        switches.add(sys.getswitchinterval())
         return spans[-1]
 
     async def spy_run(self: Any, ranges: Any) -> Any:
@@ -364,6 +368,8 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     handed = [s for s in spans if s is not None]
     assert len(handed) == 5 and handed[0][0] == "" and handed[-1][1] is None  # 9 generations, 2 a range
     assert all(a[1] == b[0] for a, b in zip(handed, handed[1:], strict=False))  # the ranges tile the ids
+    # a worker waits at most 0.5 ms for its next range while the shares run; the interval is as it was after
+    assert switches == {min(before, 0.0005)} and sys.getswitchinterval() == before
 
 
 def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys):
