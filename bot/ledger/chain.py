@@ -335,20 +335,20 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
     return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
 
 
+# An entry's columns, in `Entry`'s order.
+_ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
+_ENTRY_AT = _ENTRIES + " WHERE seq = ?"
+
+
 async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
-    return [
-        Entry(*r)
-        for r in await db.execute_fetchall(
-            "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq >= ? ORDER BY seq", (since,)
-        )
-    ]
+    return [Entry(*r) for r in await db.execute_fetchall(_ENTRIES + " WHERE seq >= ? ORDER BY seq", (since,))]
 
 
 async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:
     """The newest entry of `kind` for a record: the one a Provenance answer names."""
     rows = list(
         await db.execute_fetchall(
-            "SELECT seq, kind, record, prev, body, hash FROM chain WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1",
+            _ENTRIES + " WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1",
             (record, kind),
         )
     )
@@ -454,10 +454,9 @@ def _v(col: str) -> str:
 _AT_SQL = "json_extract(substr(c.body, 1, instr(c.body, ',') - 1) || '}', '$.at')"
 
 
-def _same(table: str, kind: str, fields: str, where: str) -> str:
+def _same(table: str, kind: str, fields: str, where: str, *, paged: bool = False) -> str:
     """The query for one kind (from this module's constants only): rowid, the latest entry's seq, and
-    whether that entry is `fields` rendered. `table` may be a subquery that pages itself (`rowid_`)."""
-    paged = table.startswith("(")
+    whether that entry is `fields` rendered. `paged`: `table` is a subquery that pages itself (`rowid_`)."""
     return (
         "SELECT x."
         + ("rowid_" if paged else "rowid")
@@ -525,6 +524,7 @@ CONFIRMED: dict[str, str] = {
         + _v("x.stop_reason")
         + ", 'text_sha256', x.h",
         "",
+        paged=True,
     ),
     "generation": _same(
         "generations",
@@ -647,9 +647,15 @@ def _install_sql(conn: sqlite3.Connection) -> None:
     conn.create_function("verify_sent_same", 1, _sql_sent_same, deterministic=True)
 
 
-# The tables `CONFIRMED` reads, by the alias each query gives them.
-_ALIASES = {"attempt": "attempts", "generation": "generations", "stump": "stumps", "post": "posts"}
-_ALIASES["delivered"] = "posts"
+# The table each kind of `CONFIRMED` reads as `x`, and those its subqueries read as `b` and `s`.
+_TABLE_OF = {
+    "attempt": "attempts",
+    "generation": "generations",
+    "stump": "stumps",
+    "post": "posts",
+    "delivered": "posts",
+}
+_SUBQUERY_TABLES = {"b": "attempt_blocks", "s": "segments"}
 _GUARD = re.compile(r"CASE typeof\((\w+)\.(\w+)\) WHEN 'real' THEN json\('!'\) ELSE \1\.\2 END")
 
 
@@ -663,7 +669,7 @@ def confirmed(conn: sqlite3.Connection) -> dict[str, str]:
     head, published, is what shows such a rewrite.)"""
     text = frozenset(
         (table, name)
-        for table in ("attempts", "generations", "stumps", "posts", "attempt_blocks", "segments")
+        for table in {*_TABLE_OF.values(), *_SUBQUERY_TABLES.values()}
         for name, declared in conn.execute("SELECT name, type FROM pragma_table_info(?)", (table,))
         if _text_affinity(declared)
     )
@@ -679,11 +685,11 @@ def _text_affinity(declared: str) -> bool:
 
 @functools.cache
 def _confirmed_for(text: frozenset[tuple[str, str]]) -> dict[str, str]:
-    return {kind: _unguarded(query, _ALIASES[kind], text) for kind, query in CONFIRMED.items()}
+    return {kind: _unguarded(query, _TABLE_OF[kind], text) for kind, query in CONFIRMED.items()}
 
 
 def _unguarded(query: str, table: str, text: frozenset[tuple[str, str]]) -> str:
-    tables = {"x": table, "b": "attempt_blocks", "s": "segments"}
+    tables = {"x": table, **_SUBQUERY_TABLES}
     return _GUARD.sub(lambda m: m[1] + "." + m[2] if (tables[m[1]], m[2]) in text else m[0], query)
 
 
@@ -977,11 +983,7 @@ def _walk(db: sqlite3.Cursor) -> _Walk:
                 ):
                     hashed[byte] |= bit
             else:
-                e = Entry(
-                    *db.execute(
-                        "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq = ?", (seq,)
-                    ).fetchone()
-                )
+                e = Entry(*db.execute(_ENTRY_AT, (seq,)).fetchone())
                 problem = _link_problem(e, last_seq, last_hash.decode("utf-8", "replace"))
                 where = f" ({e.kind} {e.record})" if e.record else f" ({e.kind})"
                 found.append((seq, 0, f"chain entry {seq}{where}: {problem}"))
@@ -1032,7 +1034,7 @@ def finish(conn: sqlite3.Connection, top: int, records: list[_Records], walked: 
             seq = (byte << 3) | bit
             if seq == 0 or seq > last_seq or settled[byte] & (1 << bit):
                 continue
-            got = db.execute("SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq = ?", (seq,)).fetchall()
+            got = db.execute(_ENTRY_AT, (seq,)).fetchall()
             if not got:
                 continue  # a missing entry: the next one's link says so
             e = Entry(*got[0])
