@@ -30,7 +30,7 @@ from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
 from bot.generation.run import Generator
 from bot.ledger import Ledger
 from bot.ledger.store import enc
-from bot.ledger.verify import _bodies, _cover, _cover_by_reading, _one_way, check, verify
+from bot.ledger.verify import _cover, _cover_by_reading, check, verify
 from bot.localservers import sse
 from bot.localservers.provider import Call, ProviderServer
 from bot.provider import make_client
@@ -1147,12 +1147,6 @@ def test_cover_gives_what_the_full_reading_gives(pieces: list[str], end_to_end: 
     an empty piece, a fence line that may be an added one and an escaped `-# ` all take the long way."""
     text = "".join(pieces) if end_to_end else "x".join(pieces)
     assert _cover(text, pieces) == _cover_by_reading(text, pieces)
-
-
-@settings(max_examples=400, deadline=None, derandomize=True)
-@given(_PIECE)
-def test_one_way_is_bodies_giving_the_content_alone(piece: str) -> None:
-    assert _one_way(piece) == (len(_bodies(piece)) == 1)
 
 
 def test_cover_names_an_empty_piece_and_lines_left_after_many_fences() -> None:

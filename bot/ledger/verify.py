@@ -827,7 +827,7 @@ def _check_line(v: list[str], p: dict[str, Any], about: str | None = None) -> No
         found.append(f"a {kind} post with reason {reason!r}")
     if found:
         who = f"post {p['id']}" + (f" ({about})" if about else "")
-        v += [f"{who}: {line}" for line in found]
+        v += [f"{who}: {what}" for what in found]
 
 
 def _cover(text: str, contents: list[str]) -> str | None:
@@ -840,7 +840,7 @@ def _cover(text: str, contents: list[str]) -> str | None:
     """
     if "".join(contents) == text:
         for c in contents:
-            if not c or "\\-# " in c or not _one_way(c):
+            if not c or "\\-# " in c or len(_bodies(c)) > 1:
                 break
         else:  # the pieces end to end, none of them empty or readable another way (the usual case):
             return None  # every position the reading reaches is at or past the exact one, which it ends at
@@ -905,25 +905,17 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
     return i
 
 
-def _one_way(content: str) -> bool:
-    """Whether `_bodies` reads the content only as posted: neither its first nor its last line is a
-    fence line (found without splitting the content)."""
-    if "\n" not in content:
-        return True
-    first, last = content[: content.index("\n")], content[content.rindex("\n") + 1 :]
-    return not FENCE_LINE.match(first) and not FENCE_LINE.match(last)
-
-
 def _bodies(content: str) -> list[tuple[str, bool]]:
-    """The content as posted, then with an added reopening and/or closing fence line taken off."""
+    """The content as posted, then with an added reopening and/or closing fence line taken off (each
+    line looked at is sliced off alone: the usual post, with neither, is not copied)."""
     out = [(content, False)]
     head = None
-    if "\n" in content and FENCE_LINE.match(content.split("\n", 1)[0]):
-        head = content.split("\n", 1)[1]
+    if "\n" in content and FENCE_LINE.match(content[: content.index("\n")]):
+        head = content[content.index("\n") + 1 :]
         out.append((head, True))
     for c in (content, head):
-        if c is not None and "\n" in c and FENCE_LINE.match(c.rsplit("\n", 1)[1]):
-            out.append((c.rsplit("\n", 1)[0], True))
+        if c is not None and "\n" in c and FENCE_LINE.match(c[c.rindex("\n") + 1 :]):
+            out.append((c[: c.rindex("\n")], True))
     if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
         out.append(("", True))
     return out
