@@ -22,6 +22,7 @@ start-up, the CLI, the moderation cog and the context compiler call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import resource
@@ -29,6 +30,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from typing import Any
@@ -314,8 +316,6 @@ def verify(path: str) -> dict[str, Any]:
     mark of that process, read until it ends: a forked child's rusage would count this process too), and
     the highest of the worker processes it starts to share the check of a long ledger (`verify.PARALLEL_FROM`).
     CPU is theirs and its own together."""
-    import tempfile
-
     exe = os.path.join(os.path.dirname(sys.executable), "residents")
     said = tempfile.TemporaryFile()  # (a pipe read only at the end would stop a ledger of many lines)
     t = time.perf_counter()
@@ -374,16 +374,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def run(path: str, n: int, rounds: int = 9, check: bool = True) -> dict[str, Any]:
+VERIFY_RUNS = 5
+
+
+def run(path: str, n: int, rounds: int = 9, check: bool = True, runs: int = VERIFY_RUNS) -> dict[str, Any]:
     built = build(path, n)
     r: dict[str, Any] = {"generations": n, "built": built, "reads_ms": asyncio.run(_reads(path, rounds))}
     r["bytes_per_generation"] = built["db_bytes"] / n
     if check:
-        r["verify"] = verify_runs(path, n)
+        r["verify"] = verify_runs(path, n, runs)
     return r
-
-
-VERIFY_RUNS = 5
 
 
 def verify_runs(path: str, n: int, runs: int = VERIFY_RUNS) -> dict[str, Any]:
@@ -394,8 +394,6 @@ def verify_runs(path: str, n: int, runs: int = VERIFY_RUNS) -> dict[str, Any]:
     imports and the ledger's opening, and nothing to check): the check's own rate is the generations
     over the difference, start-up excluded as in every other figure here; the whole process's rate is
     given beside it."""
-    import tempfile
-
     speed = [_reference()]
     got, idle = [], []
     with tempfile.TemporaryDirectory() as where:
@@ -511,10 +509,11 @@ def main(argv: list[str]) -> int:
     if a.verify_only:
         if not os.path.exists(a.db):
             raise SystemExit(f"{a.db}: no ledger there to verify (build one first: drop --verify-only)")
-        n = sqlite3.connect(a.db).execute("SELECT count(*) FROM generations").fetchone()[0]
+        with contextlib.closing(sqlite3.connect(a.db)) as conn:
+            n = conn.execute("SELECT count(*) FROM generations").fetchone()[0]
         v = verify_runs(a.db, n, a.runs)
         print(json.dumps(v, indent=1) if a.json else verify_line(v))
         return 0
-    r = run(a.db, a.generations, check=not a.no_verify)
+    r = run(a.db, a.generations, check=not a.no_verify, runs=a.runs)
     print(json.dumps(r, indent=1) if a.json else table(r))
     return 0
