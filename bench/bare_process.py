@@ -16,7 +16,7 @@ import sys
 
 import anthropic
 
-from bot.localservers.provider import Call, ProviderServer
+from residents.localservers.provider import Call, ProviderServer
 
 REQUEST = {"model": "claude-sonnet-4-6", "messages": [{"role": "user", "content": "Write at length."}]}
 
@@ -46,5 +46,5 @@ async def main(path: str, tokens: int, floor: bool) -> str:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # as `residents` does once its modules are imported (bot/cli/__init__.py, bot/cli/replay.py)
+    gc.freeze()  # as `residents` does once its modules are imported (residents/cli/__init__.py, residents/cli/replay.py)
     sys.stdout.write(asyncio.run(main(sys.argv[1], int(sys.argv[2]), "--floor" in sys.argv[3:])))

@@ -19,13 +19,13 @@ import sys
 import time
 from typing import Any
 
-import bot.generation.attempts as attempts_mod
-from bot.config import Residence
-from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.provider import make_client
-from bot.records import Attempt, Stump
+import residents.generation.attempts as attempts_mod
+from residents.config import Residence
+from residents.generation.attempts import AttemptRunner, LedgerSink
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.provider import make_client
+from residents.records import Attempt, Stump
 
 from .common import percentile, scratch
 from .overhead import MODEL, request

@@ -34,13 +34,13 @@ from typing import Any
 
 import discord
 
-from bot.config import build_residence
-from bot.discord.localapi import point_at_local
-from bot.discord.run import Deployment, run_bots
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.localservers.room import RoomServer
-from bot.provider import make_client
+from residents.config import build_residence
+from residents.discord.localapi import point_at_local
+from residents.discord.run import Deployment, run_bots
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.localservers.room import RoomServer
+from residents.provider import make_client
 
 from . import streams
 from .common import ROOT, median, scratch

@@ -35,12 +35,12 @@ import time
 from collections import deque
 from typing import Any
 
-from bot.delivery.plan import plan
-from bot.ledger import Ledger, chain
-from bot.ledger.access import own_stumps
-from bot.ledger.requests import Part
-from bot.records import Attempt, Generation, Post, Segment, Stump, new_id, numbered
-from bot.truth import RETRY_ABANDONED, stump_cause
+from residents.delivery.plan import plan
+from residents.ledger import Ledger, chain
+from residents.ledger.access import own_stumps
+from residents.ledger.requests import Part
+from residents.records import Attempt, Generation, Post, Segment, Stump, new_id, numbered
+from residents.truth import RETRY_ABANDONED, stump_cause
 
 CUT_SHARE = 0.07
 RETRY_SHARE = 0.04
@@ -253,8 +253,8 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
 async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
     """Median milliseconds (wall and CPU) of each read people and start-up make, the ledger already open
     as in a running process (the first round reads cold pages; the median is of warm ones)."""
-    from bot.context.compile import RoomMessage, ledger_message_ids, own_generation_ids
-    from bot.ledger import live
+    from residents.context.compile import RoomMessage, ledger_message_ids, own_generation_ids
+    from residents.ledger import live
 
     async with Ledger.open(path) as lg:
         last = list(

@@ -10,10 +10,10 @@ import os
 import time
 from typing import Any
 
-from bot.delivery import plan
-from bot.generation.attempts import FLUSH_CHARS
-from bot.ledger import Ledger
-from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
+from residents.delivery import plan
+from residents.generation.attempts import FLUSH_CHARS
+from residents.ledger import Ledger
+from residents.records import Attempt, Generation, Post, Segment, Stump, new_id
 
 from . import streams
 from .common import scratch

@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.localservers.room import RoomServer
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.localservers.room import RoomServer
 
 from . import streams
 from .common import ROOT, scratch
@@ -79,7 +79,7 @@ async def measure(folder: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     env.update(ANTHROPIC_BASE_URL=provider.url, ANTHROPIC_API_KEY="k", PYTHONPATH=ROOT)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "bot", "run", "--discord-api", room.url, "--db", str(folder / "ledger.db"),
+        sys.executable, "-m", "residents", "run", "--discord-api", room.url, "--db", str(folder / "ledger.db"),
         cwd=folder, env=env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

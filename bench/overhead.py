@@ -26,15 +26,15 @@ from typing import Any
 
 import anthropic
 
-from bot.config import Residence
-from bot.delivery import plan
-from bot.generation.attempts import AttemptRunner, LedgerSink
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.provider import ListSink, make_client, stream_once
-from bot.records import Attempt, Generation, Post, new_id
-from bot.replay.run import CollectingRoom
-from bot.resident import Resident
+from residents.config import Residence
+from residents.delivery import plan
+from residents.generation.attempts import AttemptRunner, LedgerSink
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.provider import ListSink, make_client, stream_once
+from residents.records import Attempt, Generation, Post, new_id
+from residents.replay.run import CollectingRoom
+from residents.resident import Resident
 
 from . import streams
 from .common import ROOT, Sample, measure, median, scratch, spread

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bot.continuation.assemble import find_overlap, similarity
-from bot.delivery import split_text
+from residents.continuation.assemble import find_overlap, similarity
+from residents.delivery import split_text
 
 from . import streams
 

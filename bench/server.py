@@ -24,8 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
 
 from . import streams
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 
-from bot.localservers import sse
+from residents.localservers import sse
 
 CHARS_PER_TOKEN = 4
 _WORDS = (

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Residence, build_residence
-from bot.context import RoomMessage
-from bot.generation.attempts import AttemptRunner
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
-from bot.records import Post
-from bot.resident import Resident
+from residents.config import Residence, build_residence
+from residents.context import RoomMessage
+from residents.generation.attempts import AttemptRunner
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
+from residents.records import Post
+from residents.resident import Resident
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"
@@ -117,7 +117,7 @@ def expected_errors() -> list[str]:
 async def fail_on_background_errors(expected_errors):
     """Errors that asyncio or discord.py only log (background tasks) must fail the test."""
     catcher = _ErrorCatcher()
-    watched = [logging.getLogger(n) for n in ("asyncio", "discord", "aiohttp", "bot")]
+    watched = [logging.getLogger(n) for n in ("asyncio", "discord", "aiohttp", "residents")]
     for lg in watched:
         lg.addHandler(catcher)
     loop = asyncio.get_running_loop()

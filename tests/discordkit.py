@@ -21,13 +21,13 @@ from typing import Any
 import discord
 from aiohttp import web
 
-from bot.config import Residence
-from bot.discord import run as run_mod
-from bot.discord.app import ResidentBot
-from bot.discord.run import Deployment, run_bots
-from bot.ledger import Ledger
-from bot.localservers.provider import Call, ProviderServer, Responder
-from bot.localservers.room import Layout, RoomServer
+from residents.config import Residence
+from residents.discord import run as run_mod
+from residents.discord.app import ResidentBot
+from residents.discord.run import Deployment, run_bots
+from residents.ledger import Ledger
+from residents.localservers.provider import Call, ProviderServer, Responder
+from residents.localservers.room import Layout, RoomServer
 
 try:
     from roomkit import error_guard, eventually, running_room

@@ -30,8 +30,8 @@ if str(ROOT) not in sys.path:  # lets the kit work even when the project isn't p
 import discord  # noqa: E402
 from discord.ext import commands  # noqa: E402
 
-from bot.discord.localapi import point_at_local  # noqa: E402
-from bot.localservers.room import RoomServer  # noqa: E402
+from residents.discord.localapi import point_at_local  # noqa: E402
+from residents.localservers.room import RoomServer  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,9 @@ class _Capture(logging.Handler):
 
 
 @contextlib.asynccontextmanager
-async def error_guard(loggers: Sequence[str] = ("discord", "bot", "aiohttp", "asyncio")) -> AsyncIterator[ErrorGuard]:
+async def error_guard(
+    loggers: Sequence[str] = ("discord", "residents", "aiohttp", "asyncio"),
+) -> AsyncIterator[ErrorGuard]:
     """Collect ERROR records from `loggers` and the running loop's exception handler; fail at exit."""
     guard = ErrorGuard()
     capture = _Capture(guard)

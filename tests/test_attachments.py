@@ -16,15 +16,15 @@ from click.testing import CliRunner
 from conftest import residence, specimen
 from imagekit import png
 
-from bot import models, truth
-from bot.cli import cli
-from bot.context import RoomMessage
-from bot.context.attachments import Fetched
-from bot.ledger.attachments import stored_request, without_image_refs
-from bot.ledger.verify import verify
-from bot.ledger.views import provenance
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents import models, truth
+from residents.cli import cli
+from residents.context import RoomMessage
+from residents.context.attachments import Fetched
+from residents.ledger.attachments import stored_request, without_image_refs
+from residents.ledger.verify import verify
+from residents.ledger.views import provenance
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 
 @pytest.fixture(autouse=True)

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from bot import cli
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import ListSink, make_client, stream_once
+from residents import cli
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import ListSink, make_client, stream_once
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"

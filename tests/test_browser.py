@@ -299,12 +299,12 @@ async def test_page_without_annotator_and_channel_switch(browser: BrowserContext
 
 
 def console_script() -> list[str]:
-    """`residents` as installed beside the Python running the tests (any venv, or none), else `python -m bot`."""
+    """`residents` as installed beside the Python running the tests (any venv, or none), else `python -m residents`."""
     beside = Path(sys.executable).parent / "residents"
     if beside.exists():
         return [str(beside)]
     found = shutil.which("residents")
-    return [found] if found else [sys.executable, "-m", "bot"]
+    return [found] if found else [sys.executable, "-m", "residents"]
 
 
 @dataclass

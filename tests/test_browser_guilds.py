@@ -7,7 +7,7 @@ import discord
 from discord import app_commands
 from discord.ext import commands
 
-from bot.localservers.room import load_layout
+from residents.localservers.room import load_layout
 
 try:
     from roomkit import running_bot, running_room

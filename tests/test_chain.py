@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli
-from bot.ledger import Ledger, chain
-from bot.ledger.verify import verify
-from bot.records import Generation, Stump
+from residents import cli
+from residents.ledger import Ledger, chain
+from residents.ledger.verify import verify
+from residents.records import Generation, Stump
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
@@ -331,7 +331,7 @@ def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
 
 def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain(tmp_path, capsys):
     """Issue 12: stump access (the resident's choice, and each read of the text) is chained like a record."""
-    from bot.ledger import access
+    from residents.ledger import access
 
     db = replayed(tmp_path, capsys, ("retry",))
     [(sid,)] = sql(db, "SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
@@ -395,7 +395,7 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
         "stump s-unchained00: not in the chain",
     ):
         assert any(expected in line for line in one_pass), (expected, one_pass)
-    from bot.ledger import verify as verifying
+    from residents.ledger import verify as verifying
 
     monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
     code, in_workers = run_verify(capsys, "--db", str(db))
@@ -566,7 +566,7 @@ def test_a_record_and_its_entry_rewritten_together_still_fail_the_entry_hash(tmp
         line.startswith(f"chain entry {aseq} (attempt {aid}): the ledger no longer matches it: output_tokens")
         for line in one_pass
     )
-    from bot.ledger import verify as verifying
+    from residents.ledger import verify as verifying
 
     monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
     assert run_verify(capsys, "--db", str(db)) == (1, one_pass)

@@ -15,8 +15,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bot import cli
-from bot.localservers import sse
+from residents import cli
+from residents.localservers import sse
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -134,7 +134,7 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[tu
 
 
 def test_every_verb_and_option_has_help_and_every_verb_an_example():
-    from bot.cli import cli as group
+    from residents.cli import cli as group
 
     verbs = _commands(group)
     assert {" ".join(v) for v, _ in verbs} >= {
@@ -174,7 +174,7 @@ def test_version_and_bare_groups_through_the_console_script(tmp_path):
 def _import_graph() -> dict[str, set[str]]:
     """Which bot module imports which, counting imports inside functions too (they are cycles all the same)."""
     mods: dict[str, tuple[Path, bool]] = {}
-    for path in (ROOT / "bot").rglob("*.py"):
+    for path in (ROOT / "residents").rglob("*.py"):
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
         is_pkg = parts[-1] == "__init__"
         mods[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
@@ -207,23 +207,28 @@ def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
 
 
 def test_the_cli_and_config_are_in_no_import_cycle():
-    """Only the CLI (and `python -m bot`) imports the CLI; config never reaches replay, which builds on it."""
+    """Only the CLI (and `python -m residents`) imports the CLI; config never reaches replay, which builds on it."""
     graph = _import_graph()
-    cli_modules = {m for m in graph if m == "bot.cli" or m.startswith("bot.cli.")}
+    cli_modules = {m for m in graph if m == "residents.cli" or m.startswith("residents.cli.")}
     assert {
-        "bot.cli.replay",
-        "bot.cli.check",
-        "bot.cli.ledger",
-        "bot.cli.run",
-        "bot.cli.room",
-        "bot.cli.demo",
+        "residents.cli.replay",
+        "residents.cli.check",
+        "residents.cli.ledger",
+        "residents.cli.run",
+        "residents.cli.room",
+        "residents.cli.demo",
     } <= cli_modules
     for m, targets in graph.items():
-        if m not in cli_modules and m != "bot.__main__":
+        if m not in cli_modules and m != "residents.__main__":
             assert not targets & cli_modules, (m, targets & cli_modules)
-    for m in cli_modules | {"bot.config", "bot.models", "bot.ledger.verify", "bot.replay.scenario"}:
+    for m in cli_modules | {
+        "residents.config",
+        "residents.models",
+        "residents.ledger.verify",
+        "residents.replay.scenario",
+    }:
         assert not any(_reaches(graph, t, m) for t in graph[m]), f"{m} is in an import cycle"
-    assert not _reaches(graph, "bot.config", "bot.replay.scenario")
+    assert not _reaches(graph, "residents.config", "residents.replay.scenario")
 
 
 # ---------------------------------------------------------------- ledger stumps: newest first, paged, no text read
@@ -231,8 +236,8 @@ def test_the_cli_and_config_are_in_no_import_cycle():
 
 async def _ledger_with_stumps(path: Path, n: int) -> list[str]:
     """n stumps of one generation, one second apart (ids oldest first), written through the Ledger API."""
-    from bot.ledger import Ledger
-    from bot.records import Generation, Stump
+    from residents.ledger import Ledger
+    from residents.records import Generation, Stump
 
     lg = await Ledger.open(path)
     try:
@@ -264,7 +269,7 @@ async def _ledger_with_stumps(path: Path, n: int) -> list[str]:
 
 
 async def test_list_stump_meta_is_newest_first_paged_and_reads_no_text(tmp_path):
-    from bot.ledger import Ledger
+    from residents.ledger import Ledger
 
     ids = await _ledger_with_stumps(tmp_path / "l.db", 5)
     lg = await Ledger.open(tmp_path / "l.db")
@@ -307,7 +312,7 @@ def test_ledger_stumps_names_a_block_stumps_type_and_index(work, capsys):
     assert (meta["scope"], meta["cause"], meta["block"], meta["block_type"]) == ("block", "max_tokens", 0, "thinking")
 
     async def query() -> None:
-        from bot.ledger import Ledger
+        from residents.ledger import Ledger
 
         lg = await Ledger.open(Path(db))
         try:

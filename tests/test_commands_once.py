@@ -11,11 +11,11 @@ from conftest import specimen
 from discordkit import Deployed, deployed, opts, sub
 from test_discord_e2e import BOUNDS, res
 
-from bot import truth
-from bot.config import ConfigError
-from bot.discord.app import commands_bot_of
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents import truth
+from residents.config import ConfigError
+from residents.discord.app import commands_bot_of
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 COMMANDS = ["continue", "generation", "policy", "stumps", "provenance", "Provenance"]  # all on the one commands bot
 

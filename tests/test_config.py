@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli
-from bot.config import ConfigError, load_policy, load_residence
+from residents import cli
+from residents.config import ConfigError, load_policy, load_residence
 
 ROOT = Path(__file__).resolve().parent.parent
 

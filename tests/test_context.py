@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from conftest import residence
 
-from bot.context import RoomMessage, compile_request
-from bot.continuation import continuation_request
-from bot.records import Generation, Post, Segment, Stump
+from residents.context import RoomMessage, compile_request
+from residents.continuation import continuation_request
+from residents.records import Generation, Post, Segment, Stump
 
 CUT = "The harbour at dusk holds three boats and a lighth"
 
@@ -216,7 +216,7 @@ def test_another_residents_receipt_is_a_boundary_note_not_its_words():
 
 
 def test_the_ledger_lookup_covers_every_bot_and_reads_only_own_generations():
-    from bot.context.compile import ledger_message_ids, own_generation_ids
+    from residents.context.compile import ledger_message_ids, own_generation_ids
 
     hist, posts = room_with_sill()
     hist.append(RoomMessage("m7", "cairn", True, "mine"))

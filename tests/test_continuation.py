@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.continuation import find_overlap, judge_segment, similarity
+from residents.continuation import find_overlap, judge_segment, similarity
 
 
 def naive_overlap(prior: str, new: str, min_overlap: int = 1) -> int:

@@ -2,8 +2,8 @@
 
 The real command runs as a subprocess against a local room and a local provider served from this
 test process, so the room and the provider outlive the kill, exactly as Discord and Anthropic
-outlive a crashed bot. On restart, start-up recovery (bot/generation/recovery.py settles, then
-bot/delivery/resume.py plans and delivers) must record the generation as interrupted with the text
+outlive a crashed bot. On restart, start-up recovery (residents/generation/recovery.py settles, then
+residents/delivery/resume.py plans and delivers) must record the generation as interrupted with the text
 that reached the ledger (within the 2,048-character flush bound), deliver or close every
 undelivered post, post nothing twice, and leave `verify` clean.
 
@@ -26,19 +26,19 @@ from typing import Any
 
 import pytest
 
-from bot import truth
-from bot.config import build_residence
-from bot.delivery.resume import RoomUnavailable, Seen, recover, resume_delivery
-from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
-from bot.records import Attempt, Generation, Post, Segment, Stump, new_id
-from bot.replay.run import CollectingRoom
-from bot.resident import Resident
+from residents import truth
+from residents.config import build_residence
+from residents.delivery.resume import RoomUnavailable, Seen, recover, resume_delivery
+from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
+from residents.records import Attempt, Generation, Post, Segment, Stump, new_id
+from residents.replay.run import CollectingRoom
+from residents.resident import Resident
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roomkit import error_guard, eventually, running_room  # noqa: E402
@@ -477,8 +477,8 @@ async def test_a_live_message_whose_send_was_never_answered_is_found_by_its_nonc
 ) -> None:
     """A stop between a live send and its answer: at the next start the message is found among the bot's
     own by its nonce, removed from the room, and recorded withdrawn under the id the room gave it."""
-    from bot.delivery.live import withdraw_left_in_progress
-    from bot.ledger import live as live_ledger
+    from residents.delivery.live import withdraw_left_in_progress
+    from residents.ledger import live as live_ledger
 
     g = await pending(ledger)
     a = await streaming(ledger, g, ["The harbour at dawn"])
@@ -537,7 +537,7 @@ class Process:
             self.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "bot",
+                "residents",
                 "run",
                 "--discord-api",
                 self.room_url,
@@ -782,7 +782,7 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
         cli = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "bot",
+            "residents",
             "ledger",
             "verify",
             "--db",
@@ -801,7 +801,7 @@ async def test_sigkill_after_the_room_stored_a_post_but_before_the_ledger_did(tm
 
 async def tool_round(ledger: Ledger, g: Generation, text: str, segment: int = 1) -> Attempt:
     """A round's attempt that ended asking for the `stumps` tool (its text, then a tool_use block)."""
-    from bot.records import Block, join_text
+    from residents.records import Block, join_text
 
     a = await streaming(ledger, g, [], segment)
     a.blocks = [
@@ -842,8 +842,8 @@ async def test_a_stop_while_a_tool_call_runs_is_interrupted_never_a_completed_re
 
 
 async def test_a_stop_in_a_later_round_keeps_that_rounds_text_as_a_stump(ledger: Ledger) -> None:
-    from bot.ledger.access import add_tool_calls
-    from bot.records import ToolCall
+    from residents.ledger.access import add_tool_calls
+    from residents.records import ToolCall
 
     g = await pending(ledger)
     first = await tool_round(ledger, g, "Let me look.")

@@ -7,8 +7,8 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.delivery import plan, split_text
-from bot.truth import LIMIT, Ending
+from residents.delivery import plan, split_text
+from residents.truth import LIMIT, Ending
 
 OPEN = re.compile(r"^```[^\n`]*\n")
 CLOSE = re.compile(r"\n?```[ \t]*$")

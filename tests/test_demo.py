@@ -16,7 +16,7 @@ def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_pa
     db = tmp_path / "demo.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     p = subprocess.run(
-        [sys.executable, "-m", "bot", "demo", "--headless", "--port", "0", "--db", str(db)],
+        [sys.executable, "-m", "residents", "demo", "--headless", "--port", "0", "--db", str(db)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -48,7 +48,7 @@ def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_pa
 
 def test_demo_refuses_a_non_loopback_host(tmp_path):
     p = subprocess.run(
-        [sys.executable, "-m", "bot", "demo", "--host", "0.0.0.0", "--headless"],
+        [sys.executable, "-m", "residents", "demo", "--host", "0.0.0.0", "--headless"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -64,7 +64,7 @@ def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
     said = []
     for _ in range(2):
         p = subprocess.run(
-            [sys.executable, "-m", "bot", "demo", "--headless", "--port", "0"],
+            [sys.executable, "-m", "residents", "demo", "--headless", "--port", "0"],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -89,7 +89,7 @@ def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
     finally:
         con.close()
     listed = subprocess.run(
-        [sys.executable, "-m", "bot", "ledger", "list", "--db", "data/demo.db"],
+        [sys.executable, "-m", "residents", "ledger", "list", "--db", "data/demo.db"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

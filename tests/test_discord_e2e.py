@@ -12,13 +12,13 @@ import pytest
 from conftest import residence, specimen
 from discordkit import deployed, opts, sub
 
-from bot.cli import main as cli_main
-from bot.context.compile import QUIET_NOTE
-from bot.continuation import CONTINUE_NOTE
-from bot.discord.run import Deployment, StartupError, run_bots
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
+from residents.cli import main as cli_main
+from residents.context.compile import QUIET_NOTE
+from residents.continuation import CONTINUE_NOTE
+from residents.discord.run import Deployment, StartupError, run_bots
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
 
 try:
     from roomkit import eventually, running_room

@@ -16,10 +16,10 @@ from conftest import specimen
 from discordkit import deployed, sub
 from test_discord_e2e import CEILING_TEXT, RECEIPT_1024, res
 
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.text import REPLACEMENT
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.text import REPLACEMENT
 
 MODEL = "claude-3-opus-20240229"
 FORGED = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."
@@ -139,7 +139,7 @@ async def test_a_lone_surrogate_is_kept_posted_as_a_replacement_and_the_channel_
 def test_a_stumps_pages_leave_as_valid_utf8_with_lone_surrogates_replaced():
     """/stumps show's pages (provenance, then the text) never carry a lone surrogate out of the process;
     a pair split across deltas is the character it spells, and page sizes stay within a Discord message."""
-    from bot.discord.cogs.moderation import stump_pages
+    from residents.discord.cogs.moderation import stump_pages
 
     text = ("x\ud83d" + "a" * 1900) * 2 + "\ud83d\ude00 end \udfff"
     pages = stump_pages(["s-000000000001  max_tokens", "generation g-1, attempt a-1"], text)

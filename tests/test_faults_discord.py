@@ -22,14 +22,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.delivery.outbox import Backoff
-from bot.discord.run import Deployment, run_bots
-from bot.ledger import Ledger
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.localservers.room import RoomServer
-from bot.records import Generation
+from residents.delivery.outbox import Backoff
+from residents.discord.run import Deployment, run_bots
+from residents.ledger import Ledger
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.localservers.room import RoomServer
+from residents.records import Generation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import residence  # noqa: E402

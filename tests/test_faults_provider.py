@@ -5,7 +5,7 @@ SDK, a real SQLite ledger file, the real attempt runner (with a recording fake s
 delivery planning and a collecting room. Each is checked against the promises: the right status,
 every emitted text in the ledger byte-exact (read back live and after reopening the file), a
 boundary line exactly once where one is due, no speech for anything not completed, provider calls
-within the policy's bound, and `bot.ledger.verify` finding nothing wrong.
+within the policy's bound, and `residents.ledger.verify` finding nothing wrong.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ from conftest import specimen
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot import cli, truth
-from bot.config import Residence, build_residence
-from bot.delivery.plan import split_text
-from bot.generation.attempts import FLUSH_CHARS, AttemptRunner
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.ledger.store import enc
-from bot.ledger.verify import _cover, _cover_by_reading, check, verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
-from bot.records import Generation
-from bot.replay.run import CollectingRoom
-from bot.resident import Resident
-from bot.truth import RECEIPT_PREFIX
+from residents import cli, truth
+from residents.config import Residence, build_residence
+from residents.delivery.plan import split_text
+from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.ledger.store import enc
+from residents.ledger.verify import _cover, _cover_by_reading, check, verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
+from residents.records import Generation
+from residents.replay.run import CollectingRoom
+from residents.resident import Resident
+from residents.truth import RECEIPT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "claude-3-opus-20240229"
@@ -955,7 +955,7 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
     ],
 )
 def test_outbound_text_is_valid_utf8_and_counts_its_replacements(raw: str, sent: str, count: int) -> None:
-    from bot.text import outbound
+    from residents.text import outbound
 
     out, n = outbound(raw)
     assert (out, n) == (sent, count)
@@ -989,7 +989,7 @@ async def test_a_failure_before_the_provider_call_is_not_a_provider_error(
 ) -> None:
     """A request this process cannot send (here: a parameter the SDK does not take) fails as the project's
     own error: named as internal, not retried, no provider call made, and never worded as a provider error."""
-    monkeypatch.setattr(logging.getLogger("bot.provider.stream"), "disabled", True)  # its ERROR is expected
+    monkeypatch.setattr(logging.getLogger("residents.provider.stream"), "disabled", True)  # its ERROR is expected
     async with Session(tmp_path, make_residence()) as s:
         s.server.reset([ok()])
         request = {

@@ -14,9 +14,9 @@ from conftest import ROOT, specimen
 from discordkit import deployed
 from test_discord_e2e import res
 
-from bot import cli
-from bot.ledger.views import message_id_of
-from bot.localservers.provider import Call
+from residents import cli
+from residents.ledger.views import message_id_of
+from residents.localservers.provider import Call
 
 
 @pytest.fixture
@@ -87,8 +87,8 @@ def test_on_request_transcript_counts_attempts_as_provider_calls_and_says_not_re
 
 def test_an_on_request_output_nobody_continued_reads_as_not_requested_and_keeps_the_contracts_value() -> None:
     """The recorded value stays the replay contract's `disabled`; people read "not requested" under on-request."""
-    from bot.ledger import views
-    from bot.records import Generation
+    from residents.ledger import views
+    from residents.records import Generation
 
     g = Generation(
         id="g-onrequest00",

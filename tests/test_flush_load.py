@@ -13,14 +13,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from bot.config import build_residence
-from bot.generation.attempts import FLUSH_SECONDS, AttemptRunner
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
-from bot.records import Attempt, Generation, new_id
+from residents.config import build_residence
+from residents.generation.attempts import FLUSH_SECONDS, AttemptRunner
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
+from residents.records import Attempt, Generation, new_id
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "claude-3-opus-20240229"
@@ -185,7 +185,7 @@ async def test_a_chunk_write_that_failed_is_written_again_not_left_as_a_hole(tmp
     """A chunk write that fails (here: refused by a trigger, as a full disk or a busy lock would) leaves its
     text pending: the next write carries it, so what is on disk is always a prefix of what arrived, never
     the text with a piece missing from its middle (which recovery after a crash would settle as said)."""
-    from bot.generation.attempts import LedgerSink
+    from residents.generation.attempts import LedgerSink
 
     db = tmp_path / "ledger.db"
     async with Ledger.open(db) as ledger:
@@ -242,7 +242,7 @@ async def test_a_timed_write_that_failed_is_tried_again_while_the_provider_stall
     """The timer's write fails (refused, as a busy lock or a full disk would) and no further delta comes
     (a stalled provider): the timer tries again, so the text reaches disk once the ledger takes writes,
     not only when the attempt settles."""
-    from bot.generation.attempts import FLUSH_TIMER, LedgerSink
+    from residents.generation.attempts import FLUSH_TIMER, LedgerSink
 
     db = tmp_path / "ledger.db"
     async with Ledger.open(db) as ledger:
@@ -283,5 +283,5 @@ async def test_a_failed_change_of_a_cancelled_caller_is_reported_by_the_ledger(
             pass
         await ledger.add_chunks(aid, [(0, 0, "text", "after", None)])  # its commit follows the failed one
         gc.collect()
-    logged = [r for r in caplog.records if r.name.startswith("bot.ledger")]
+    logged = [r for r in caplog.records if r.name.startswith("residents.ledger")]
     assert any("cancelled" in r.getMessage() and "FOREIGN KEY" in r.getMessage() for r in logged), caplog.records

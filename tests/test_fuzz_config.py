@@ -23,9 +23,9 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from bot import cli
-from bot.config import dotted
-from bot.localservers import sse
+from residents import cli
+from residents.config import dotted
+from residents.localservers import sse
 
 ROOT = Path(__file__).resolve().parent.parent
 FUZZ = settings(
@@ -198,7 +198,7 @@ KINDS = {
     "residence": (RESIDENCE, RESIDENCE_LEAVES),
     "scenario": (SCENARIO, SCENARIO_LEAVES),
 }
-# Keys pydantic's location filter in bot.config.first_error treats as its own tags (see the bug tests).
+# Keys pydantic's location filter in residents.config.first_error treats as its own tags (see the bug tests).
 _TAG_LIKE = {"str", "int", "float", "bool", "dict", "list"}
 
 # Text that looks odd but stays on one line: right-to-left marks, zero-width joiners, emoji, CJK.
@@ -596,7 +596,7 @@ def test_real_subprocess_replay_exits_2_with_one_line(layout: Layout) -> None:
     doc = copy.deepcopy(SCENARIO)
     doc["residence"]["policy"]["retries"]["max_attempts"] = 99
     p = layout.write("scenario", dump(doc))
-    argv = [sys.executable, "-m", "bot", "replay", str(p), "--json", "--db", "sub.db"]
+    argv = [sys.executable, "-m", "residents", "replay", str(p), "--json", "--db", "sub.db"]
     proc = subprocess.run(
         argv,
         cwd=layout.root,
@@ -612,7 +612,7 @@ def test_real_subprocess_replay_exits_2_with_one_line(layout: Layout) -> None:
 def test_real_subprocess_broken_yaml(layout: Layout) -> None:
     p = layout.write("residence", "name: [cairn\nmodel: x\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "bot", "check", str(p)],
+        [sys.executable, "-m", "residents", "check", str(p)],
         cwd=layout.root,
         capture_output=True,
         text=True,
@@ -622,7 +622,7 @@ def test_real_subprocess_broken_yaml(layout: Layout) -> None:
     assert_rejected(proc.returncode, proc.stdout, proc.stderr, p, None)
 
 
-# ---------------------------------------------------------------- found by fuzzing (bugs in bot/config.py)
+# ---------------------------------------------------------------- found by fuzzing (bugs in residents/config.py)
 
 
 @pytest.mark.parametrize("kind", ["residence", "scenario"])

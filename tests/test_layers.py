@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-BOT = Path(__file__).resolve().parent.parent / "bot"
+BOT = Path(__file__).resolve().parent.parent / "residents"
 
-# top-level unit under bot/ → its layer; a module may import its own unit and lower layers only
+# top-level unit under residents/ → its layer; a module may import its own unit and lower layers only
 LAYERS: dict[str, int] = {
     "records": 0,
     "truth": 1,
@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "cli": 9,
     "__main__": 10,
 }
-BESIDE = "localservers"  # imports nothing of bot outside itself; anything at layer ≥ 7 may use it
+BESIDE = "localservers"  # imports nothing of residents outside itself; anything at layer ≥ 7 may use it
 
 
 def unit_of(module: str) -> str:
@@ -52,14 +52,14 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
-    """Modules of `bot` this file imports, resolved to absolute names (TYPE_CHECKING blocks included)."""
+    """Modules of `residents` this file imports, resolved to absolute names (TYPE_CHECKING blocks included)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.split(".")[0] == "bot"}
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "residents"}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -67,9 +67,9 @@ def imports_of(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != "bot":
+            if target.split(".")[0] != "residents":
                 continue
-            for a in node.names:  # `from . import truth` imports the module bot.truth, not the package
+            for a in node.names:  # `from . import truth` imports the module residents.truth, not the package
                 candidate = BOT.parent / Path(*f"{target}.{a.name}".split("."))
                 if candidate.with_suffix(".py").exists() or candidate.is_dir():
                     found.add(f"{target}.{a.name}")

@@ -9,12 +9,12 @@ import aiosqlite
 import pytest
 from conftest import Room, residence
 
-from bot.generation.attempts import FLUSH_CHARS, LedgerSink
-from bot.ledger import Ledger, LedgerError
-from bot.ledger.migrations import MIGRATIONS
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.records import Attempt, Generation, Stump
+from residents.generation.attempts import FLUSH_CHARS, LedgerSink
+from residents.ledger import Ledger, LedgerError
+from residents.ledger.migrations import MIGRATIONS
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.records import Attempt, Generation, Stump
 
 TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a mid-wo"
 

@@ -14,11 +14,11 @@ from typing import Any
 import aiosqlite
 from conftest import Room, residence
 
-from bot.ledger import Ledger, chain, live, migrations, store
-from bot.ledger.verify import check
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.records import Generation, Status
+from residents.ledger import Ledger, chain, live, migrations, store
+from residents.ledger.verify import check
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.records import Generation, Status
 
 # Every read people and start-up make, as the code runs it (ledger list, ledger stumps and /stumps list
 # with each of their filters, crash settlement, resume's undelivered posts, the context compiler's and
@@ -127,7 +127,7 @@ async def test_a_generation_with_nothing_to_post_is_planned_once_not_at_every_st
     """A settled generation whose plan is empty (completed with no text: no post, no line) is looked at
     by the first start-up after it and marked planned, so start-up does not read it again every time
     (a ledger's count of them only grows)."""
-    from bot.delivery.resume import plan_unposted
+    from residents.delivery.resume import plan_unposted
 
     lg = pipeline.ledger
     g = Generation(id="g-silent00001", residence="cairn", channel="room", model="m")
@@ -266,7 +266,7 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     """`verify` streams (generations, their records and the chain a batch at a time): with batches of 2
     it names the same violations, in the same order (the first broken chain entry first, then the
     generations oldest first), as with every row at once."""
-    from bot.ledger import chain, verify
+    from residents.ledger import chain, verify
 
     settled(tmp_path / "l.db", "g-batch", 7)
     with sqlite3.connect(tmp_path / "l.db") as raw:
@@ -285,7 +285,7 @@ def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypat
     """Two different parts of one request whose keys (the SHA-256's first 8 bytes) are equal: the schema's
     trigger cannot see it (only one row would be written), so packing refuses it rather than storing a
     request that reads back with one part in place of the other. Keys of 1 byte here, to meet one."""
-    from bot.ledger import requests
+    from residents.ledger import requests
 
     real = requests.part
     monkeypatch.setattr(requests, "part", lambda body: requests.Part(real(body).id % 2, real(body).sha256, body))
@@ -304,7 +304,7 @@ def test_record_ids_sort_by_creation_so_a_ledger_read_in_id_order_walks_its_page
     only grow, through a burst in one millisecond and a wall clock stepped back."""
     import time as real_time
 
-    from bot import records
+    from residents import records
 
     burst = [records.new_id("g-") for _ in range(5000)]
     assert len(set(burst)) == len(burst) and burst == sorted(burst)
@@ -320,7 +320,7 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     """On a long ledger the generations are checked in worker processes, one range of ids each: the
     verdicts and their order are those of one pass, including records of a missing generation that
     fall between two ranges and at the end, and the counts of generations and undelivered posts."""
-    from bot.ledger import verify
+    from residents.ledger import verify
 
     async def run() -> tuple[list[str], int, list[str]]:
         async with Ledger.open(tmp_path / "l.db") as lg:
@@ -372,11 +372,41 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     assert switches == {min(before, 0.0005)} and sys.getswitchinterval() == before
 
 
+def test_worker_processes_import_the_package_not_a_module_of_the_working_folder(tmp_path, monkeypatch, capsys):
+    """`ledger verify` run from a discord.py project's folder (a `bot.py` beside the configuration, or a
+    `residents.py`) checks with its worker processes as anywhere else: nothing there is imported."""
+    from residents import cli
+    from residents.ledger import verify
+
+    settled(tmp_path / "l.db", "g-cwd", 6)
+    argv = ["ledger", "verify", "--db", str(tmp_path / "l.db")]
+    one_pass = cli.main(argv), capsys.readouterr()
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("bot.py", "residents.py"):
+        (project / name).write_text("raise SystemExit('the working folder was imported')\n")
+    monkeypatch.chdir(project)
+    monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(verify, "BATCH", 2)
+    monkeypatch.setattr(verify, "CHUNK", 2)
+    monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
+    started: list[object] = []
+    run_worker = verify._Worker.run
+
+    async def spy_run(self: Any, ranges: Any) -> Any:
+        started.append(self)
+        return await run_worker(self, ranges)
+
+    monkeypatch.setattr(verify._Worker, "run", spy_run)
+    assert (cli.main(argv), capsys.readouterr()) == one_pass  # the same verdicts, a worker's share among them
+    assert len(started) == 1 and "working folder" not in one_pass[1].err
+
+
 def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys):
     """A worker process that dies (here: one that cannot even start Python) ends `verify` with one line
     naming the ledger and the failure, exit 1, no traceback, and no process or share left running."""
-    from bot import cli
-    from bot.ledger import verify
+    from residents import cli
+    from residents.ledger import verify
 
     async def build() -> None:
         async with Ledger.open(tmp_path / "l.db") as lg:
@@ -399,7 +429,7 @@ def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_l
     """Records of missing generations in many ranges, checked by two processes taking ranges as they
     free up, come out in the order of one pass; a worker that writes far more than a pipe holds to its
     stderr (every import traced) neither stops nor changes the check."""
-    from bot.ledger import verify
+    from residents.ledger import verify
 
     settled(tmp_path / "l.db", "g-order", 8)
     with sqlite3.connect(tmp_path / "l.db") as raw:

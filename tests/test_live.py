@@ -17,12 +17,12 @@ from typing import Any
 from discordkit import Deployed, deployed
 from test_discord_e2e import res
 
-from bot import truth
-from bot.delivery.plan import plan, split_text
-from bot.ledger import live as live_ledger
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents import truth
+from residents.delivery.plan import plan, split_text
+from residents.ledger import live as live_ledger
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 MARK = truth.LIVE_MARKER
 WORDS = (

@@ -18,12 +18,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bot.config import build_residence
-from bot.discord.run import Deployment, run_bots
-from bot.ledger import Ledger
-from bot.ledger.verify import check
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
+from residents.config import build_residence
+from residents.discord.run import Deployment, run_bots
+from residents.ledger import Ledger
+from residents.ledger.verify import check
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from roomkit import error_guard, eventually, running_room  # noqa: E402

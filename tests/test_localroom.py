@@ -20,7 +20,7 @@ try:
 except ImportError:  # tests/ collected as a package
     from tests.roomkit import ErrorGuard, error_guard, eventually, running_bot, running_room
 
-from bot.localservers.room import RoomServer, bot_name_for_token
+from residents.localservers.room import RoomServer, bot_name_for_token
 
 
 @pytest.fixture

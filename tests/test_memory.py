@@ -11,12 +11,12 @@ from pathlib import Path
 from discordkit import deployed
 from test_discord_e2e import res
 
-from bot.generation.attempts import FLUSH_CHARS, LedgerSink
-from bot.ledger import Ledger
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client, stream_once
-from bot.records import Attempt, Generation, new_id
+from residents.generation.attempts import FLUSH_CHARS, LedgerSink
+from residents.ledger import Ledger
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client, stream_once
+from residents.records import Attempt, Generation, new_id
 
 MODEL = "claude-3-opus-20240229"
 LONG = "The harbour wall is old, and the tide comes in twice a day. " * 100  # ~6,000 characters
@@ -73,11 +73,11 @@ def test_a_room_of_claude_residents_never_loads_the_openai_sdk() -> None:
     probe = (
         "import sys, asyncio, pathlib\n"
         f"REPO = pathlib.Path({str(Path(__file__).resolve().parents[1])!r})\n"
-        "import bot.cli, bot.cli.run, bot.discord.run, bot.generation.attempts, bot.replay.run\n"
-        "from bot.provider import make_client, ListSink\n"
-        "from bot.provider.dispatch import stream_call\n"
-        "from bot.config import load_all_residences\n"
-        "bot.discord.run.openai_clients(load_all_residences(REPO), {})\n"
+        "import residents.cli, residents.cli.run, residents.discord.run, residents.generation.attempts, residents.replay.run\n"
+        "from residents.provider import make_client, ListSink\n"
+        "from residents.provider.dispatch import stream_call\n"
+        "from residents.config import load_all_residences\n"
+        "residents.discord.run.openai_clients(load_all_residences(REPO), {})\n"
         "client = make_client('http://127.0.0.1:9', 'k')\n"
         "asyncio.run(stream_call(client, {'model': 'm', 'max_tokens': 1, 'messages': []}, ListSink(), timeout=0.5))\n"
         "print('openai' in sys.modules)\n"

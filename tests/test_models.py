@@ -1,4 +1,4 @@
-"""The model table is data (bot/models.yaml plus residents.yaml `models:`), and `check` uses it."""
+"""The model table is data (residents/models.yaml plus residents.yaml `models:`), and `check` uses it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli, models
+from residents import cli, models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,7 +121,7 @@ def test_unknown_ids_are_unknown_with_the_nearest_known_one(model, nearest):
 def test_the_table_is_the_shipped_data_file():
     rows = {r.id for r in models.BUILTIN.rows}
     assert "claude-opus-4-1" in rows and "claude-opus-4-6+" in rows
-    text = (ROOT / "bot" / "models.yaml").read_text(encoding="utf-8")
+    text = (ROOT / "residents" / "models.yaml").read_text(encoding="utf-8")
     assert all(f"\n  {r}:" in text for r in rows)
 
 

@@ -20,13 +20,13 @@ import pytest
 from conftest import residence, specimen
 from discordkit import deployed, opts, sub
 
-from bot.discord import checks
-from bot.discord.run import Deployment, StartupError, run_bots
-from bot.ledger.verify import verify
-from bot.localservers.provider import Call, ProviderServer
-from bot.localservers.room import load_layout
-from bot.localservers.room.model import ApiError
-from bot.records import Generation, Stump
+from residents.discord import checks
+from residents.discord.run import Deployment, StartupError, run_bots
+from residents.ledger.verify import verify
+from residents.localservers.provider import Call, ProviderServer
+from residents.localservers.room import load_layout
+from residents.localservers.room.model import ApiError
+from residents.records import Generation, Stump
 
 try:
     from roomkit import running_room

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from bot import cli, truth
-from bot.config import ConfigError, build_residence
-from bot.discord import startup
-from bot.discord.run import ProviderKeyRejected, check_openai_key
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import ListSink
-from bot.provider.openai_stream import make_openai_client, openai_stream_once
+from residents import cli, truth
+from residents.config import ConfigError, build_residence
+from residents.discord import startup
+from residents.discord.run import ProviderKeyRejected, check_openai_key
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import ListSink
+from residents.provider.openai_stream import make_openai_client, openai_stream_once
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"

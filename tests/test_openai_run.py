@@ -12,11 +12,11 @@ from conftest import specimen
 from discordkit import deployed
 from test_discord_e2e import END_TEXT, res
 
-from bot.config import Residence
-from bot.discord.run import ProviderKeyRejected, StartupError
-from bot.ledger import Ledger
-from bot.ledger.verify import verify
-from bot.localservers.provider import Call, ProviderServer
+from residents.config import Residence
+from residents.discord.run import ProviderKeyRejected, StartupError
+from residents.ledger import Ledger
+from residents.ledger.verify import verify
+from residents.localservers.provider import Call, ProviderServer
 
 HARBOUR_LEN = 270  # characters of scenarios/specimens/openai-length-1024.sse's text
 

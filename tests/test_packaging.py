@@ -3,7 +3,7 @@ wheel that runs from any folder once installed (not editable).
 
 The e2e tests build a wheel from a copy of the source tree, install it with no dependencies into a
 fresh venv under tmp_path, and run its `residents` from empty folders; third-party distributions
-come from this venv's site-packages by PYTHONPATH (no .pth there is read, so `bot` can only come
+come from this venv's site-packages by PYTHONPATH (no .pth there is read, so `residents` can only come
 from the wheel — asserted).
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from bot import cli
+from residents import cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "bot", "residences", "policies", "scenarios")
+SOURCE = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "residents", "residences", "policies", "scenarios")
 BUNDLED_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml"))
 
 
@@ -208,7 +208,7 @@ def test_the_installed_wheel_is_what_runs_and_carries_the_examples(installed, tm
         [
             str(installed / "bin" / "python"),
             "-c",
-            "import bot, bot.bundled as b; print(bot.__file__); print(b.root()); print(*b.scenario_names())",
+            "import residents, residents.bundled as b; print(residents.__file__); print(b.root()); print(*b.scenario_names())",
         ],
         cwd=tmp_path,
         env=_env(),
@@ -219,7 +219,7 @@ def test_the_installed_wheel_is_what_runs_and_carries_the_examples(installed, tm
     )
     assert p.returncode == 0, p.stderr
     module, root, names = p.stdout.splitlines()
-    assert Path(module).is_relative_to(installed) and not Path(module).is_relative_to(ROOT / "bot")
+    assert Path(module).is_relative_to(installed) and not Path(module).is_relative_to(ROOT / "residents")
     assert Path(root) == Path(module).parent / "examples"
     assert names.split() == BUNDLED_SCENARIOS
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from conftest import Room, residence, specimen
 
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 CEILING_TEXT = sse.text_of(specimen("ceiling-1024.sse"))
 END_TEXT = sse.text_of(specimen("end-turn.sse"))
@@ -253,8 +253,8 @@ async def test_continue_without_standing_makes_no_call_and_says_why(pipeline):
 
 
 async def test_a_declined_continue_names_its_reason_as_facts_and_truth_words_it(pipeline):
-    """No provider call; the room's notice and the reply's reason are `bot.truth`'s wording of the facts."""
-    from bot import truth
+    """No provider call; the room's notice and the reply's reason are `residents.truth`'s wording of the facts."""
+    from residents import truth
 
     policy = {
         "continuation": {

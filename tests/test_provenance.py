@@ -17,10 +17,10 @@ from pathlib import Path
 from conftest import residence, specimen
 from discordkit import deployed, opts
 
-from bot import truth
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.localservers.room import load_layout
+from residents import truth
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.localservers.room import load_layout
 
 CEILING_TEXT = sse.text_of(specimen("ceiling-1024.sse"))
 FRAGMENT = sse.text_of(specimen("overloaded-after-257.sse"))

@@ -22,15 +22,15 @@ from conftest import ROOT, specimen
 from discordkit import deployed, opts
 from test_discord_e2e import BOUNDS, END_TEXT, FIRST, REST, contents, res
 
-from bot import truth
-from bot.delivery.keys import KeyRejections
-from bot.demo import run as demo_run
-from bot.discord.run import KEY_ENV, ProviderKeyRejected, check_provider_key
-from bot.ledger import Ledger
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
+from residents import truth
+from residents.delivery.keys import KeyRejections
+from residents.demo import run as demo_run
+from residents.discord.run import KEY_ENV, ProviderKeyRejected, check_provider_key
+from residents.ledger import Ledger
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
 
 try:
     from roomkit import eventually, running_room
@@ -129,7 +129,7 @@ async def start_run(tmp_path: Path, room_url: str, provider_url: str, key: str |
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bot",
+        "residents",
         "run",
         "--discord-api",
         room_url,
@@ -246,7 +246,7 @@ async def test_a_key_revoked_mid_run_logs_errors_and_tells_each_channel_once_per
     """Every refused call is an ERROR naming the remedy; a channel hears of it once per ten minutes, from
     whichever resident failed first; after the window, once more."""
     expected_errors.append("rejected the API key")
-    caplog.set_level(logging.ERROR, logger="bot")
+    caplog.set_level(logging.ERROR, logger="residents")
     now = [1000.0]
     kr = KeyRejections(KEY_ENV, clock=lambda: now[0])
     both = {"token_env": "X", "channels": ["general", "dock"]}
@@ -302,7 +302,7 @@ async def test_a_key_refused_during_a_continue_is_the_operators_error_and_one_no
     the room gets the key notice once per window, never a receipt blaming a provider error; once the key
     is good again the next /continue completes the output, and the ledger verifies (--strict)."""
     expected_errors.append("rejected the API key")
-    caplog.set_level(logging.ERROR, logger="bot")
+    caplog.set_level(logging.ERROR, logger="residents")
     now = [1000.0]
     kr = KeyRejections(KEY_ENV, clock=lambda: now[0])
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}

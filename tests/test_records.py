@@ -6,14 +6,14 @@ import aiosqlite
 import pytest
 from conftest import Room, residence
 
-from bot import truth
-from bot.ledger import Ledger
-from bot.ledger.migrations import MIGRATIONS
-from bot.ledger.store import enc
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.records import Generation, Post, PostKind, PostReason, Status, new_id
+from residents import truth
+from residents.ledger import Ledger
+from residents.ledger.migrations import MIGRATIONS
+from residents.ledger.store import enc
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.records import Generation, Post, PostKind, PostReason, Status, new_id
 
 
 async def _reasons(ledger: Ledger, gid: str) -> list[tuple[str, str]]:

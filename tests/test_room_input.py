@@ -7,9 +7,9 @@ from types import SimpleNamespace
 from discordkit import deployed
 from test_discord_e2e import res
 
-from bot.discord.room import as_room_message
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents.discord.room import as_room_message
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 ODD = [
     "zero\u200bwidth\u200djoin\u2060ers and a BOM\ufeff",

@@ -22,9 +22,9 @@ try:
 except ImportError:  # tests/ collected as a package
     from tests.roomkit import ErrorGuard, error_guard, eventually, running_bot, running_room
 
-from bot.cli import main as cli_main
-from bot.localservers.room import LayoutError, RoomServer, load_layout
-from bot.localservers.room.layout import BUNDLED, parse_layout
+from residents.cli import main as cli_main
+from residents.localservers.room import LayoutError, RoomServer, load_layout
+from residents.localservers.room.layout import BUNDLED, parse_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = BUNDLED / "two-guilds.yaml"
@@ -195,7 +195,7 @@ def test_the_example_layout_is_the_one_in_the_issue() -> None:
 
 def residents_exe() -> list[str]:
     exe = ROOT / ".venv" / "bin" / "residents"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "bot"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "residents"]
 
 
 async def test_residents_room_layout_serves_the_guilds(tmp_path: Path) -> None:

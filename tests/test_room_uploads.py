@@ -18,9 +18,9 @@ from discordkit import deployed
 from imagekit import png
 from test_discord_e2e import res
 
-from bot.localservers import sse
-from bot.localservers.provider import Call
-from bot.localservers.room import RoomServer
+from residents.localservers import sse
+from residents.localservers.provider import Call
+from residents.localservers.room import RoomServer
 
 try:
     from roomkit import ErrorGuard, error_guard, running_bot, running_room

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from bot import cli
-from bot.discord.startup import invite_url
-from bot.localservers.provider import ProviderServer
-from bot.localservers.room import gateway
+from residents import cli
+from residents.discord.startup import invite_url
+from residents.localservers.provider import ProviderServer
+from residents.localservers.room import gateway
 
 try:
     from roomkit import running_bot, running_room
@@ -93,7 +93,7 @@ async def start_run(base: Path, room_url: str, provider_url: str, *args: str) ->
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "bot",
+        "residents",
         "run",
         "--discord-api",
         room_url,

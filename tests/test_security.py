@@ -19,18 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot import cli
-from bot.config import build_residence
-from bot.generation.attempts import AttemptRunner
-from bot.generation.run import Generator
-from bot.ledger import Ledger
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call, ProviderServer
-from bot.provider import make_client
-from bot.records import Attempt, Generation, Post, Stump
-from bot.replay.run import CollectingRoom
-from bot.resident import Resident
+from residents import cli
+from residents.config import build_residence
+from residents.generation.attempts import AttemptRunner
+from residents.generation.run import Generator
+from residents.ledger import Ledger
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.provider import make_client
+from residents.records import Attempt, Generation, Post, Stump
+from residents.replay.run import CollectingRoom
+from residents.resident import Resident
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-ant-api03-Zq7TESTKEY-do-not-log-9f3b1c"
@@ -319,7 +319,7 @@ def test_ledger_sql_is_static_text() -> None:
     verbs = ("SELECT ", "INSERT ", "UPDATE ", "DELETE ", "CREATE ", "BEGIN", "PRAGMA ")
     allowed = {"marks", "table", "order", "name", "sql", "time"}
     seen = 0
-    for path in sorted((ROOT / "bot" / "ledger").glob("*.py")):
+    for path in sorted((ROOT / "residents" / "ledger").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if not isinstance(node, ast.JoinedStr) or not node.values:
                 continue

@@ -10,8 +10,8 @@ import sqlite3
 
 import pytest
 
-from bot.ledger import Ledger
-from bot.records import Generation, Stump
+from residents.ledger import Ledger
+from residents.records import Generation, Stump
 
 
 async def seed(ledger: Ledger) -> list[Stump]:

@@ -1,7 +1,7 @@
 """Text on its way out: look-alike receipts escaped in posts, lone surrogates made valid where text
 leaves the process, and the ledger keeping both exactly.
 
-Pure rules first (`bot.text`, the planner, `ledger verify`'s cover check), then the real pipeline:
+Pure rules first (`residents.text`, the planner, `ledger verify`'s cover check), then the real pipeline:
 `residents replay` on a bundled scenario, and a turn after a lone surrogate through the real SDK
 against the local provider server.
 """
@@ -17,17 +17,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot import cli, truth
-from bot.delivery import plan, split_text
-from bot.delivery.resume import Seen, recover, resume_delivery
-from bot.ledger import Ledger
-from bot.ledger.verify import _cover, verify
-from bot.localservers import sse
-from bot.records import Attempt, Generation, new_id
-from bot.replay.run import replay
-from bot.replay.scenario import load_scenario
-from bot.text import REPLACEMENT, escape_subtext, outbound, outbound_json
-from bot.truth import LIMIT, Ending
+from residents import cli, truth
+from residents.delivery import plan, split_text
+from residents.delivery.resume import Seen, recover, resume_delivery
+from residents.ledger import Ledger
+from residents.ledger.verify import _cover, verify
+from residents.localservers import sse
+from residents.records import Attempt, Generation, new_id
+from residents.replay.run import replay
+from residents.replay.scenario import load_scenario
+from residents.text import REPLACEMENT, escape_subtext, outbound, outbound_json
+from residents.truth import LIMIT, Ending
 
 ROOT = Path(__file__).resolve().parent.parent
 RECEIPT_LINE = "-# Output ceiling reached at 4,096 tokens; the remainder was not generated."

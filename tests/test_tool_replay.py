@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bot import cli
-from bot.localservers import sse
+from residents import cli
+from residents.localservers import sse
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"

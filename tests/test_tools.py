@@ -9,11 +9,11 @@ import json
 import pytest
 from conftest import Room, residence, specimen
 
-from bot import truth
-from bot.ledger import access
-from bot.ledger.verify import verify
-from bot.localservers import sse
-from bot.localservers.provider import Call
+from residents import truth
+from residents.ledger import access
+from residents.ledger.verify import verify
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 END_TEXT = sse.text_of(specimen("end-turn.sse"))
 FRAGMENT = sse.text_of(specimen("overloaded-after-257.sse"))
@@ -323,7 +323,7 @@ async def test_without_the_tool_no_tools_are_offered(pipeline):
 
 @pytest.mark.parametrize("bad", [1, 0, 33, "four"])
 def test_max_rounds_is_checked(bad):
-    from bot.config import ConfigError
+    from residents.config import ConfigError
 
     with pytest.raises(ConfigError, match="tools.max_rounds"):
         residence(policy={"tools": {"max_rounds": bad}})

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from bot import models, truth
-from bot.truth import Ending
+from residents import models, truth
+from residents.truth import Ending
 
 SECOND_PERSON = re.compile(r"\byou(r|rs|rself)?\b", re.I)
 

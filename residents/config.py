@@ -1,0 +1,521 @@
+"""Residences and policies: YAML on disk → validated models.
+
+A typo in a policy must never silently turn a guard off, so every model forbids unknown keys and
+every error names the file, the key path and, where the YAML has one, the line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import types
+import typing
+import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import models
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """One problem in one file, phrased as the single line a person reads.
+
+    `problems` holds every problem found while reading that file (this one first), so `check` can
+    print them all, one line each, while anything else still shows one line.
+    """
+
+    def __init__(self, file: str | Path, key: str, message: str, line: int | None = None) -> None:
+        self.file, self.key, self.message, self.line = str(file), key, message, line
+        where = f"{self.file}:{line}" if line else self.file
+        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
+        # One problem is one line: control and line-separator characters in names are shown escaped.
+        super().__init__(
+            "".join(
+                c.encode("unicode_escape").decode() if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c
+                for c in text
+            )
+        )
+        self.problems: list[ConfigError] = [self]
+
+    @staticmethod
+    def combined(errors: Sequence[ConfigError]) -> ConfigError:
+        """One error carrying every problem of `errors` (the first stands for them where one line is shown)."""
+        first, *rest = errors
+        seen: dict[str, ConfigError] = {}
+        for p in [*first.problems, *(p for e in rest for p in e.problems)]:
+            seen.setdefault(str(p), p)
+        first.problems = list(seen.values())
+        return first
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Continuation(Strict):
+    """Who may continue a cut output, and the hard bounds when anyone does."""
+
+    standing: Literal["none", "on-request", "bounded"] = "none"
+    max_segments: int | None = Field(default=None, ge=1, le=8)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    min_progress_chars: int | None = Field(default=None, ge=1, le=100_000)
+    similarity_abort: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_overlap_chars: int = Field(default=8, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _bounds_required(self) -> Continuation:
+        if self.standing != "none":
+            keys = ("max_segments", "max_output_tokens", "min_progress_chars", "similarity_abort")
+            missing = [key for key in keys if getattr(self, key) is None]
+            if missing:  # every one at once: a file's problems are all reported, not one per run
+                raise _KeyError(missing[0], f"required when standing is {self.standing!r}", tuple(missing[1:]))
+        return self
+
+
+class Retries(Strict):
+    max_attempts: int = Field(default=3, ge=1, le=10)
+    backoff_seconds: float = Field(default=1.0, ge=0.0, le=600.0)
+    max_backoff_seconds: float = Field(default=30.0, ge=0.0, le=3600.0)
+    timeout_seconds: float = Field(default=600.0, gt=0.0, le=3600.0)
+
+
+class Notices(Strict):
+    """Room lines beyond the receipts, which are never optional."""
+
+    retry_abandoned: bool = False
+
+
+class StumpAccess(Strict):
+    moderators_read_text: bool = True  # the operator's ceiling: False keeps every stump's text from moderators
+    resident_reads_own: bool = False
+    patient_tool: bool = True  # the resident gets the `stumps` tool over its own stumps
+    default_access: Literal["moderators", "private"] = "moderators"  # a new stump's access, until the resident sets it
+
+
+class Tools(Strict):
+    """The tool loop: rounds of provider calls, each ending in tool calls whose results go back."""
+
+    # requests in one generation's tool loop, the final answer's included
+    max_rounds: int = Field(default=4, ge=2, le=32)
+
+
+class Floor(Strict):
+    """Turn-taking among several residents and people in one room."""
+
+    reply_to: Literal["mentions", "mentions-and-replies", "all"] = "mentions-and-replies"
+    cooldown_seconds: float = Field(default=2.0, ge=0.0, le=3600.0)
+    max_resident_run: int = Field(default=3, ge=1, le=100)
+    history_limit: int = Field(default=50, ge=1, le=500)
+
+
+class Delivery(Strict):
+    """How a reply reaches the room. `live`: shown while it is generated, edited as text arrives."""
+
+    live: bool = False
+
+
+class Policy(Strict):
+    name: str = "default"
+    description: str = ""
+    continuation: Continuation = Continuation()
+    retries: Retries = Retries()
+    notices: Notices = Notices()
+    stumps: StumpAccess = StumpAccess()
+    floor: Floor = Floor()
+    tools: Tools = Tools()
+    delivery: Delivery = Delivery()
+
+
+def _channel_ref(ref: str) -> str:
+    if not re.fullmatch(r"[^/\s]+(/[^/\s]+)?", ref):
+        raise ValueError("a channel is a name, an id or guild/channel")
+    return ref
+
+
+class DiscordSettings(Strict):
+    token_env: str = Field(min_length=1)
+    # A channel's name, its id, or `guild/channel` (a bare name must be in only one of the bot's guilds).
+    channels: list[Annotated[str, AfterValidator(_channel_ref)]] = Field(default_factory=list)
+    # This bot registers the moderators' slash commands and answers them for every resident of the
+    # process (one copy per guild); without any such residence, the first one does.
+    commands: bool = False
+
+
+class Residence(Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1, le=1_000_000)
+    system: str = ""
+    policy: Policy = Policy()
+    discord: DiscordSettings | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop_sequences: list[str] = Field(default_factory=list)
+    output_ceiling: int | None = Field(default=None, ge=1, le=1_000_000)
+    # Who serves the model: Anthropic's Messages API (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or any
+    # server speaking OpenAI's chat completions at `base_url`, its key in the variable `api_key_env`.
+    provider: Literal["anthropic", "openai-compatible"] = "anthropic"
+    base_url: str | None = None
+    api_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _provider_settings(self) -> Residence:
+        """`base_url` and `api_key_env` belong to an openai-compatible provider, which needs both; the
+        key itself never sits in a residence file, only the name of the variable holding it."""
+        if self.provider == "anthropic":
+            extra = [k for k in ("base_url", "api_key_env") if getattr(self, k) is not None]
+            if extra:
+                raise _KeyError(
+                    extra[0],
+                    "only with `provider: openai-compatible` (the anthropic provider reads "
+                    "ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL)",
+                    tuple(extra[1:]),
+                )
+            return self
+        missing = [k for k in ("base_url", "api_key_env") if getattr(self, k) is None]
+        if missing:
+            raise _KeyError(missing[0], "required with `provider: openai-compatible`", tuple(missing[1:]))
+        assert self.base_url is not None and self.api_key_env is not None
+        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.base_url):
+            raise _KeyError("base_url", f"{self.base_url!r} is not an http(s) URL (e.g. https://api.openai.com/v1)")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise _KeyError(
+                "api_key_env",
+                "the NAME of the environment variable holding the key (letters, digits and '_', "
+                "e.g. OPENAI_API_KEY), never the key itself",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _within_model_ceiling(self) -> Residence:
+        """max_tokens within the model's ceiling, which the table knows or the residence states."""
+        if not models.known(self.model):
+            if self.output_ceiling is None:
+                hint = models.nearest(self.model)
+                raise _KeyError(
+                    "model",
+                    f"{self.model!r} is not in the model table"
+                    + (f" (did you mean {hint!r}?)" if hint else "")
+                    + f"; a model the table does not know needs `output_ceiling` in the residence"
+                    f" (or a row under `models:` in {PROJECT_FILE})",
+                )
+            ceiling, whose = self.output_ceiling, "the stated output_ceiling"
+        else:
+            ceiling, whose = models.caps(self.model).max_output_tokens, f"{self.model}'s output ceiling"
+            if self.output_ceiling is not None and self.output_ceiling > ceiling:
+                raise _KeyError("output_ceiling", f"{self.output_ceiling} is above {whose} of {ceiling}")
+            ceiling = self.output_ceiling or ceiling
+        if self.max_tokens > ceiling:
+            raise _KeyError("max_tokens", f"{self.max_tokens} is above {whose} of {ceiling}")
+        return self
+
+
+class ModelRow(Strict):
+    """One operator row of the model table (`models:` in residents.yaml), the shape of residents/models.yaml."""
+
+    family: str = ""
+    output_ceiling: int = Field(ge=1, le=1_000_000)
+    prefill: bool = False
+    images: bool = False
+
+
+class ProjectFile(Strict):
+    """residents.yaml at the root of the configuration folder: settings for every residence there."""
+
+    models: dict[str, ModelRow] = Field(default_factory=dict)
+
+
+# The project-level file: its `models:` rows extend and override residents/models.yaml.
+PROJECT_FILE = "residents.yaml"
+
+
+class _KeyError(ValueError):
+    """Raised inside a validator to point at a specific key rather than the whole mapping
+    (and at `more` keys with the same problem, each reported on its own line)."""
+
+    def __init__(self, key: str, message: str, more: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key, self.message, self.more = key, message, more
+
+
+# ---------------------------------------------------------------- loading with line numbers
+
+
+def read_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
+    """The parsed document and its node tree (for line numbers), or a ConfigError naming the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(path, "", "file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(path, "", f"cannot be read: {e}") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(path, "", "invalid YAML: nested too deeply") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(path, "", f"invalid YAML: {problem}", mark.line + 1 if mark else None) from None
+    return data, node
+
+
+def line_of(node: yaml.Node | None, loc: tuple[str | int, ...]) -> int | None:
+    """The 1-based line of the deepest node along loc that the YAML has."""
+    best = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == part:
+                    best, node = k.start_mark.line + 1, v
+                    break
+            else:
+                return best
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            best = node.start_mark.line + 1
+        else:
+            return best
+    return best
+
+
+def dotted(loc: tuple[str | int, ...]) -> str:
+    out = ""
+    for p in loc:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def first_error(
+    e: ValidationError,
+    path: Path | str,
+    node: yaml.Node | None,
+    prefix: tuple[str | int, ...] = (),
+    model: type[BaseModel] | None = None,
+) -> ConfigError:
+    """Turn pydantic's complaints into one error naming file, key and line, carrying every problem."""
+    errors = []
+    for err in e.errors(include_url=False):
+        errors.append(_one_error(err, path, node, prefix, model))
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _KeyError):  # the same problem at further keys of that mapping
+            for key in ctx_err.more:
+                errors.append(
+                    _one_error({**err, "ctx": {"error": _KeyError(key, ctx_err.message)}}, path, node, prefix, model)
+                )
+    return ConfigError.combined(errors)
+
+
+def _one_error(
+    err: Any, path: Path | str, node: yaml.Node | None, prefix: tuple[str | int, ...], model: type[BaseModel] | None
+) -> ConfigError:
+    raw = tuple(err["loc"])
+    own = raw[-1:] if err["type"] == "extra_forbidden" else ()  # the user's own key, whatever it is called
+    loc = tuple(
+        p
+        for p in raw[: len(raw) - len(own)]
+        if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool", "dict", "list")))
+    )
+    loc += own
+    msg = err["msg"]
+    ctx_err = (err.get("ctx") or {}).get("error")
+    if isinstance(ctx_err, _KeyError):
+        loc, msg = loc + (ctx_err.key,), ctx_err.message
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+        hint = _nearest_key(model, raw[:-1], raw[-1]) if model is not None and raw else None
+        if hint:
+            msg += f" (did you mean {hint}?)"
+    elif err["type"] == "missing":
+        msg = "required key is missing"
+    elif (
+        "input" in err and err["type"] not in ("model_type", "dict_type") and not isinstance(err["input"], (dict, list))
+    ):
+        msg = f"{msg} (got {err['input']!r})"
+    full = prefix + loc
+    return ConfigError(path, dotted(full), msg, line_of(node, full))
+
+
+def _nearest_key(model: type[BaseModel], loc: tuple[str | int, ...], key: object) -> str | None:
+    """The valid key at `loc` of `model` a mistyped `key` most probably meant (`max_token` -> `max_tokens`)."""
+    keys = _keys_at(model, loc)
+    found = difflib.get_close_matches(str(key), keys, n=1, cutoff=0.6) if keys else []
+    return found[0] if found else None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the mapping at `loc` accepts, following the models' fields, lists and dicts."""
+    t: Any = model
+    for part in loc:
+        m = _model_in(t)
+        if m is not None:
+            field = next((f for n, f in m.model_fields.items() if part in (n, f.alias)), None)
+            if field is None:
+                return []
+            t = field.annotation
+        elif typing.get_origin(_unwrap(t)) in (list, dict):
+            t = typing.get_args(_unwrap(t))[-1]
+        else:
+            return []
+    m = _model_in(t)
+    return [f.alias or n for n, f in m.model_fields.items()] if m is not None else []
+
+
+def _unwrap(t: Any) -> Any:
+    """`Annotated[X, ...]` as X; `X | Y | None` as its first model member, else its first non-None one."""
+    while True:
+        origin = typing.get_origin(t)
+        if origin is Annotated:
+            t = typing.get_args(t)[0]
+        elif origin in (typing.Union, types.UnionType):
+            members = [a for a in typing.get_args(t) if a is not type(None)]
+            models_ = [a for a in members if isinstance(a, type) and issubclass(a, BaseModel)]
+            t = (models_ or members)[0]
+        else:
+            return t
+
+
+def _model_in(t: Any) -> type[BaseModel] | None:
+    t = _unwrap(t)
+    return t if isinstance(t, type) and issubclass(t, BaseModel) else None
+
+
+def mapping(data: Any, path: Path | str, node: yaml.Node | None, what: str, prefix: tuple = ()) -> dict:
+    if data is None and not prefix:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            path,
+            dotted(prefix),
+            f"a {what} must be a mapping of keys, not {type(data).__name__}",
+            line_of(node, prefix),
+        )
+    return data
+
+
+def build_policy(
+    data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = (), default_name: str = "inline"
+) -> Policy:
+    data = dict(mapping(data, path, node, "policy", prefix))
+    data.setdefault("name", default_name)
+    return validate(Policy, data, path, node, prefix)
+
+
+def load_policy(name_or_path: str, base: Path) -> Policy:
+    return _read_policy(_named(name_or_path, base / "policies"))
+
+
+def _read_policy(path: Path) -> Policy:
+    data, node = read_yaml(path)
+    return build_policy(data, path, node, default_name=path.stem)
+
+
+def read_project(path: Path) -> models.ModelTable:
+    """The built-in model table with a project file's `models:` rows over it."""
+    data, node = read_yaml(path)
+    project = validate(ProjectFile, mapping(data, path, node, "project file"), path, node)
+    rows = []
+    for model_id, r in project.models.items():
+        try:
+            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images))
+        except ValueError as e:
+            raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
+    return models.BUILTIN.with_overrides(rows)
+
+
+def use_project_models(base: Path) -> None:
+    """Make the model table the one `base` sees: built-ins, plus its residents.yaml rows if it has one."""
+    path = base / PROJECT_FILE
+    models.use(read_project(path) if path.is_file() else models.BUILTIN)
+
+
+def _policy_file(pol: str, path: Path | str, node: yaml.Node | None, prefix: tuple, base: Path) -> Path:
+    """policies/NAME.yaml for a residence's `policy: NAME`; a path (or anything that could leave
+    policies/) is an error, so a residence file cannot make the bot read a file elsewhere."""
+    suffix = Path(pol).suffix if Path(pol).suffix in (".yaml", ".yml") else ""
+    if not _POLICY_NAME.fullmatch(pol[: len(pol) - len(suffix)]):
+        raise ConfigError(
+            path,
+            dotted(prefix + ("policy",)),
+            f"{pol!r} is not a policy name: a policy is a name under policies/ (letters, digits, "
+            "'_', '-', '.'; no '/' or leading '.') or an inline mapping, never a path",
+            line_of(node, prefix + ("policy",)),
+        )
+    return base / "policies" / (pol if suffix else f"{pol}.yaml")
+
+
+_POLICY_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+def build_residence(data: Any, path: Path | str, node: yaml.Node | None, base: Path, prefix: tuple = ()) -> Residence:
+    """A residence mapping whose `policy` is a policy name (policies/NAME.yaml) or an inline mapping."""
+    use_project_models(base)
+    data = dict(mapping(data, path, node, "residence", prefix))
+    try:
+        data["policy"] = _residence_policy(data.get("policy", "default"), path, node, base, prefix)
+    except ConfigError as e:  # the residence's own keys are checked too, so every problem is reported at once
+        data["policy"] = Policy()
+        try:
+            validate(Residence, data, path, node, prefix)
+        except ConfigError as more:
+            raise ConfigError.combined([e, more]) from None
+        raise
+    return validate(Residence, data, path, node, prefix)
+
+
+def _residence_policy(pol: Any, path: Path | str, node: yaml.Node | None, base: Path, prefix: tuple) -> Policy:
+    if isinstance(pol, str):
+        pol_path = _policy_file(pol, path, node, prefix, base)
+        if not pol_path.exists() and pol == "default":
+            return Policy()
+        try:
+            return _read_policy(pol_path)
+        except ConfigError as e:
+            if e.message == "file not found":
+                raise ConfigError(
+                    path,
+                    dotted(prefix + ("policy",)),
+                    f"no policy named {pol!r} ({pol_path})",
+                    line_of(node, prefix + ("policy",)),
+                ) from None
+            raise
+    if isinstance(pol, dict):
+        return build_policy(pol, path, node, prefix + ("policy",))
+    raise ConfigError(
+        path, dotted(prefix + ("policy",)), "must be a policy name or a mapping", line_of(node, prefix + ("policy",))
+    )
+
+
+def validate(model: type[M], data: Any, path: Path | str, node: yaml.Node | None, prefix: tuple = ()) -> M:
+    """Validate, turning pydantic's complaints into a ConfigError (its first line, and every problem)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise first_error(e, path, node, prefix, model) from None
+
+
+def load_residence(name_or_path: str, base: Path) -> Residence:
+    path = _named(name_or_path, base / "residences")
+    data, node = read_yaml(path)
+    res = build_residence(data, path, node, base)
+    return res
+
+
+def load_all_residences(base: Path) -> list[Residence]:
+    folder = base / "residences"
+    return [load_residence(str(p), base) for p in sorted(folder.glob("*.yaml"))]
+
+
+def _named(name_or_path: str, folder: Path) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        return p if p.is_absolute() or p.exists() else (folder.parent / p)
+    return folder / f"{name_or_path}.yaml"

@@ -1,0 +1,143 @@
+"""The Discord side: one `commands.Bot` per residence, its cogs loaded in `setup_hook`.
+
+A bot knows its own resident and the registry of every resident in the process (moderators may
+ask one bot about another's stumps); the pipeline itself knows nothing of Discord.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import discord
+from discord.ext import commands
+
+from ..config import ConfigError, Residence
+from ..resident import Resident
+from . import checks
+
+log = logging.getLogger(__name__)
+
+COGS = ("residents.discord.cogs.resident",)
+# Application commands, loaded by the process's one commands bot, which answers for every resident.
+COMMANDS_COGS = ("residents.discord.cogs.moderation", "residents.discord.cogs.provenance")
+
+# Residents never join voice; the warnings about voice libraries would only alarm operators.
+discord.VoiceClient.warn_nacl = False
+discord.VoiceClient.warn_dave = False
+
+
+def intents() -> discord.Intents:
+    i = discord.Intents.default()
+    i.message_content = True  # residents read what people write; enable it in the developer portal
+    return i
+
+
+class ResidentBot(commands.Bot):
+    def __init__(
+        self,
+        resident: Resident,
+        registry: dict[str, Resident],
+        *,
+        guild_ready_timeout: float = 2.0,
+        commands_bot: bool = True,
+        peers: dict[str, ResidentBot] | None = None,
+    ) -> None:
+        super().__init__(
+            command_prefix=commands.when_mentioned,
+            intents=intents(),
+            help_command=None,
+            allowed_mentions=discord.AllowedMentions.none(),
+            guild_ready_timeout=guild_ready_timeout,
+            # No message cache: a resident reads history through the API and keeps nothing of a message
+            # after handling it; discord.py's default of 1,000 per bot held every long reply (each
+            # bot of the process caching every other's) and kept ~60 MB after 100 replies of 16 KB.
+            max_messages=None,
+        )
+        self.resident = resident
+        self.registry = registry
+        # One bot of the process registers the moderators' slash commands and answers them for every
+        # resident (`commands_bot`); the others put an empty list, so a guild shows one copy of each.
+        self.commands_bot = commands_bot
+        self.peers: dict[str, ResidentBot] = peers if peers is not None else {resident.residence.name: self}
+        self.synced: set[int] = set()
+        self.startup_problem: str | None = None
+        self.settled = asyncio.Event()  # set once ready: commands synced, channels found
+
+    @property
+    def residence(self):
+        return self.resident.residence
+
+    async def on_message(self, message: discord.Message) -> None:
+        """Residents have no prefix commands: a mention is conversation, handled by the resident cog."""
+
+    async def setup_hook(self) -> None:
+        for ext in COGS + (COMMANDS_COGS if self.commands_bot else ()):
+            await self.load_extension(ext)
+        self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
+
+    async def on_ready(self) -> None:
+        """Commands are synced per guild (immediate, unlike global ones; a bot that is not the commands bot
+        puts an empty list, removing any copies an earlier version registered); configured channels are checked."""
+        for guild in self.guilds:
+            if guild.id in self.synced:
+                continue
+            self.tree.copy_global_to(guild=guild)
+            await self.tree.sync(guild=guild)
+            self.synced.add(guild.id)
+        settings = self.residence.discord
+        if settings and settings.channels:
+            found = {
+                e: [c for g in self.guilds for c in g.text_channels if names_channel(e, c)] for e in settings.channels
+            }
+            missing = [e for e, cs in found.items() if not cs]
+            where = f"residences/{self.residence.name}.yaml: discord.channels"
+            ambiguous = [(e, cs) for e, cs in found.items() if len(cs) > 1]
+            if missing:
+                self.startup_problem = f"{where}: no channel named {', '.join(map(repr, missing))} in the bot's guilds"
+            elif ambiguous:
+                e, cs = ambiguous[0]
+                guilds = list(dict.fromkeys(c.guild.name for c in cs))
+                self.startup_problem = (
+                    f"{where}: {e!r} is in guilds {' and '.join(guilds)}; write "
+                    f"{' or '.join(repr(f'{g}/{e}') for g in guilds)}"
+                    if len(guilds) > 1
+                    else f"{where}: {e!r} names {len(cs)} channels in guild {guilds[0]}; write one's id"
+                )
+            if self.startup_problem:
+                log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
+                await self.close()
+                return
+        log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))
+        self.settled.set()
+
+    def listens_in(self, channel: discord.abc.Messageable) -> bool:
+        settings = self.residence.discord
+        names = settings.channels if settings else []
+        return not names or any(names_channel(e, channel) for e in names)
+
+
+def commands_bot_of(residences: list[Residence]) -> str:
+    """The residence whose bot registers the slash commands: the one marked `discord.commands: true`, or the first.
+
+    Two marked is a configuration error (`ConfigError` naming the second).
+    """
+    marked = [r for r in residences if r.discord is not None and r.discord.commands]
+    if len(marked) > 1:
+        raise ConfigError(
+            f"residences/{marked[1].name}.yaml",
+            "discord.commands",
+            f"only one residence may register the slash commands; {marked[0].name} already does",
+        )
+    return marked[0].name if marked else residences[0].name
+
+
+def names_channel(entry: str, channel: object) -> bool:
+    """A `discord.channels` entry names this channel: its id, `guild/channel`, or its bare name (which
+    start-up has checked is unambiguous)."""
+    if entry == str(getattr(channel, "id", "")):
+        return True
+    guild_name, slash, name = entry.rpartition("/")
+    if name != getattr(channel, "name", None):
+        return False
+    return not slash or getattr(getattr(channel, "guild", None), "name", None) == guild_name

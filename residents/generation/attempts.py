@@ -1,0 +1,290 @@
+"""Attempts: the provider calls for one segment, with retries the policy allows.
+
+Each call is its own attempt with its own id. A failed attempt's text is never thrown away and
+never carried into the next attempt: it is settled as `abandoned`, kept as a `retry-abandoned`
+stump, and linked to the attempt that replaced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anthropic
+
+from .. import truth
+from ..config import Retries
+from ..ledger import Ledger
+from ..provider import BlockSink
+from ..provider.dispatch import stream_call
+from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
+
+if TYPE_CHECKING:
+    from ..provider.dispatch import Client
+
+log = logging.getLogger(__name__)
+
+# Streaming content reaches the ledger at least every FLUSH_CHARS characters, and content is on disk
+# FLUSH_SECONDS after it arrived even when no further delta arrives: together, what a crash can lose.
+# The timer hands it to the ledger after FLUSH_TIMER, leaving the rest of the bound for the commit it
+# joins (one group commit for every stream of the process: bench/concurrency.py measures it under load).
+FLUSH_CHARS = 2048
+FLUSH_SECONDS = 0.25
+FLUSH_TIMER = 0.15
+
+Sleep = Callable[[float], Awaitable[Any]]
+
+
+class LedgerSink(BlockSink):
+    """Collects an attempt's content blocks and writes them to the ledger in bounded pieces.
+
+    By size: when FLUSH_CHARS characters are unwritten the stream waits for the write. By time: the
+    first piece after a write arms one timer (no clock read per delta); when it fires, whatever is
+    pending is written by a small task, so a stalled provider cannot keep text off disk. Writes of
+    one attempt run one at a time, in order.
+    """
+
+    def __init__(self, ledger: Ledger, attempt_id: str) -> None:
+        super().__init__()
+        self.ledger = ledger
+        self.attempt_id = attempt_id
+        self._pending = 0  # characters not yet handed to a write
+        self._inflight = 0  # characters in a write not yet committed
+        self._new_block = False  # a block started that has not reached a write yet
+        self._seq = 0
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._failing = False  # the last timed write failed: its retries are not logged again
+
+    def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
+        self._new_block = True
+        due = super().start(index, btype, content, start)
+        if self._timer is None:
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
+        return due
+
+    def add(self, text: str) -> bool:
+        """Keep a piece of the current block; True when a flush is due by size."""
+        self._cur.parts.append(text)  # type: ignore[union-attr]
+        self._pending += len(text)
+        if self._pending + self._inflight >= FLUSH_CHARS:
+            return True
+        if self._timer is None:
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
+        return False
+
+    def _due(self) -> None:
+        """The timer: what has waited FLUSH_TIMER is written now, by a task of its own."""
+        self._timer = None
+        if self._pending or self._new_block:
+            task = self._loop.create_task(self.flush())
+            self._tasks.add(task)
+            task.add_done_callback(self._timed_done)
+
+    def _timed_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        if task.exception() is None:
+            self._failing = False
+            return
+        if not self._failing:
+            self._failing = True
+            log.warning(
+                "attempt %s: a timed ledger write failed (the text stays pending; tried again in %.2fs, "
+                "and written when the attempt settles): %s",
+                self.attempt_id,
+                FLUSH_TIMER,
+                task.exception(),
+            )
+        if self._timer is None and not self._closed:  # a stalled provider sends no delta to re-arm it
+            self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
+
+    def _take(self) -> list[tuple[int, int, str, str, str | None]]:
+        """The pending pieces as chunk rows (seq, block, type, text, start of a block's first chunk)."""
+        rows = []
+        for b in self._open:
+            n = len(b.parts)
+            if b.written < n or not b.on_disk:
+                start = json.dumps(b.start, ensure_ascii=False) if b.start and not b.on_disk else None
+                text = "".join(b.parts[b.written : n])
+                rows.append((self._seq, b.index, b.type, text, start))
+                self._seq += 1
+                # The written deltas are kept as the one string just written (the same object as the row's):
+                # a long reply is a few chunks in memory, not thousands of 4-character strings.
+                b.parts[b.written : n] = [text]
+                b.written, b.on_disk = b.written + 1, True
+        return rows
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if not self._pending and not self._new_block:
+                return
+            before = [(b, b.written, b.on_disk) for b in self._open]
+            rows, n, new_block = self._take(), self._pending, self._new_block
+            self._pending, self._new_block, self._inflight = 0, False, self._inflight + n
+            try:
+                await self.ledger.add_chunks(self.attempt_id, rows)
+            except Exception:
+                # Not on disk: its pieces are pending again (joined into one), so the next write carries
+                # them and the disk holds a prefix of the stream, never the stream with a hole in it.
+                # (Cancelled, the shielded write still runs to its commit: nothing to give back.)
+                for b, written, on_disk in before:
+                    b.written, b.on_disk = written, on_disk
+                self._pending, self._new_block = self._pending + n, self._new_block or new_block
+                raise
+            finally:
+                self._inflight -= n
+
+    async def close(self) -> None:
+        """Stop the timer and wait for a timed write in flight: nothing may land after settlement."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
+class AttemptWatch(Protocol):
+    """Who watches attempts as they stream (a live reply). Only a resident with live delivery has one,
+    so the plain sink's hot path is untouched when live is off."""
+
+    def started(self, a: Attempt, sink: LiveLedgerSink) -> None: ...
+
+    def grew(self) -> None:
+        """The attempt's reply text grew: called once per text delta, so it only takes note."""
+
+    async def set_aside(self, a: Attempt, stumps: list[Stump]) -> None:
+        """The attempt was abandoned for a retry (its stumps already in the ledger)."""
+
+
+class LiveLedgerSink(LedgerSink):
+    """The ledger's sink that also tells a watcher when reply text arrives."""
+
+    def __init__(self, ledger: Ledger, attempt_id: str, watch: AttemptWatch) -> None:
+        super().__init__(ledger, attempt_id)
+        self.watch = watch
+
+    def add(self, text: str) -> bool:
+        due = super().add(text)
+        if self._cur.type == "text":  # type: ignore[union-attr]
+            self.watch.grew()
+        return due
+
+
+def block_stumps(g: Generation, a: Attempt, cause: str | None) -> list[Stump]:
+    """The stump of the non-text block an attempt stopped in, where `residents.truth` gives it a cause.
+
+    Not twice: a block already held as a stump of this generation gets none.
+    """
+    b = a.cut_block()
+    why = truth.block_stump_cause(cause, b.type) if b is not None else None
+    if b is None or why is None or any(s.attempt_id == a.id and s.block == b.index for s in g.stumps):
+        return []
+    return [make_stump(g, a, why, StumpScope.BLOCK, b)]
+
+
+def backoff(index: int, retry_after: float | None, policy: Retries) -> float:
+    """Exponential backoff with a little jitter; the provider's retry-after wins when it asks for longer."""
+    base = policy.backoff_seconds * (2 ** (index - 1))
+    if base:
+        base *= 1 + random.random() * 0.1
+    wait = max(base, retry_after or 0.0)
+    return min(wait, max(policy.max_backoff_seconds, retry_after or 0.0))
+
+
+@dataclass
+class AttemptRunner:
+    client: anthropic.AsyncAnthropic
+    ledger: Ledger
+    sleep: Sleep = asyncio.sleep
+    # A residence whose provider is not `client`'s (`provider: openai-compatible`): its own client, by name.
+    clients: Mapping[str, Client] = field(default_factory=dict)
+
+    async def run_segment(
+        self,
+        g: Generation,
+        segment: int,
+        request: dict[str, Any],
+        policy: Retries,
+        *,
+        new_generation: bool = False,
+        settle_last: bool = True,
+        tools: bool = False,
+        watch: AttemptWatch | None = None,
+    ) -> Attempt:
+        """Call the provider until an attempt settles, or the policy's attempts run out; returns the last.
+
+        `new_generation`: the generation is written with the first attempt. `settle_last=False`: the
+        caller writes the last attempt together with the outcome it decides (`finish_generation`).
+        `tools`: the request offers tools, so a `tool_use` stop completes the attempt (a round of the tool loop).
+        `watch`: told of each attempt's text as it streams (a live reply).
+        """
+        prev: Attempt | None = None
+        for index in range(1, policy.max_attempts + 1):
+            a = Attempt(id=new_id("a-"), generation_id=g.id, segment=segment, index=index)
+            g.attempts.append(a)
+            if prev is not None:
+                prev.replaced_by = a.id
+                for s in g.stumps:
+                    if s.attempt_id == prev.id and s.scope == "attempt":
+                        s.replaced_by = a.id
+            await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
+            sink = LedgerSink(self.ledger, a.id) if watch is None else LiveLedgerSink(self.ledger, a.id, watch)
+            if watch is not None:
+                watch.started(a, sink)  # type: ignore[arg-type]
+            try:
+                client = self.clients.get(g.residence, self.client)
+                end = await stream_call(client, request, sink, timeout=policy.timeout_seconds)
+            finally:
+                await sink.close()
+            a.blocks = sink.blocks()
+            a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
+            a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
+            a.request_replacements = end.request_replacements
+            f = end.failure
+            if f is not None:
+                a.error = f.kind
+                a.stop_reason = None  # a failed stream did not stop for a reason of the model's
+                if f.retryable and index < policy.max_attempts:
+                    a.outcome, a.discard_reason = Outcome.ABANDONED, truth.RETRY_ABANDONED
+                    stumps = [make_stump(g, a, truth.RETRY_ABANDONED, StumpScope.ATTEMPT)] if a.text else []
+                    stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
+                    g.stumps += stumps
+                    await self.ledger.finish_attempt(a, stumps)
+                    if watch is not None:
+                        await watch.set_aside(a, stumps)
+                    wait = backoff(index, f.retry_after, policy)
+                    log.info(
+                        "attempt %s (%s) abandoned after %d chars: %s; retrying in %.2fs",
+                        a.id,
+                        g.residence,
+                        a.chars,
+                        f.kind,
+                        wait,
+                    )
+                    if wait > 0:
+                        await self.sleep(wait)
+                    prev = a
+                    continue
+                a.outcome = Outcome.FAILED
+                log.warning("attempt %s (%s) failed: %s: %s", a.id, g.residence, f.kind, f.message)
+            else:
+                a.outcome = truth.outcome_of_stop(end.stop_reason, has_tools=tools)
+            if settle_last:
+                await self.ledger.finish_attempt(a)
+            return a
+        raise AssertionError("max_attempts is at least 1")  # pragma: no cover - config guarantees it

@@ -1,0 +1,928 @@
+"""The SQLite ledger (aiosqlite, WAL): writes as the pipeline goes, reads for context and moderators.
+
+Writes go through one writer (group commit): every change asked for while the previous commit was in the
+connection's thread goes to disk in the next single commit, each change in a savepoint of its own, so a
+crash leaves either the old or the new state of a record, one change that fails leaves the others of
+its commit alone, and 100 streams flushing at once wait for one commit, not for 100 queued ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Generator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from ..records import (
+    Attempt,
+    Block,
+    ContinuationEnd,
+    Generation,
+    Outcome,
+    Post,
+    PostKind,
+    PostReason,
+    Segment,
+    Status,
+    Stump,
+    StumpScope,
+    join_text,
+)
+from ..text import outbound
+from . import attachments, chain, migrations, requests
+
+log = logging.getLogger(__name__)
+
+
+class LedgerError(Exception):
+    pass
+
+
+def enc(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def dec(blob: bytes | str | None) -> str:
+    """A text column as stored (UTF-8 bytes, lone surrogates passed through) read back exactly."""
+    if type(blob) is bytes:  # the usual case first: `verify` reads every text of the ledger through here
+        return blob.decode("utf-8", "surrogatepass")
+    if blob is None:
+        return ""
+    if isinstance(blob, str):
+        return blob
+    return bytes(blob).decode("utf-8", "surrogatepass")
+
+
+class Ledger:
+    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+        self.db = db
+        self.path = path
+        self._queue: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future[None]]] = []
+        self._idle = asyncio.Event()  # no commit in the connection's thread
+        self._idle.set()
+        # When the last commit returned, by time.perf_counter() read in the connection's thread: the moment
+        # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
+        self.committed_at = 0.0
+
+    @classmethod
+    def open(cls, path: str | Path) -> _Opening:
+        """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
+        `async with Ledger.open(p) as ledger:`, which closes it however the block ends."""
+        return _Opening(cls, path)
+
+    @classmethod
+    async def _connect(cls, path: str | Path) -> Ledger:
+        path = str(path)
+        if path != ":memory:":
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if not p.exists():
+                # Created readable by its owner only: stumps may hold text a room never saw.
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+        try:
+            db = await aiosqlite.connect(path, isolation_level=None)
+        except Exception as e:
+            raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
+        db.row_factory = aiosqlite.Row
+        try:
+            await db.execute("PRAGMA journal_mode=WAL")
+            await db.execute("PRAGMA synchronous=NORMAL")
+            await db.execute("PRAGMA foreign_keys=ON")
+            await migrations.apply(db)
+            await chain.install(db)
+            await chain.backfill(db)
+        except Exception as e:
+            await db.close()
+            raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        return cls(db, path)
+
+    async def close(self) -> None:
+        while self._queue or not self._idle.is_set():  # what was asked for before closing still reaches disk
+            if self._idle.is_set():
+                self._commit_waiting()
+            await self._idle.wait()
+        await self.db.close()
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
+        """One logical change, in one transaction (a savepoint of the writer's next commit); returns once
+        committed. Shielded: a caller cancelled mid-write still gets CancelledError, but the change runs to
+        its commit or rollback instead of being torn between them (a write either happened or not)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._queue and self._idle.is_set():  # the first change since the last commit began
+            asyncio.get_running_loop().call_soon(self._commit_waiting)
+        self._queue.append((list(statements), done))
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            done.add_done_callback(self._orphaned)  # its caller is gone: a failure is told to the log
+            raise
+
+    def _orphaned(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and (e := done.exception()) is not None:
+            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.path, e)
+
+    def _commit_waiting(self) -> None:
+        """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
+
+        No timer and no task: a change that finds no commit in flight goes at the end of the loop's
+        current turn (with every other change asked for in that turn); changes arriving during a commit
+        wait only for it, however many streams asked. The thread hands the outcome back with one
+        callback, which starts the next commit.
+        """
+        batch, self._queue = self._queue, []
+        if not batch:
+            return
+        loop = asyncio.get_running_loop()
+        if not self.db._running:
+            for _, done in batch:
+                done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
+            return
+        conn = self.db._conn
+        changes = [st for st, _ in batch]
+
+        def work() -> None:  # in the connection's thread
+            try:
+                errors = _commit(conn, changes)
+            except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
+                errors = [e] * len(changes)
+            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
+
+        self._idle.clear()
+        self.db._tx.put_nowait((None, work))  # aiosqlite's own queue: in order with every read
+
+    def _committed(
+        self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
+    ) -> None:
+        self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
+        for (_, done), err in zip(batch, errors, strict=True):
+            if done.done():
+                continue
+            if err is None:
+                done.set_result(None)
+            else:
+                done.set_exception(err)
+        self._idle.set()
+        if self._queue:
+            self._commit_waiting()
+
+    # ------------------------------------------------------------------ writes
+
+    async def create_generation(self, g: Generation) -> None:
+        await self._tx(self._generation_insert(g))
+
+    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)"
+
+    @classmethod
+    def _generation_insert(
+        cls, g: Generation, memo: dict[str, requests.Part] | None = None
+    ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The generation's row, its request stored by content (`residents.ledger.requests`, images as their
+        SHA-256, never their bytes): parts, then the row, then the request's attachments."""
+        packed = requests.pack(attachments.stored_request(g.request), memo) if g.request is not None else None
+        parts = [(cls.PART_INSERT, (p.id, p.sha256, p.body)) for p in packed.parts] if packed else []
+        return parts + [
+            (
+                "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
+                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    g.id,
+                    g.residence,
+                    g.channel,
+                    g.model,
+                    g.status,
+                    g.stop_reason,
+                    enc(g.text),
+                    g.chars,
+                    g.output_tokens,
+                    g.standing,
+                    g.continuation_ended,
+                    g.trigger,
+                    packed.ref if packed is not None else None,
+                    g.created_at,
+                    g.seen_upto,
+                ),
+            ),
+            *attachments.insert(g.id, g.attachments),
+        ]
+
+    async def start_attempt(
+        self, a: Attempt, new_generation: Generation | None = None, replaces: Attempt | None = None
+    ) -> None:
+        """Record an attempt before its stream starts, with its generation when that is new too, and
+        the link from the attempt it replaces: one transaction, one trip."""
+        stmts = self._generation_insert(new_generation) if new_generation is not None else []
+        stmts.append(
+            (
+                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
+            )
+        )
+        if replaces is not None:
+            stmts += self._replaced(replaces.id, a.id)
+        await self._tx(stmts)
+
+    async def add_chunk(
+        self,
+        attempt_id: str,
+        seq: int,
+        text: str,
+        block: int | None = None,
+        block_type: str | None = None,
+        block_start: str | None = None,
+    ) -> None:
+        """Streaming content, flushed in pieces so a crash loses at most the unflushed tail.
+
+        `block`: the content block the piece belongs to (None: the attempt's text, as before blocks)."""
+        await self.add_chunks(attempt_id, [(seq, block, block_type, text, block_start)])
+
+    _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
+
+    async def add_chunks(
+        self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
+    ) -> None:
+        """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
+        await self._tx(
+            [
+                (self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
+                for seq, block, btype, text, start in rows
+            ]
+        )
+
+    async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
+        stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps] + chain.stumps(stumps)
+        await self._tx(stmts)
+        _stored(stumps)
+
+    @staticmethod
+    def _attempt_settle(a: Attempt, only_if_streaming: bool = False) -> list[tuple[str, tuple[Any, ...]]]:
+        """An attempt's settlement with its blocks; `only_if_streaming` leaves one a live process settled
+        meanwhile alone (its blocks are written only while it is still streaming, before the update)."""
+        guard = " AND outcome='streaming'" if only_if_streaming else ""
+        if only_if_streaming:
+            block_sql = (
+                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
+                " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
+            )
+        else:
+            block_sql = (
+                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+                " start, extras) VALUES (?,?,?,?,?,?,?,?,?)"
+            )
+        stmts = [
+            (
+                block_sql,
+                (
+                    a.id,
+                    pos,
+                    b.index,
+                    b.type,
+                    enc(b.content),
+                    b.chars,
+                    b.offset,
+                    json.dumps(b.start, ensure_ascii=False) if b.start else None,
+                    json.dumps(b.extras, ensure_ascii=False) if b.extras else None,
+                )
+                + ((a.id,) if only_if_streaming else ()),
+            )
+            for pos, b in enumerate(a.content_blocks())
+        ]
+        return stmts + [
+            chain.attempt(a, only_if_streaming=only_if_streaming),
+            (
+                "UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
+                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
+                " WHERE id=?" + guard,
+                (
+                    a.outcome,
+                    a.stop_reason,
+                    a.discard_reason,
+                    a.error,
+                    enc(a.text),
+                    a.chars,
+                    a.output_tokens,
+                    a.request_id,
+                    a.replaced_by,
+                    a.ended_at,
+                    json.dumps(a.stop_details) if a.stop_details is not None else None,
+                    a.request_replacements,
+                    a.id,
+                ),
+            ),
+            ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,)),
+        ]
+
+    @staticmethod
+    def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
+        return [
+            ("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
+            ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id)),
+        ]
+
+    async def add_stumps(self, stumps: list[Stump]) -> None:
+        if stumps:
+            await self._tx([self._stump_insert(s) for s in stumps] + chain.stumps(stumps))
+            _stored(stumps)
+
+    @staticmethod
+    def _stump_insert(s: Stump) -> tuple[str, tuple[Any, ...]]:
+        return (
+            "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
+            " output_tokens, published, replaced_by, created_at, block, block_type)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                s.id,
+                s.generation_id,
+                s.attempt_id,
+                s.residence,
+                s.scope,
+                s.cause,
+                enc(s.text),
+                s.chars,
+                s.output_tokens,
+                int(s.published),
+                s.replaced_by,
+                s.created_at,
+                s.block,
+                s.block_type,
+            ),
+        )
+
+    async def finish_generation(
+        self,
+        g: Generation,
+        new_stumps: list[Stump],
+        replaced_output: tuple[str, str] | None = None,
+        last_attempt: Attempt | None = None,
+    ) -> None:
+        """Settle a generation: its status, canonical text, segments and the stumps it leaves.
+
+        `last_attempt`, when given, is settled in the same transaction: the attempt and the outcome it
+        decides reach disk together.
+        """
+        stmts: list[tuple[str, tuple[Any, ...]]] = self._attempt_settle(last_attempt) if last_attempt else []
+        stmts += self._generation_settle(g)
+        if replaced_output is not None:
+            stump_id, by = replaced_output
+            stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
+        stmts += [self._stump_insert(s) for s in new_stumps]
+        stmts += [chain.generation(g)] + chain.stumps(new_stumps)
+        await self._tx(stmts)
+        _stored(new_stumps)
+
+    async def add_posts(self, posts: list[Post]) -> None:
+        await self._tx([self._post_insert(p) for p in posts] + chain.posts(posts))
+
+    async def next_post_seq(self, generation_id: str) -> int:
+        """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
+        rows = list(
+            await self.db.execute_fetchall(
+                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+            )
+        )
+        return int(rows[0][0])
+
+    async def mark_delivered(self, post: Post, message_id: str) -> None:
+        post.message_id, post.delivered_at = message_id, time.time()
+        # The output stump of a delivered text post is marked published by the trigger of m008.
+        await self._tx(
+            [
+                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id)),
+                chain.delivered(post.id, message_id),
+            ]
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_generation(self, gid: str) -> Generation | None:
+        return (await self._generations([gid])).get(gid)
+
+    async def _generations(self, ids: list[str], brief: bool = False) -> dict[str, Generation]:
+        """Generations whole, read in one trip to the connection's thread, a few batched queries on
+        indexes however many; `brief` (the context compiler's) leaves out requests and posts."""
+        rows = await self.db._execute(_generation_rows, self.db._conn, ids, brief)  # aiosqlite's own queue
+        out: dict[str, Generation] = {}
+        for r in rows["generations"]:
+            cols = _cols(r)
+            out[cols["id"]] = Generation(
+                id=cols["id"],
+                residence=cols["residence"],
+                channel=cols["channel"],
+                model=cols["model"],
+                status=Status(cols["status"]),
+                stop_reason=cols["stop_reason"],
+                text=dec(cols["text"]),
+                output_tokens=cols["output_tokens"],
+                standing=cols["standing"],
+                continuation_ended=ContinuationEnd(cols["continuation_ended"]),
+                trigger=cols["trigger"],
+                seen_upto=cols["seen_upto"],
+                request=None if brief else await self._request(cols),
+                created_at=cols["created_at"],
+                finished_at=cols["finished_at"],
+            )
+        blocks: dict[str, list[Block]] = {}
+        for r in rows["blocks"]:
+            b = _cols(r)
+            blocks.setdefault(b["attempt_id"], []).append(
+                Block(
+                    b["idx"],
+                    b["type"],
+                    dec(b["content"]),
+                    json.loads(b["start"]) if b["start"] else None,
+                    json.loads(b["extras"]) if b["extras"] else [],
+                    b["text_offset"],
+                )
+            )
+        for r in rows["attempts"]:
+            a = _cols(r)
+            text = dec(a["text"])
+            own = blocks.get(a["id"], [])
+            if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
+                own = await self.streamed_blocks(a["id"])
+                text = join_text(own)
+            out[a["generation_id"]].attempts.append(
+                Attempt(
+                    id=a["id"],
+                    generation_id=a["generation_id"],
+                    segment=a["segment"],
+                    index=a["idx"],
+                    text=text,
+                    outcome=Outcome(a["outcome"]),
+                    stop_reason=a["stop_reason"],
+                    discard_reason=a["discard_reason"],
+                    error=a["error"],
+                    output_tokens=a["output_tokens"],
+                    request_id=a["request_id"],
+                    replaced_by=a["replaced_by"],
+                    started_at=a["started_at"],
+                    ended_at=a["ended_at"],
+                    stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
+                    blocks=own,
+                    request_replacements=a["request_replacements"],
+                )
+            )
+        for r in rows["segments"]:
+            s = _cols(r)
+            out[s["generation_id"]].segments.append(
+                Segment(
+                    index=s["idx"],
+                    attempt_id=s["attempt_id"],
+                    stop_reason=s["stop_reason"],
+                    chars=s["chars"],
+                    output_tokens=s["output_tokens"],
+                    overlap_removed=s["overlap_removed"],
+                )
+            )
+        for r in rows["stumps"]:
+            out[r["generation_id"]].stumps.append(_stump(r))
+        for r in rows["posts"]:
+            out[r["generation_id"]].posts.append(_post(r))
+        for r in rows["attachments"]:
+            a = _cols(r)
+            out[a["generation_id"]].attachments.append(attachments.from_row(a))
+        return out
+
+    async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
+        """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
+        if cols.get("request_ref") is not None:
+            return requests.unpack(cols["request_ref"], await self._parts(cols["request_ref"]))
+        return json.loads(dec(cols["request"])) if cols["request"] is not None else None
+
+    async def request_json(self, gid: str) -> bytes | None:
+        """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
+        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=?", (gid,)))
+        if not rows:
+            return None
+        request, ref = rows[0]
+        if ref is not None:
+            return requests.unpack_bytes(ref, await self._parts(ref))
+        return bytes(request) if request is not None else None
+
+    async def _parts(self, ref: bytes) -> dict[int, bytes]:
+        """The stored parts a request's ref names: its runs, then their lines (two seeks per key)."""
+        out: dict[int, bytes] = {}
+        while ids := requests.needed(ref, out):
+            for i in range(0, len(ids), 500):
+                part = ids[i : i + 500]
+                sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+                got = [(r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part))]
+                if len(got) < len(part):
+                    raise LedgerError(f"a request names {len(part) - len(got)} part(s) not in request_parts")
+                out.update(got)
+        return out
+
+    async def streamed_blocks(self, attempt_id: str) -> list[Block]:
+        """An unsettled attempt's blocks as far as they reached disk, in the order they began.
+
+        Chunks written before blocks were kept (no block named) are the attempt's one text block."""
+        rows = await self.db.execute_fetchall(
+            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
+            (attempt_id,),
+        )
+        parts: dict[int, list[str]] = {}
+        out: dict[int, Block] = {}
+        for block, btype, start, text in rows:
+            key = 0 if block is None else block
+            if key not in out:
+                out[key] = Block(key, btype or "text", start=json.loads(start) if start else None)
+                parts[key] = []
+            parts[key].append(dec(text))
+        for key, b in out.items():
+            b.content = "".join(parts[key])
+        blocks = list(out.values())
+        join_text(blocks)
+        return blocks
+
+    async def streamed_text(self, attempt_id: str) -> str:
+        """An unsettled attempt's text (its text blocks) as far as it reached disk."""
+        return join_text(await self.streamed_blocks(attempt_id))
+
+    async def list_generations(self, residence: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        params: tuple[Any, ...] = (residence,) if residence else ()
+        return [
+            _cols(r) for r in await self.db.execute_fetchall(list_generations_sql(bool(residence)), params + (limit,))
+        ]
+
+    async def list_stumps(self, residence: str | None = None, cause: str | None = None, limit: int = 50) -> list[Stump]:
+        sql = "SELECT * FROM stumps WHERE 1=1"
+        params: list[str | int] = []
+        if residence:
+            sql += " AND residence=?"
+            params.append(residence)
+        if cause:
+            sql += " AND cause=?"
+            params.append(cause)
+        sql += " ORDER BY created_at, rowid LIMIT ?"
+        params.append(limit)
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
+
+    async def list_stump_meta(
+        self,
+        residence: str | None = None,
+        cause: str | None = None,
+        *,
+        limit: int = 50,
+        before: str | None = None,
+        channels: Iterable[str] | None = None,
+    ) -> list[Stump]:
+        """Stumps newest first, without reading their text (each with text "" and its stored chars).
+
+        `before` pages on: only stumps older than that stump (none if it does not exist); `channels`
+        keeps only stumps of generations in those channels (an empty collection: none).
+        """
+        params: list[Any] = []
+        chans = None if channels is None else list(channels)
+        if chans is not None:
+            if not chans:
+                return []
+            params += chans
+        params += [x for x in (residence, cause, before) if x]
+        sql = stump_meta_sql(
+            residence=bool(residence),
+            cause=bool(cause),
+            before=before is not None,
+            channels=None if chans is None else len(chans),
+        )
+        return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
+
+    async def get_stump(self, sid: str) -> Stump | None:
+        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
+        return _stump(rows[0]) if rows else None
+
+    async def posts_by_message(self, message_ids: list[str]) -> dict[str, Post]:
+        """Which delivered messages were which kind of post: how context tells partials from speech."""
+        out: dict[str, Post] = {}
+        ids = [m for m in message_ids if m]
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            marks = ",".join("?" * len(part))
+            for r in await self.db.execute_fetchall(POSTS_BY_MESSAGE.format(marks=marks), tuple(part)):
+                p = _post(r)
+                out[p.message_id or ""] = p
+        return out
+
+    async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
+        """Generations with attempts and stumps, for the context compiler (no posts or requests needed)."""
+        return await self._generations(list(dict.fromkeys(ids)), brief=True)
+
+    async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
+        params = [residence] if channel is None else [residence, channel]
+        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=?")
+        rows = list(await self.db.execute_fetchall(sql, tuple(params)))
+        return await self.get_generation(rows[0][0]) if rows else None
+
+    async def unsettled_generations(self) -> list[str]:
+        return [r[0] for r in await self.db.execute_fetchall(UNSETTLED)]
+
+    # ------------------------------------------------------------------ crash recovery (bot.generation.recovery, bot.delivery.resume)
+
+    async def streaming_generations(self) -> list[str]:
+        """Settled generations that still have an attempt streaming: a /continue cut by a crash."""
+        return [r[0] for r in await self.db.execute_fetchall(STREAMING)]
+
+    async def generations_without_posts(self) -> list[str]:
+        """Settled generations with no post planned: the process stopped between settling and planning."""
+        return [r[0] for r in await self.db.execute_fetchall(WITHOUT_POSTS)]
+
+    async def mark_planned(self, generation_id: str) -> None:
+        """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
+        start-up's `generations_without_posts` does not read it again at every start."""
+        await self._tx([("UPDATE generations SET planned = 1 WHERE id=? AND status != 'pending'", (generation_id,))])
+
+    async def undelivered_posts_of(self, residence: str) -> list[Post]:
+        """One residence's posts with no message id yet, oldest generation first, each in seq order."""
+        return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
+
+    async def recover_generation(
+        self, g: Generation, settled: list[Attempt], new_stumps: list[Stump], posts: list[Post]
+    ) -> None:
+        """Settle what a stopped process left open, in one transaction: attempts, generation, stumps, posts.
+
+        One transaction so a crash during recovery leaves the record as it was, to be recovered again.
+        """
+        stmts: list[tuple[str, tuple[Any, ...]]] = []
+        for a in settled:
+            stmts += self._attempt_settle(a, only_if_streaming=True)
+        stmts += self._generation_settle(g)
+        stmts += [self._stump_insert(s) for s in new_stumps]
+        stmts += [self._post_insert(p) for p in posts]
+        stmts += [chain.generation(g)] + chain.stumps(new_stumps) + chain.posts(posts)
+        await self._tx(stmts)
+        _stored(new_stumps)
+
+    @staticmethod
+    def _generation_settle(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
+        return [
+            (
+                "UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
+                " continuation_ended=?, finished_at=? WHERE id=?",
+                (
+                    g.status,
+                    g.stop_reason,
+                    enc(g.text),
+                    g.chars,
+                    g.output_tokens,
+                    g.continuation_ended,
+                    g.finished_at,
+                    g.id,
+                ),
+            ),
+            ("DELETE FROM segments WHERE generation_id=?", (g.id,)),
+        ] + [
+            (
+                "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed),
+            )
+            for s in g.segments
+        ]
+
+    @staticmethod
+    def _post_insert(p: Post) -> tuple[str, tuple[Any, ...]]:
+        if p.replacements is None:
+            p.replacements = outbound(p.content)[1]
+        return (
+            "INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
+            " VALUES (?,?,?,?,?,?,?,?,?)",
+            (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel, p.replacements, p.stump_id, p.reason),
+        )
+
+
+# ---------------------------------------------------------------------- the reads people and start-up make
+# Each is an index seek or an ORDER BY ... LIMIT walked on an index (migrations m031, m032), so it stays
+# fast however long the ledger grows; tests/test_ledger_scale.py checks their plans with EXPLAIN QUERY PLAN.
+# `CROSS JOIN` keeps SQLite's join order: the small, indexed side (undelivered posts, streaming attempts) first.
+
+UNSETTLED = "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
+STREAMING = (
+    "SELECT DISTINCT g.id FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.outcome = 'streaming' AND g.status != 'pending' ORDER BY g.created_at, g.rowid"
+)
+WITHOUT_POSTS = (
+    "SELECT id FROM generations g WHERE planned = 0 AND status != 'pending'"
+    " AND NOT EXISTS (SELECT 1 FROM posts p WHERE p.generation_id = g.id AND p.stump_id IS NULL)"
+    " ORDER BY created_at, rowid"
+)
+UNDELIVERED = (
+    "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
+    " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+)
+# Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
+# context compiler), by id: each query a seek per id ({marks}: one `?` each).
+GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
+GENERATION_BLOCKS = (
+    "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
+    " ORDER BY b.attempt_id, b.pos"
+)
+GENERATION_ATTEMPTS = (
+    "SELECT * FROM attempts WHERE generation_id IN ({marks}) ORDER BY generation_id, started_at, rowid"
+)
+GENERATION_SEGMENTS = "SELECT * FROM segments WHERE generation_id IN ({marks}) ORDER BY generation_id, idx"
+GENERATION_STUMPS = "SELECT * FROM stumps WHERE generation_id IN ({marks}) ORDER BY generation_id, created_at, rowid"
+GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id IN ({marks}) ORDER BY generation_id, seq"
+GENERATION_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id IN ({marks}) ORDER BY rowid"
+
+
+def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> dict[str, list[Any]]:
+    """The rows of generations `ids` and of their records, table by table (`Ledger._generations`)."""
+    out: dict[str, list[Any]] = {
+        k: [] for k in ("generations", "blocks", "attempts", "segments", "stumps", "posts", "attachments")
+    }
+    queries = [
+        ("generations", GENERATIONS),
+        ("blocks", GENERATION_BLOCKS),
+        ("attempts", GENERATION_ATTEMPTS),
+        ("segments", GENERATION_SEGMENTS),
+        ("stumps", GENERATION_STUMPS),
+    ] + ([] if brief else [("posts", GENERATION_POSTS), ("attachments", GENERATION_ATTACHMENTS)])
+    for i in range(0, len(ids), 500):
+        part = ids[i : i + 500]
+        marks = ",".join("?" * len(part))
+        for key, sql in queries:
+            out[key] += conn.execute(sql.format(marks=marks), part).fetchall()
+    return out
+
+
+POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
+REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
+LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+
+
+def list_generations_sql(residence: bool) -> str:
+    """`ledger list`: newest first, walked on `generations_created` (or `generations_residence`)."""
+    return (
+        "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
+        " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
+        " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
+        + (" WHERE residence=?" if residence else "")
+        + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+    )
+
+
+def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None) -> str:
+    """`ledger stumps` and `/stumps list`: newest first on a stumps index; parameters in the order
+    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None."""
+    sql = (
+        "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
+        " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
+    )
+    where: list[str] = []
+    if channels is not None:
+        sql += " CROSS JOIN generations g ON g.id = s.generation_id"
+        where.append(f"g.channel IN ({','.join('?' * channels)})")
+    if residence:
+        where.append("s.residence=?")
+    if cause:
+        where.append("s.cause=?")
+    if before:
+        where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
+
+
+def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
+    """Several logical changes in one commit, run in the connection's own thread; each one's error, or None.
+
+    Alone, a change is its own transaction (one statement: none around it). Together, each is a
+    savepoint of one BEGIN IMMEDIATE … COMMIT: one that fails is rolled back to its savepoint and
+    reported to its caller only. One whose error made SQLite roll back the whole transaction (a full
+    disk, an I/O error) is reported to its caller, and the others are written again without it. A
+    failed COMMIT is reported to all (nothing of the batch is on disk).
+    """
+    if len(changes) == 1:
+        try:
+            _statements(conn, changes[0]) if len(changes[0]) == 1 else _transaction(conn, changes[0])
+        except Exception as e:
+            return [e]
+        return [None]
+    errors: dict[int, BaseException] = {}
+    while len(errors) < len(changes):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for i, statements in enumerate(changes):
+                if i in errors:
+                    continue
+                conn.execute("SAVEPOINT change")
+                try:
+                    _statements(conn, statements)
+                except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
+                    errors[i] = e
+                    if not conn.in_transaction:  # SQLite rolled back the whole transaction: again, without it
+                        break
+                    conn.execute("ROLLBACK TO change")
+                conn.execute("RELEASE change")
+            else:
+                conn.execute("COMMIT")
+                break
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    return [errors.get(i) for i in range(len(changes))]
+
+
+def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    # A run of one statement (a reply's posts) is one executemany.
+    for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
+        rows = [params for _, params in run]
+        if len(rows) == 1:
+            conn.execute(sql, rows[0])
+        else:
+            conn.executemany(sql, rows)
+
+
+def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    """BEGIN IMMEDIATE, the statements, COMMIT (or ROLLBACK), run in the connection's own thread."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        _statements(conn, statements)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # not when SQLite rolled it back itself (a full disk): its error is the one to report
+            conn.execute("ROLLBACK")
+        raise
+
+
+class _Opening:
+    """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
+
+    def __init__(self, cls: type[Ledger], path: str | Path) -> None:
+        self.cls, self.path = cls, path
+        self.ledger: Ledger | None = None
+
+    def __await__(self) -> Generator[Any, None, Ledger]:
+        return self.cls._connect(self.path).__await__()
+
+    async def __aenter__(self) -> Ledger:
+        self.ledger = await self.cls._connect(self.path)
+        return self.ledger
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()
+
+
+def _cols(r: Any) -> dict[str, Any]:
+    return dict(r) if not isinstance(r, dict) else r
+
+
+def _stored(stumps: Iterable[Stump]) -> None:
+    for s in stumps:
+        s.stored = True
+
+
+def _stump(r: Any) -> Stump:
+    """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
+    s = _cols(r)
+    return Stump(
+        id=s["id"],
+        generation_id=s["generation_id"],
+        attempt_id=s["attempt_id"],
+        cause=s["cause"],
+        text=dec(s.get("text")),
+        output_tokens=s["output_tokens"],
+        scope=StumpScope(s["scope"]),
+        published=bool(s["published"]),
+        replaced_by=s["replaced_by"],
+        created_at=s["created_at"],
+        residence=s["residence"],
+        stored=True,
+        known_chars=None if "text" in s else s["chars"],
+        block=s.get("block"),
+        block_type=s.get("block_type"),
+    )
+
+
+def _post(r: Any) -> Post:
+    p = _cols(r)
+    content = dec(p["content"])
+    replacements = p.get("replacements")
+    return Post(
+        id=p["id"],
+        generation_id=p["generation_id"],
+        seq=p["seq"],
+        kind=PostKind(p["kind"]),
+        content=content,
+        channel=p["channel"],
+        message_id=p["message_id"],
+        delivered_at=p["delivered_at"],
+        replacements=outbound(content)[1] if replacements is None else replacements,
+        stump_id=p.get("stump_id"),
+        reason=PostReason(p["reason"]),
+    )

@@ -1,0 +1,290 @@
+"""A resident's turn, end to end: room → context → generation → ledger → delivery plan → room.
+
+The Discord cog and `residents replay` both call this; the only thing that differs between them is
+the Room adapter that sends a post — and, under `residents run`, the process's outbox, through which
+every post goes out in per-channel order whatever room a caller names.
+
+Work on one resident in one channel is serialised here (a turn, a /continue, a declined /continue):
+two requests never number posts of one generation at once, and their posts never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import truth
+from .config import Residence
+from .context import RoomMessage
+from .context.compile import compile_with_files, ledger_message_ids, own_generation_ids
+from .delivery import plan, plan_continuation
+from .delivery.keys import KeyRejections
+from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
+from .delivery.outbox import Outbox
+from .delivery.plan import notice as notice_post
+from .delivery.plan import plan_recovered
+from .delivery.send import Room, deliver
+from .generation.run import Generator, never
+from .generation.stumps_tool import StumpsTool
+from .ledger import Ledger
+from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
+
+log = logging.getLogger(__name__)
+
+PUBLISH_WAIT = 5.0  # seconds a publication waits to reach the room before the tool answers "not yet delivered"
+
+
+@dataclass
+class Reply:
+    generation: Generation | None
+    posts: list[Post]
+    declined: str | None = None  # the reason a /continue was declined, as `residents.truth` words it
+    decline: truth.Declined | None = None  # ... and as facts
+
+
+class Resident:
+    def __init__(
+        self,
+        residence: Residence,
+        generator: Generator,
+        ledger: Ledger,
+        outbox: Outbox | None = None,
+        key_rejections: KeyRejections | None = None,
+    ) -> None:
+        self.residence = residence
+        self.generator = generator
+        self.ledger = ledger
+        self.outbox = outbox
+        self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
+        self._busy: dict[str, asyncio.Lock] = {}
+        self.board: LiveBoard = shared_board()  # live messages in progress, across the process
+
+    def busy(self, channel: str) -> asyncio.Lock:
+        """Held while this resident works in `channel`: generating, recording or delivering a reply."""
+        lock = self._busy.get(channel)
+        if lock is None:
+            lock = self._busy[channel] = asyncio.Lock()
+        return lock
+
+    @property
+    def name(self) -> str:
+        return self.residence.name
+
+    async def compile(self, history: list[RoomMessage]) -> dict:
+        return (await self.compile_with_files(history))[0]
+
+    async def compile_with_files(self, history: list[RoomMessage]) -> tuple[dict[str, Any], list[SharedFile]]:
+        """The request, and the files it carries or describes (for the ledger: never their bytes)."""
+        posts = await self.ledger.posts_by_message(ledger_message_ids(history))
+        gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
+        own = {m.id for m in history if m.is_self}
+        recovered = {
+            p.stump_id: s
+            for mid, p in posts.items()
+            if mid in own
+            and p.kind == "recovered"
+            and p.stump_id
+            and (s := await self.ledger.get_stump(p.stump_id)) is not None
+        }
+        return compile_with_files(self.residence, history, posts, gens, recovered)
+
+    def tools(self, room: Room, channel: str) -> StumpsTool | None:
+        """The resident's own `stumps` tool for a turn in `channel`, where its policy gives it."""
+        if not self.residence.policy.stumps.patient_tool:
+            return None
+
+        async def publish(meta: dict[str, Any], text: str, g: Generation) -> dict[str, Any]:
+            return await self._publish(room, channel, g, meta, text)
+
+        return StumpsTool(self.ledger, self.residence, channel, publish)
+
+    async def _publish(
+        self, room: Room, channel: str, g: Generation, meta: dict[str, Any], text: str
+    ) -> dict[str, Any]:
+        """A stump's text into its channel at the resident's request, as posts of the generation asking.
+
+        Recorded before they are sent; a room that fails now leaves them undelivered, in order, for the
+        same redelivery every post gets."""
+        posts = numbered(
+            plan_recovered(text, meta["cause"]),
+            g.id,
+            channel,
+            await self.ledger.next_post_seq(g.id),
+            stump_id=meta["id"],
+        )
+        await self.ledger.add_posts(posts)
+        g.posts += posts
+        if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
+            waiting = self.outbox.enqueue(self.name, posts)
+            if waiting:
+                await asyncio.wait(waiting, timeout=PUBLISH_WAIT)
+        else:
+            try:
+                await deliver(self.ledger, room, posts)
+            except Exception as e:  # the room's failure, not the tool's: the posts wait for redelivery
+                log.warning("%s: stump %s published but not yet delivered: %s", self.name, meta["id"], e)
+        delivered = all(p.message_id is not None for p in posts)
+        return {"posts": len(posts), "delivered": delivered}
+
+    async def respond(
+        self,
+        room: Room,
+        channel: str,
+        history: list[RoomMessage],
+        trigger: str | None = None,
+        superseded: Callable[[], bool] = never,
+        queued: Callable[[list[Post]], None] | None = None,
+    ) -> Reply:
+        """One turn. `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
+        async with self.busy(channel):
+            return await self._respond(room, channel, history, trigger, superseded, queued)
+
+    async def _respond(
+        self,
+        room: Room,
+        channel: str,
+        history: list[RoomMessage],
+        trigger: str | None,
+        superseded: Callable[[], bool],
+        queued: Callable[[list[Post]], None] | None,
+    ) -> Reply:
+        request, files = await self.compile_with_files(history)
+        view = self._live_view(room, channel)
+        try:
+            g = await self.generator.generate(
+                self.residence,
+                channel,
+                request,
+                trigger,
+                superseded,
+                seen_upto=history[-1].id if history else None,
+                tools=self.tools(room, channel),
+                watch=view,
+                attachments=files,
+            )
+        finally:
+            if view is not None:
+                await view.halt()
+        planned = plan(g.ending(), g.text)
+        if self.key_rejections is not None:
+            planned = self.key_rejections.review(g, channel, planned)
+        # A stump shown live was told in a notice of its own as it was set aside (`LiveView.set_aside`).
+        set_aside = [
+            s for s in g.stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED and not s.published
+        ]
+        if set_aside and self.residence.policy.notices.retry_abandoned:
+            planned.append(
+                notice_post(
+                    truth.abandoned_notice(len(set_aside), sum(s.chars for s in set_aside)), PostReason.ABANDONED_NOTICE
+                )
+            )
+        posts = await self._record(g, planned, channel)
+        if view is not None:
+            final = next((a for a in g.attempts if g.segments and a.id == g.segments[0].attempt_id), None)
+            await view.settle(final, posts)
+        # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
+        # By id: `p not in posts` compared every post with every other (quadratic in a long reply's posts).
+        ours = {p.id for p in posts}
+        pending = [p for p in g.posts if p.message_id is None and p.id not in ours] if self.outbox is None else []
+        await self._deliver(room, pending + posts, queued)
+        return Reply(g, posts)
+
+    def _live_view(self, room: Room, channel: str) -> LiveView | None:
+        """A live view of the reply, where the policy asks for one and the room can edit its messages."""
+        live_room: object = room  # the same room, seen as a LiveRoom once it is known to be one
+        if not self.residence.policy.delivery.live or not supports_live(live_room):
+            return None
+        outbox = self.outbox
+        return LiveView(
+            self.name,
+            channel,
+            self.ledger,
+            live_room,
+            self.board,
+            lambda gid, line: self._notice(room, gid, line, channel),
+            pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False),
+        )
+
+    async def _notice(self, room: Room, generation_id: str, line: str, channel: str) -> None:
+        """One notice post of a generation still being written (an attempt shown live was set aside)."""
+        posts = numbered(
+            [notice_post(line, PostReason.LIVE_SET_ASIDE)],
+            generation_id,
+            channel,
+            await self.ledger.next_post_seq(generation_id),
+        )
+        await self.ledger.add_posts(posts)
+        await self._deliver(room, posts)
+
+    async def continue_generation(
+        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool] = never
+    ) -> Reply:
+        """A moderator asked for more of a cut output: one segment at most, under the standing.
+
+        Waits for any turn or continuation of this resident in `channel`, then reads the generation
+        afresh: a second /continue on one generation runs after the first, or is declined with the reason.
+        """
+        async with self.busy(channel):
+            return await self._continue(room, channel, generation_id, superseded)
+
+    async def _continue(
+        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool]
+    ) -> Reply:
+        g = (
+            await self.ledger.get_generation(generation_id)
+            if generation_id
+            else await self.ledger.latest_generation(self.name, channel)
+        )
+        if g is None or g.residence != self.name:
+            return await self._decline(
+                room,
+                channel,
+                None,
+                truth.Declined(
+                    "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id
+                ),
+            )
+        result = await self.generator.continue_on_request(g, self.residence, superseded)
+        if result.refused:
+            return await self._decline(room, channel, g, result.refused)
+        planned = plan_continuation(g.ending(), result.added)
+        if self.key_rejections is not None:
+            planned = self.key_rejections.review(g, channel, planned, added=result.added)
+        posts = await self._record(g, planned, channel)
+        await self._deliver(room, posts)
+        return Reply(g, posts)
+
+    async def _decline(self, room: Room, channel: str, g: Generation | None, why: truth.Declined) -> Reply:
+        posts = await self._record(
+            g, [notice_post(truth.declined_continue(why), PostReason.DECLINED_CONTINUE)], channel
+        )
+        await self._deliver(room, posts)
+        return Reply(g, posts, declined=truth.declined_reason(why), decline=why)
+
+    async def _deliver(self, room: Room, posts: list[Post], queued: Callable[[list[Post]], None] | None = None) -> None:
+        """Through the outbox when the process has one (in order behind anything still waiting), else directly."""
+        if self.outbox is None:
+            if queued is not None:
+                queued(posts)
+            await deliver(self.ledger, room, posts)
+            return
+        waiting = self.outbox.enqueue(self.name, posts)
+        if queued is not None:
+            queued(posts)  # in the same step as the enqueue: floor control never sees the reply in neither place
+        if not await self.outbox.wait(waiting):
+            log.warning(
+                "%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
+                self.name,
+                sum(1 for p in posts if p.message_id is None),
+            )
+
+    async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
+        start = await self.ledger.next_post_seq(g.id) if g is not None else 1
+        posts = numbered(planned, g.id if g else None, channel, start)
+        await self.ledger.add_posts(posts)
+        if g is not None:
+            g.posts += posts
+        return posts
