@@ -24,7 +24,7 @@ from residents.config import Residence
 from residents.generation.attempts import AttemptRunner, LedgerSink
 from residents.generation.run import Generator
 from residents.ledger import Ledger
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Attempt, Stump
 
 from .common import percentile, scratch
@@ -91,7 +91,7 @@ async def run(n: int, tokens: int, pace: float | None, stall: float = 0.0) -> di
         client = make_client(server.url, "bench")
         attempts_mod.LedgerSink = TimedSink  # type: ignore[misc]  # this process only
         try:
-            gen = Generator(AttemptRunner(client, ledger))
+            gen = Generator(AttemptRunner(AnthropicProvider(client), ledger))
             res = Residence(name="bench", model=MODEL, max_tokens=tokens)
             req = request(tokens)
             await gen.generate(res, "warm-up", request(64))  # connections, imports and caches warm before the clock

@@ -40,7 +40,7 @@ from residents.discord.run import Deployment, run_bots
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
 from residents.localservers.room import RoomServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import make_client
 
 from . import streams
 from .common import ROOT, median, scratch
@@ -111,8 +111,7 @@ async def measure(rounds: int, folder: Path) -> dict[str, Any]:
         run_bots(
             Deployment([res], {"cairn": "local-cairn"}),
             str(folder / "e2e.db"),
-            provider.url,
-            "k",
+            {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "k"},
             guild_ready_timeout=0.05,
             stop=stop,
         )

@@ -73,8 +73,7 @@ async def _rounds(live: bool, rounds: int, tokens: int, pace: float, folder: Pat
         run_bots(
             Deployment([res], {"cairn": "local-cairn"}),
             str(folder / f"live-{live}.db"),
-            provider.url,
-            "k",
+            {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "k"},
             guild_ready_timeout=0.05,
             stop=stop,
         )

@@ -31,7 +31,8 @@ from residents.delivery import plan
 from residents.generation.attempts import AttemptRunner, LedgerSink
 from residents.generation.run import Generator
 from residents.ledger import Ledger
-from residents.provider import ListSink, make_client, stream_once
+from residents.provider import ListSink
+from residents.provider.anthropic_messages import AnthropicProvider, make_client, stream_once
 from residents.records import Attempt, Generation, Post, new_id
 from residents.replay.run import CollectingRoom
 from residents.resident import Resident
@@ -155,7 +156,7 @@ async def in_process(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
         client = make_client(server.url, "bench")
         out: dict[str, Any] = {}
         try:
-            gen = Generator(AttemptRunner(client, ledger))
+            gen = Generator(AttemptRunner(AnthropicProvider(client), ledger))
             holder = Generation(id=new_id("g-"), residence="bench", channel="bench", model=MODEL)
             await ledger.create_generation(holder)  # the attempts of the sink-only layers hang off this one
             for label, (tokens, rounds, breakdown) in sizes.items():

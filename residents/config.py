@@ -19,6 +19,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import models
+from .provider import REGISTRY
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -157,29 +158,34 @@ class Residence(Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     stop_sequences: list[str] = Field(default_factory=list)
     output_ceiling: int | None = Field(default=None, ge=1, le=1_000_000)
-    # Who serves the model: Anthropic's Messages API (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or any
-    # server speaking OpenAI's chat completions at `base_url`, its key in the variable `api_key_env`.
-    provider: Literal["anthropic", "openai-compatible"] = "anthropic"
+    # Who serves the model: a name in the provider registry (`residents.provider.REGISTRY`): Anthropic's
+    # Messages API (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or any server speaking OpenAI's chat
+    # completions at `base_url`, its key in the variable `api_key_env`.
+    provider: str = "anthropic"
     base_url: str | None = None
     api_key_env: str | None = None
 
     @model_validator(mode="after")
     def _provider_settings(self) -> Residence:
-        """`base_url` and `api_key_env` belong to an openai-compatible provider, which needs both; the
-        key itself never sits in a residence file, only the name of the variable holding it."""
-        if self.provider == "anthropic":
+        """A registered provider; `base_url` and `api_key_env` belong to one configured in the residence,
+        which needs both; the key itself never sits in a residence file, only the name of the variable."""
+        reg = REGISTRY.get(self.provider)
+        if reg is None:
+            raise _KeyError("provider", f"{self.provider!r} is not a provider (one of: {', '.join(sorted(REGISTRY))})")
+        in_residence = sorted(n for n, r in REGISTRY.items() if r.configured_in_residence)
+        if not reg.configured_in_residence:
             extra = [k for k in ("base_url", "api_key_env") if getattr(self, k) is not None]
             if extra:
                 raise _KeyError(
                     extra[0],
-                    "only with `provider: openai-compatible` (the anthropic provider reads "
-                    "ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL)",
+                    f"only with `provider: {' or '.join(in_residence)}` (the {self.provider} provider reads "
+                    f"{reg.key_env} and {reg.base_url_env})",
                     tuple(extra[1:]),
                 )
             return self
         missing = [k for k in ("base_url", "api_key_env") if getattr(self, k) is None]
         if missing:
-            raise _KeyError(missing[0], "required with `provider: openai-compatible`", tuple(missing[1:]))
+            raise _KeyError(missing[0], f"required with `provider: {self.provider}`", tuple(missing[1:]))
         assert self.base_url is not None and self.api_key_env is not None
         if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.base_url):
             raise _KeyError("base_url", f"{self.base_url!r} is not an http(s) URL (e.g. https://api.openai.com/v1)")

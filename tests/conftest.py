@@ -18,7 +18,7 @@ from residents.generation.attempts import AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger import Ledger
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Post
 from residents.resident import Resident
 
@@ -74,7 +74,9 @@ class Pipeline:
         async def fake_sleep(s: float) -> None:
             self.sleeps.append(s)
 
-        return Resident(res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)), self.ledger)
+        return Resident(
+            res, Generator(AttemptRunner(AnthropicProvider(self.client), self.ledger, sleep=fake_sleep)), self.ledger
+        )
 
     async def turn(self, res: Resident, room: Room, content: str, calls: list[Call], author: str = "alice"):
         self.server.reset(calls)

@@ -186,8 +186,7 @@ async def deployed(
             run_bots(
                 Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}),
                 str(db),
-                provider.url,
-                "test-key",
+                {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "test-key", **run_options.pop("env", {})},
                 guild_ready_timeout=0.05,
                 stop=stop,
                 **run_options,

@@ -20,7 +20,8 @@ import pytest
 from residents import cli
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import ListSink, make_client, stream_once
+from residents.provider import ListSink
+from residents.provider.anthropic_messages import make_client, stream_once
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"

@@ -35,7 +35,7 @@ from residents.ledger import Ledger
 from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Attempt, Generation, Post, Segment, Stump, new_id
 from residents.replay.run import CollectingRoom
 from residents.resident import Resident
@@ -356,7 +356,7 @@ async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(t
     try:
         room = CollectingRoom("cairn")
         m = room.say("alice", "The whole history, please.")
-        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         task = asyncio.create_task(resident.respond(room, "100", list(room.history), trigger=m.id))
         began, blocks = loop.time(), []
         want = [("thinking", REASONING)] + ([("text", reply)] if reply else [])

@@ -582,8 +582,7 @@ async def test_an_unknown_channel_stops_run_bots(tmp_path):
                     run_bots(
                         Deployment([r], {"cairn": "local-cairn"}),
                         str(tmp_path / "l.db"),
-                        provider.url,
-                        "k",
+                        {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "k"},
                         guild_ready_timeout=0.05,
                     ),
                     timeout=10,

@@ -109,8 +109,7 @@ async def rig(
             run_bots(
                 Deployment(residents, {n: f"local-{n}" for n in names}),
                 str(db),
-                provider.url,
-                "test-key",
+                {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "test-key"},
                 guild_ready_timeout=0.05,
                 stop=stop,
                 backoff=FAST,

@@ -33,7 +33,7 @@ from residents.ledger.store import enc
 from residents.ledger.verify import _cover, _cover_by_reading, check, verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Generation
 from residents.replay.run import CollectingRoom
 from residents.resident import Resident
@@ -135,7 +135,9 @@ class Session:
             await asyncio.sleep(0)
 
         self.resident = Resident(
-            self.res, Generator(AttemptRunner(self.client, self.ledger, sleep=fake_sleep)), self.ledger
+            self.res,
+            Generator(AttemptRunner(AnthropicProvider(self.client), self.ledger, sleep=fake_sleep)),
+            self.ledger,
         )
         return self
 
@@ -865,7 +867,7 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
     reader = await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
     try:
-        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom(res.name)
         m = room.say("alice", "A long one, please.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
@@ -912,7 +914,7 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
     ledger, reader = await Ledger.open(db), await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
     try:
-        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom(res.name)
         m = room.say("alice", "Say a little, then wait.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
@@ -989,7 +991,7 @@ async def test_a_failure_before_the_provider_call_is_not_a_provider_error(
 ) -> None:
     """A request this process cannot send (here: a parameter the SDK does not take) fails as the project's
     own error: named as internal, not retried, no provider call made, and never worded as a provider error."""
-    monkeypatch.setattr(logging.getLogger("residents.provider.stream"), "disabled", True)  # its ERROR is expected
+    monkeypatch.setattr(logging.getLogger("residents.provider.base"), "disabled", True)  # its ERROR is expected
     async with Session(tmp_path, make_residence()) as s:
         s.server.reset([ok()])
         request = {

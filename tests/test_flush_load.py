@@ -19,7 +19,7 @@ from residents.generation.run import Generator
 from residents.ledger import Ledger
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Attempt, Generation, new_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,7 +119,7 @@ async def test_streams_stalling_at_once_are_on_disk_within_the_flush_bound(tmp_p
     client = make_client(server.url, "test-key")
     try:
         async with Ledger.open(db) as ledger, Ledger.open(db) as reader:
-            gen = Generator(AttemptRunner(client, ledger))
+            gen = Generator(AttemptRunner(AnthropicProvider(client), ledger))
             tags = [f"s{i:02d}" for i in range(STALLING)]
             tasks = [
                 asyncio.create_task(

@@ -1,7 +1,8 @@
 """The imports say what the README says: each layer imports only the layers below it, and no cycles.
 
-Layers, lowest first (README "Layout"): records → the pure rules → configuration → provider,
-continuation and ledger → generation → context and delivery → the resident's turn → the rooms
+Layers, lowest first (README "Layout"): records → the pure rules → the providers (configuration
+validates a residence's `provider:` against their registry) → configuration, continuation and
+ledger → generation → context and delivery → the resident's turn → the rooms
 (Discord, replay, demo) → the CLI. The local servers stand beside everything and import none of it.
 """
 
@@ -21,8 +22,8 @@ LAYERS: dict[str, int] = {
     "models": 1,
     "text": 1,
     "bundled": 1,
-    "config": 2,
-    "provider": 3,
+    "config": 3,
+    "provider": 2,
     "continuation": 3,
     "ledger": 3,
     "generation": 4,

@@ -139,7 +139,13 @@ async def test_twenty_residents_five_rooms_mixed_faults(tmp_path: Path) -> None:
         guard.ignore.append(lambda p: "heartbeat blocked" in p)
         dep = Deployment(residences(names, channels), {n: f"local-{n}" for n in names})
         task = asyncio.create_task(
-            run_bots(dep, str(db), provider.url, "test-key", guild_ready_timeout=0.05, stop=stop)
+            run_bots(
+                dep,
+                str(db),
+                {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "test-key"},
+                guild_ready_timeout=0.05,
+                stop=stop,
+            )
         )
         try:
             await eventually(

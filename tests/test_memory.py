@@ -15,7 +15,7 @@ from residents.generation.attempts import FLUSH_CHARS, LedgerSink
 from residents.ledger import Ledger
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client, stream_once
+from residents.provider.anthropic_messages import make_client, stream_once
 from residents.records import Attempt, Generation, new_id
 
 MODEL = "claude-3-opus-20240229"
@@ -66,7 +66,7 @@ async def test_a_long_stream_is_held_as_its_written_chunks_not_its_deltas(tmp_pa
 
 def test_a_room_of_claude_residents_never_loads_the_openai_sdk() -> None:
     """Importing the openai SDK costs a process about 30 MB, a quarter of the idle budget: `residents run`
-    with only Anthropic residences, and a call through the generation layer's dispatch, leave it out."""
+    with only Anthropic residences, and a call through the provider registry, leave it out."""
     import subprocess
     import sys
 
@@ -74,12 +74,13 @@ def test_a_room_of_claude_residents_never_loads_the_openai_sdk() -> None:
         "import sys, asyncio, pathlib\n"
         f"REPO = pathlib.Path({str(Path(__file__).resolve().parents[1])!r})\n"
         "import residents.cli, residents.cli.run, residents.discord.run, residents.generation.attempts, residents.replay.run\n"
-        "from residents.provider import make_client, ListSink\n"
-        "from residents.provider.dispatch import stream_call\n"
+        "from residents.provider import ListSink, connect_all\n"
         "from residents.config import load_all_residences\n"
-        "residents.discord.run.openai_clients(load_all_residences(REPO), {})\n"
-        "client = make_client('http://127.0.0.1:9', 'k')\n"
-        "asyncio.run(stream_call(client, {'model': 'm', 'max_tokens': 1, 'messages': []}, ListSink(), timeout=0.5))\n"
+        "env = {'ANTHROPIC_BASE_URL': 'http://127.0.0.1:9', 'ANTHROPIC_API_KEY': 'k'}\n"
+        "found = residents.discord.run.provider_endpoints(load_all_residences(REPO), env)\n"
+        "providers = connect_all((name, kind, where) for name, (kind, where) in found.items())\n"
+        "p = next(iter(providers.values()))\n"
+        "asyncio.run(p.stream({'model': 'm', 'max_tokens': 1, 'messages': []}, ListSink(), timeout=0.5))\n"
         "print('openai' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)

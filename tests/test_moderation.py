@@ -241,8 +241,7 @@ async def test_an_ambiguous_bare_channel_stops_start_up_naming_both_guilds(tmp_p
                     run_bots(
                         Deployment([cairn("yard")], {"cairn": "local-cairn"}),
                         str(tmp_path / "l.db"),
-                        provider.url,
-                        "k",
+                        {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "k"},
                         guild_ready_timeout=0.05,
                     ),
                     timeout=10,

@@ -20,10 +20,9 @@ import pytest
 from residents import cli, truth
 from residents.config import ConfigError, build_residence
 from residents.discord import startup
-from residents.discord.run import ProviderKeyRejected, check_openai_key
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import ListSink
-from residents.provider.openai_stream import make_openai_client, openai_stream_once
+from residents.provider import KeyRejected, ListSink
+from residents.provider.openai_compatible import OpenAICompatibleProvider, make_openai_client, openai_stream_once
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"
@@ -387,10 +386,10 @@ async def test_the_start_up_key_check_asks_get_models_and_names_the_variable():
     await server.start()
     bad, good = make_openai_client(server.url + "/v1", "bad"), make_openai_client(server.url + "/v1", "good")
     try:
-        with pytest.raises(ProviderKeyRejected) as info:
-            await check_openai_key(bad, "LUMEN_KEY")
+        with pytest.raises(KeyRejected) as info:
+            await OpenAICompatibleProvider(bad, "LUMEN_KEY").check_key()
         assert str(info.value).startswith("LUMEN_KEY: the provider at 127.0.0.1 refused this key (HTTP 401)")
-        await check_openai_key(good, "LUMEN_KEY")
+        await OpenAICompatibleProvider(good, "LUMEN_KEY").check_key()
         assert server.model_requests == 2
     finally:
         await bad.close()

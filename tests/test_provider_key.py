@@ -25,12 +25,12 @@ from test_discord_e2e import BOUNDS, END_TEXT, FIRST, REST, contents, res
 from residents import truth
 from residents.delivery.keys import KeyRejections
 from residents.demo import run as demo_run
-from residents.discord.run import KEY_ENV, ProviderKeyRejected, check_provider_key
 from residents.ledger import Ledger
 from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider import KeyRejected
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 
 try:
     from roomkit import eventually, running_room
@@ -39,6 +39,7 @@ except ImportError:  # tests/ collected as a package
 
 MODEL = "claude-3-opus-20240229"
 FRAGMENT = "The harbour holds its boats close in winter, and the"
+KEY_ENV = "ANTHROPIC_API_KEY"  # where `residents run` reads the Anthropic provider's key
 GOOD_KEY, BAD_KEY = "sk-local-good-0123456789", "sk-local-revoked-9876543210"
 
 
@@ -201,10 +202,10 @@ async def test_the_check_names_an_unset_key_and_lets_an_unreachable_provider_pas
     await provider.start()
     client, good = make_client(provider.url, ""), make_client(provider.url, GOOD_KEY)
     try:
-        with pytest.raises(ProviderKeyRejected) as info:
-            await check_provider_key(client, key_set=False)
+        with pytest.raises(KeyRejected) as info:
+            await AnthropicProvider(client, key_set=False).check_key()
         assert str(info.value).startswith(f"{KEY_ENV}: ") and "not set" in str(info.value)
-        await check_provider_key(good)  # the right key passes
+        await AnthropicProvider(good).check_key()  # the right key passes
         assert provider.model_requests == 2
     finally:
         await client.close()
@@ -213,7 +214,7 @@ async def test_the_check_names_an_unset_key_and_lets_an_unreachable_provider_pas
     caplog.set_level(logging.WARNING)
     gone = make_client(provider.url, GOOD_KEY)  # the server has stopped: nothing listens there now
     try:
-        await check_provider_key(gone)
+        await AnthropicProvider(gone).check_key()
     finally:
         await gone.close()
     assert any("could not be checked" in r.getMessage() for r in caplog.records)

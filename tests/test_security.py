@@ -27,7 +27,7 @@ from residents.ledger import Ledger
 from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.provider import make_client
+from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Attempt, Generation, Post, Stump
 from residents.replay.run import CollectingRoom
 from residents.resident import Resident
@@ -182,7 +182,7 @@ async def test_pipeline_with_a_real_key_logs_it_nowhere(tmp_path: Path, caplog: 
             None,
             ROOT,
         )
-        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom("cairn")
         m = room.say("alice", "hi")
         reply = await asyncio.wait_for(resident.respond(room, "c", list(room.history), trigger=m.id), 20)
@@ -279,7 +279,7 @@ async def test_hostile_channel_and_trigger_through_the_pipeline(tmp_path: Path) 
         res = build_residence(
             {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096}, "<t>", None, ROOT
         )
-        resident = Resident(res, Generator(AttemptRunner(client, ledger)), ledger)
+        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom("cairn")
         m = room.say(EVIL, EVIL)
         reply = await asyncio.wait_for(resident.respond(room, EVIL, list(room.history), trigger=EVIL), 20)

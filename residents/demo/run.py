@@ -82,20 +82,18 @@ async def start(
     point_at_local(room.url)
     prov: ProviderServer | None = None
     responder: Scripted | None = None
-    base_url: str | None
+    env = dict(os.environ)  # the real API's settings, with `--provider anthropic`
     if provider == "scripted":
         responder = demo_responder({r.name: r.model for r in res})
         prov = ProviderServer(responder=responder)
         await prov.start(host, 0)
-        base_url, key = prov.url, "demo"
-    else:
-        base_url, key = os.environ.get("ANTHROPIC_BASE_URL") or None, os.environ["ANTHROPIC_API_KEY"]
+        env |= {"ANTHROPIC_BASE_URL": prov.url, "ANTHROPIC_API_KEY": "demo"}
     ledger = await Ledger.open(db)  # a reader beside the bots' own connection (WAL allows both)
     if hasattr(room, "set_annotator"):
         room.set_annotator(_annotator(ledger))
     stop = asyncio.Event()
     dep = Deployment(res, {r.name: f"local-{r.name}" for r in res})
-    task = asyncio.create_task(run_bots(dep, db, base_url, key, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
+    task = asyncio.create_task(run_bots(dep, db, env, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
     demo = Demo(room, prov, ledger, task, stop, res, responder)
     try:
         await _until_connected(demo, len(res))

@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import discord
 
 from ..config import Residence
-
-KEY_ENV = "ANTHROPIC_API_KEY"
-BASE_URL_ENV = "ANTHROPIC_BASE_URL"
+from ..provider import REGISTRY
 
 # What a resident needs in a guild: read the channel and its history, and post; slash commands need
 # the applications.commands scope. The README's "Bot accounts" section lists the same.
@@ -26,18 +24,18 @@ INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, 
 def missing_variables(residences: Sequence[Residence], env: Mapping[str, str], local_api: bool) -> str | None:
     """One line naming every environment variable start-up needs and does not find, or None.
 
-    Against a local room any token will do, so only the provider's variables are needed there:
-    ANTHROPIC_API_KEY where a residence uses the anthropic provider, and each openai-compatible
-    residence's `api_key_env`.
+    Against a local room any token will do, so only the providers' variables are needed there: the
+    key of a provider configured by the environment (ANTHROPIC_API_KEY, unless its base URL variable
+    names a server of its own), and the `api_key_env` of each residence that names one.
     """
     wanted: dict[str, list[str]] = {}
     if not local_api:
         for r in residences:
             if r.discord is not None and not env.get(r.discord.token_env, "").strip():
                 wanted.setdefault(r.discord.token_env, []).append(f"residences/{r.name}.yaml: discord.token_env")
-    anthropic = any(r.provider == "anthropic" for r in residences)
-    if anthropic and not env.get(KEY_ENV) and not env.get(BASE_URL_ENV):
-        wanted[KEY_ENV] = [f"the provider key; or set {BASE_URL_ENV} to an Anthropic-compatible server"]
+    for reg in {REGISTRY[r.provider] for r in residences}:
+        if reg.key_env is not None and not env.get(reg.key_env) and not env.get(reg.base_url_env or ""):
+            wanted[reg.key_env] = [f"the provider key; or set {reg.base_url_env} to a compatible server"]
     for r in residences:
         if r.api_key_env is not None and not env.get(r.api_key_env, "").strip():
             wanted.setdefault(r.api_key_env, []).append(f"residences/{r.name}.yaml: api_key_env")

@@ -13,20 +13,14 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-import anthropic
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
-from ..provider import BlockSink
-from ..provider.dispatch import stream_call
+from ..provider import BlockSink, Provider
 from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
-
-if TYPE_CHECKING:
-    from ..provider.dispatch import Client
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +202,14 @@ def backoff(index: int, retry_after: float | None, policy: Retries) -> float:
 
 @dataclass
 class AttemptRunner:
-    client: anthropic.AsyncAnthropic
+    # One provider for every residence, or each residence's own by name (`residents.provider.connect_all`).
+    provider: Provider | Mapping[str, Provider]
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
-    # A residence whose provider is not `client`'s (`provider: openai-compatible`): its own client, by name.
-    clients: Mapping[str, Client] = field(default_factory=dict)
+
+    def provider_of(self, residence: str) -> Provider:
+        p = self.provider
+        return p[residence] if isinstance(p, Mapping) else p
 
     async def run_segment(
         self,
@@ -247,8 +244,7 @@ class AttemptRunner:
             if watch is not None:
                 watch.started(a, sink)  # type: ignore[arg-type]
             try:
-                client = self.clients.get(g.residence, self.client)
-                end = await stream_call(client, request, sink, timeout=policy.timeout_seconds)
+                end = await self.provider_of(g.residence).stream(request, sink, timeout=policy.timeout_seconds)
             finally:
                 await sink.close()
             a.blocks = sink.blocks()

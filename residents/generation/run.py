@@ -17,6 +17,7 @@ from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
 from ..ledger.attachments import without_image_refs
+from ..provider import REGISTRY
 from ..records import (
     Attempt,
     ContinuationEnd,
@@ -167,7 +168,7 @@ class Generator:
                 without_image_refs(without_tools(g.request)),
                 g.text,
                 (cont.max_output_tokens or 0) - spent,
-                prefill_allowed=res.provider == "anthropic",  # chat completions: the user-turn method
+                prefill_allowed=REGISTRY[res.provider].prefill,  # else the user-turn method
             )
             final = await self.runner.run_segment(g, len(g.segments) + 1, request, res.policy.retries)
             calls += 1

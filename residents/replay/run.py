@@ -21,7 +21,7 @@ from ..generation.run import Generator
 from ..ledger import Ledger
 from ..ledger.access import tool_calls_of
 from ..localservers.provider import ProviderServer
-from ..provider import make_client
+from ..provider import REGISTRY, Endpoint, connect
 from ..records import Post
 from ..resident import Resident
 from ..text import outbound
@@ -66,16 +66,12 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
     await server.start()
     try:
         async with Ledger.open(db_path) as ledger:
-            client = make_client(server.url, "replay-local")  # each call takes its policy's timeout (stream_once)
-            # An openai-compatible residence's calls go to the same server's chat completions, whatever its base_url.
-            chat = None
-            if sc.residence.provider != "anthropic":
-                from ..provider.openai_stream import make_openai_client  # the SDK only for a scenario that needs it
-
-                chat = make_openai_client(server.url + "/v1", "replay-local")
+            # Every provider's calls go to the local server, which speaks each protocol, whatever the base_url.
+            reg = REGISTRY[sc.residence.provider]
+            local = Endpoint(server.url + reg.base_path, "replay-local", "replay")
+            provider = connect(sc.residence.provider, local)
             try:
-                clients = {sc.residence.name: chat} if chat is not None else {}
-                resident = Resident(sc.residence, Generator(AttemptRunner(client, ledger, clients=clients)), ledger)
+                resident = Resident(sc.residence, Generator(AttemptRunner(provider, ledger)), ledger)
                 room = CollectingRoom(sc.residence.name)
                 turns = []
                 made: set[str] = set()  # attempts of earlier turns: a continuation's generation carries them too
@@ -126,9 +122,7 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                     "stumps": stumps,
                 }
             finally:
-                await client.close()
-                if chat is not None:
-                    await chat.close()
+                await provider.close()
     finally:
         await server.stop()
         if tmp:

@@ -1,5 +1,6 @@
-"""One provider call over OpenAI's chat completions: the SDK's stream chunks → the same content blocks,
-stop reason, tokens or classified failure as `residents.provider.stream`, for `provider: openai-compatible`.
+"""`provider: openai-compatible`: any server speaking OpenAI's chat completions. One call: the SDK's
+stream chunks → the same content blocks, stop reason, tokens or classified failure as the Anthropic
+provider (`residents.provider.anthropic_messages`).
 
 Built on `chat.completions.create(stream=True, stream_options={"include_usage": True})` with the
 SDK's own retries off, so every call is one attempt the generation layer names, keeps and retries.
@@ -20,14 +21,17 @@ import openai
 
 from .. import truth
 from ..text import outbound_json
-from .stream import (
+from .base import (
+    KEY_CHECK_SECONDS,
     BlockSink,
+    Endpoint,
     Failure,
+    KeyRejected,
     MalformedEvent,
     StreamEnd,
-    _retry_after,
     call_timeout,
     internal_failure,
+    retry_after,
     transport_failure,
 )
 
@@ -282,7 +286,7 @@ def _classify(e: BaseException, started: bool) -> Failure:
         kind = etype if isinstance(etype, str) and etype and not truth.is_internal(etype) else f"http-{code}"
         # A 429 for an account out of credit (`insufficient_quota`) is no rate limit: no later attempt mends it.
         retryable = (code in _RETRYABLE_STATUS or code >= 500) and kind not in _FINAL_TYPES
-        return Failure(kind, retryable, msg, code, _retry_after(e.response.headers))
+        return Failure(kind, retryable, msg, code, retry_after(e.response.headers))
     if isinstance(e, openai.APITimeoutError):
         if started:
             return Failure("read-timeout", True, "the stream stalled past the read timeout")
@@ -317,3 +321,51 @@ def _request_id(response: Any) -> str | None:
     if response is None:
         return None
     return response.headers.get("x-request-id") or response.headers.get("request-id")
+
+
+class OpenAICompatibleProvider:
+    """`provider: openai-compatible`: the server at the residence's `base_url`, its key in `api_key_env`."""
+
+    def __init__(self, client: openai.AsyncOpenAI, key_env: str) -> None:
+        self.client, self.key_env = client, key_env
+
+    async def stream(self, request: dict[str, Any], sink: BlockSink, timeout: float | None = None) -> StreamEnd:
+        return await openai_stream_once(self.client, request, sink, timeout=timeout)
+
+    async def check_key(self) -> None:
+        """As the Anthropic provider's: one `GET /models` before any bot connects; only 401/403 stops start-up."""
+        host = self.client.base_url.host
+        try:
+            await self.client.models.list(timeout=KEY_CHECK_SECONDS)
+        except openai.APIStatusError as e:
+            if e.status_code in (401, 403):
+                raise KeyRejected(
+                    f"{self.key_env}: the provider at {host} refused this key (HTTP {e.status_code}); set a valid key and start again"
+                ) from None
+            if e.status_code in (404, 405):
+                log.info(
+                    "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
+                    host,
+                    e.status_code,
+                )
+            else:
+                log.warning(
+                    "the provider key in %s could not be checked at start-up (HTTP %d); starting anyway",
+                    self.key_env,
+                    e.status_code,
+                )
+        except openai.OpenAIError as e:
+            log.warning(
+                "the provider key in %s could not be checked at start-up (%s); starting anyway",
+                self.key_env,
+                type(e).__name__,
+            )
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def connect(endpoint: Endpoint) -> OpenAICompatibleProvider:
+    """The registry's constructor (`residents.provider.REGISTRY`)."""
+    assert endpoint.base_url is not None  # the residence's `base_url`, required by its configuration
+    return OpenAICompatibleProvider(make_openai_client(endpoint.base_url, endpoint.key), endpoint.key_env)

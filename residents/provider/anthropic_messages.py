@@ -1,4 +1,5 @@
-"""One provider call: the stream's events → content blocks, stop reason, tokens, or a classified failure.
+"""`provider: anthropic`: Anthropic's Messages API. One call: the stream's events → content blocks, stop
+reason, tokens, or a classified failure.
 
 The SDK sends the request and owns HTTP, status errors and timeouts (its own retries off, so every
 call is one attempt the generation layer can name, keep and retry itself); the body is read through
@@ -17,67 +18,34 @@ UTF-8 (`residents.text.outbound`).
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import json
 import logging
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import anthropic
 import httpx2
 
 from .. import truth
-from ..records import Block, join_text
 from ..text import outbound_json
+from .base import (
+    KEY_CHECK_SECONDS,
+    BlockSink,
+    Endpoint,
+    Failure,
+    KeyRejected,
+    MalformedEvent,
+    StreamEnd,
+    call_timeout,
+    internal_failure,
+    retry_after,
+    transport_failure,
+)
 
 log = logging.getLogger(__name__)
 
 # Error types inside a stream (`event: error`) that a later attempt may not meet again.
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
-
-
-@dataclass
-class Failure:
-    kind: str  # e.g. overloaded_error, http-529, connection-cut, read-timeout, malformed-stream, internal-…
-    retryable: bool
-    message: str
-    status_code: int | None = None
-    retry_after: float | None = None
-
-
-@dataclass
-class StreamEnd:
-    stop_reason: str | None = None
-    stop_details: dict[str, Any] | None = None
-    output_tokens: int | None = None
-    request_id: str | None = None
-    failure: Failure | None = None
-    request_replacements: int = 0  # lone surrogates replaced by U+FFFD in the body sent
-
-
-class MalformedEvent(Exception):
-    """An event the provider sent whose data is not the shape the protocol gives it."""
-
-
-# The delta type that carries a block's content, and the delta's field holding it.
-_DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
-_ANY_CONTENT = frozenset(_DELTA_FIELD)
-
-
-def _feeds(btype: str) -> frozenset[str]:
-    """Which deltas are a block's content. Only a declared text block takes text; a type not known
-    here keeps whatever content its deltas carry, as its own (never as reply text)."""
-    if btype == "text":
-        return frozenset({"text_delta"})
-    if btype == "thinking":
-        return frozenset({"thinking_delta"})
-    if btype.endswith("tool_use"):
-        return frozenset({"input_json_delta"})
-    if btype == "redacted_thinking" or btype.endswith("tool_result"):
-        return frozenset()
-    return _ANY_CONTENT
 
 
 def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -100,97 +68,11 @@ def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | N
     return content, rest or None
 
 
-class _Open:
-    """A content block while it streams: its content in the pieces it arrived in."""
-
-    __slots__ = ("index", "type", "start", "parts", "extras", "feeds", "written", "on_disk")
-
-    def __init__(self, index: int, btype: str, start: dict[str, Any] | None) -> None:
-        self.index, self.type, self.start = index, btype, start
-        self.parts: list[str] = []
-        self.extras: list[dict[str, Any]] = []
-        self.feeds = _feeds(btype)
-        self.written = 0  # pieces already handed to a ledger write
-        self.on_disk = False  # its first piece (with its type and start) handed to a write
-
-
-class BlockSink:
-    """Where a stream's content blocks go as they arrive.
-
-    `start` opens a block, `select` makes a started block current, `add` appends text to the
-    current (text) block and `delta` takes any other delta; each says cheaply whether a flush is
-    due, and `flush` may await. This base only collects; the ledger's sink also writes.
-    """
-
-    def __init__(self) -> None:
-        self._open: list[_Open] = []
-        self._at: dict[int, _Open] = {}
-        self._cur: _Open | None = None
-
-    def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
-        if index in self._at:
-            raise ValueError(f"content block {index} started twice")
-        b = _Open(index, btype, start)
-        self._open.append(b)
-        self._at[index] = b
-        self._cur = b
-        return self.add(content) if content else False
-
-    def select(self, index: int) -> bool:
-        """Make block `index` current; True when it is a text block."""
-        b = self._at.get(index)
-        if b is None:
-            raise KeyError(f"a delta for content block {index!r}, which never started")
-        self._cur = b
-        return b.type == "text"
-
-    def add(self, text: str) -> bool:
-        self._cur.parts.append(text)  # type: ignore[union-attr]
-        return False
-
-    def delta(self, d: Any) -> bool:
-        """Any delta but text to a text block: the block's content if its type takes it, else kept as given.
-
-        `d` is the delta's JSON object; an SDK object is taken too, as the provider sent it."""
-        b = self._cur
-        assert b is not None
-        if d.__class__ is not dict:
-            d = _as_given(d)
-        dt = d.get("type")
-        if dt in b.feeds:
-            x = d.get(_DELTA_FIELD[dt])
-            if x.__class__ is not str:
-                raise TypeError(f"a {dt} without its {_DELTA_FIELD[dt]}")
-            return self.add(x)
-        b.extras.append(d)
-        return False
-
-    async def flush(self) -> None:
-        return None
-
-    def blocks(self) -> list[Block]:
-        out = [Block(b.index, b.type, "".join(b.parts), b.start, list(b.extras)) for b in self._open]
-        join_text(out)
-        return out
-
-    def text(self) -> str:
-        return join_text(self.blocks())
-
-
-class ListSink(BlockSink):
-    """A sink that only collects: for callers with no ledger (benchmarks of the bare path, tests)."""
-
-
 def make_client(base_url: str | None, api_key: str | None, timeout: float = 600.0) -> anthropic.AsyncAnthropic:
     """The SDK client with its hidden retries off: each provider call must be an attempt we record."""
     return anthropic.AsyncAnthropic(
         base_url=base_url, api_key=api_key or "local", max_retries=0, timeout=call_timeout(timeout)
     )
-
-
-def call_timeout(seconds: float) -> httpx2.Timeout:
-    """Silence longer than `seconds` (a read, a write, a wait for the pool) cuts the call; connecting gets ≤ 10 s."""
-    return httpx2.Timeout(seconds, connect=min(seconds, 10.0))
 
 
 async def stream_once(
@@ -351,7 +233,7 @@ def _classify(e: BaseException) -> Failure:
                 return Failure("malformed-stream", True, f"an error event of the wrong shape: {str(e)[:200]}", code)
             return Failure(etype, etype in _RETRYABLE_TYPES, msg, code)
         retryable = code in _RETRYABLE_STATUS or code >= 500
-        return Failure(etype or f"http-{code}", retryable, msg, code, _retry_after(e.response.headers))
+        return Failure(etype or f"http-{code}", retryable, msg, code, retry_after(e.response.headers))
     if isinstance(e, anthropic.APITimeoutError):
         return Failure("timeout", True, "no response before the timeout")
     if isinstance(e, anthropic.APIConnectionError):
@@ -359,29 +241,6 @@ def _classify(e: BaseException) -> Failure:
     if isinstance(e, anthropic.APIError):
         return Failure("api-error", False, str(e))
     return transport_failure(e) or internal_failure(e)
-
-
-def transport_failure(e: BaseException) -> Failure | None:
-    """The failures every provider's SDK meets beneath it (the HTTP transport, the stream's bytes, our
-    own event decoding), the same kind whichever SDK raised them; None for anything else."""
-    if isinstance(e, httpx2.TimeoutException):
-        return Failure("read-timeout", True, "the stream stalled past the read timeout")
-    if isinstance(e, (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.NetworkError)):
-        return Failure("connection-cut", True, "the connection closed mid-stream")
-    if isinstance(e, httpx2.HTTPError):
-        return Failure("connection-error", True, type(e).__name__)
-    if isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)):
-        return Failure("malformed-stream", True, f"{type(e).__name__}: {e}")
-    if isinstance(e, MalformedEvent):
-        return Failure("malformed-stream", True, str(e))
-    return None
-
-
-def internal_failure(e: BaseException) -> Failure:
-    """Not the provider's: a failure of this process while calling it (building the request, keeping
-    the stream). It is named as such, never as a provider error, and not retried."""
-    log.error("internal error while calling the provider: %s: %s", type(e).__name__, e, exc_info=e)
-    return Failure(truth.internal_error(type(e).__name__), False, str(e))
 
 
 def _error_type(err: dict[str, Any]) -> str | None:
@@ -396,32 +255,57 @@ def _error_type(err: dict[str, Any]) -> str | None:
     return etype
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds the provider asked to wait, from retry-after-ms or retry-after (seconds or a date)."""
-    try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            return max(0.0, float(ms) / 1000)
-        ra = headers.get("retry-after")
-        if ra is None:
-            return None
-        try:
-            return max(0.0, float(ra))
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(ra)
-            return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
 def _request_id(e: BaseException) -> str | None:
     resp = getattr(e, "response", None)
     return resp.headers.get("request-id") if resp is not None else None
 
 
-def _as_given(obj: Any) -> dict[str, Any]:
-    """An SDK object as the provider sent it: only the keys it gave, under their API names."""
-    to_dict = getattr(obj, "to_dict", None)
-    if not callable(to_dict):
-        raise TypeError(f"expected an object, got {type(obj).__name__}")
-    return to_dict(mode="json", warnings=False)
+class AnthropicProvider:
+    """`provider: anthropic` (the key in ANTHROPIC_API_KEY, a compatible server in ANTHROPIC_BASE_URL)."""
+
+    def __init__(self, client: anthropic.AsyncAnthropic, key_env: str = "ANTHROPIC_API_KEY", key_set: bool = True):
+        self.client, self.key_env, self.key_set = client, key_env, key_set
+
+    async def stream(self, request: dict[str, Any], sink: BlockSink, timeout: float | None = None) -> StreamEnd:
+        return await stream_once(self.client, request, sink, timeout=timeout)
+
+    async def check_key(self) -> None:
+        """One cheap authenticated call (`GET /v1/models?limit=1`) before any bot connects.
+
+        A 401/403 raises `KeyRejected` naming the variable. A server without that endpoint (404, 405),
+        or one that cannot answer now, is no reason to stop: each call meets the key anyway.
+        """
+        host = self.client.base_url.host
+        try:
+            await self.client.models.list(limit=1, timeout=KEY_CHECK_SECONDS)
+        except anthropic.APIStatusError as e:
+            if e.status_code in (401, 403):
+                body = e.body if isinstance(e.body, dict) else {}
+                inner = body.get("error")
+                err = inner if isinstance(inner, dict) else {}
+                why = f"HTTP {e.status_code} {err.get('type') or f'http-{e.status_code}'}"
+                raise KeyRejected(
+                    f"{self.key_env}: the provider at {host} refused this key ({why}); set a valid key and start again"
+                    if self.key_set
+                    else f"{self.key_env}: not set, and the provider at {host} requires a key ({why})"
+                ) from None
+            if e.status_code in (404, 405):
+                log.info(
+                    "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
+                    host,
+                    e.status_code,
+                )
+            else:
+                log.warning(
+                    "the provider key could not be checked at start-up (HTTP %d); starting anyway", e.status_code
+                )
+        except anthropic.APIError as e:
+            log.warning("the provider key could not be checked at start-up (%s); starting anyway", type(e).__name__)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def connect(endpoint: Endpoint) -> AnthropicProvider:
+    """The registry's constructor (`residents.provider.REGISTRY`)."""
+    return AnthropicProvider(make_client(endpoint.base_url, endpoint.key), endpoint.key_env, bool(endpoint.key))
