@@ -1,6 +1,6 @@
-"""The imports say what the README says: each layer imports only the layers below it, and no cycles.
+"""The imports say what docs/architecture.md says: each layer imports only the layers below it, and no cycles.
 
-Layers, lowest first (README "Layout"): records → the pure rules → configuration → provider,
+Layers, lowest first (docs/architecture.md, "Layout"): records → the pure rules → configuration → provider,
 continuation and ledger → generation → context and delivery → the resident's turn → the rooms
 (Discord, replay, demo) → the CLI. The local servers stand beside everything and import none of it.
 """
