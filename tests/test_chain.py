@@ -1,6 +1,6 @@
 """The ledger's hash chain, over the real pipeline and the real CLI: every settled record is in it, in the
 same transaction; editing one row with sqlite makes `residents ledger verify` name that record's entry;
-an export verifies offline — by the CLI and by the README's few lines — and fails after any one byte
+an export verifies offline — by the CLI and by the few lines in docs/provenance.md — and fails after any one byte
 changes; an old ledger begins its chain at a marked genesis.
 
 The ledgers are made by `residents replay` of the bundled scenarios: a retried attempt (an abandoned
@@ -214,20 +214,20 @@ def test_an_export_verifies_offline_and_fails_after_any_one_byte_changes(tmp_pat
     assert run_verify(capsys, "--export", str(bad))[0] == 1
 
 
-def _readme_checker(tmp_path: Path) -> Path:
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"```python\n(# check_export\.py.*?)```", readme, re.S)
-    assert m, "the README's export checker is gone"
+def _docs_checker(tmp_path: Path) -> Path:
+    doc = (ROOT / "docs" / "provenance.md").read_text()
+    m = re.search(r"```python\n(# check_export\.py.*?)```", doc, re.S)
+    assert m, "the export checker in docs/provenance.md is gone"
     path = tmp_path / "check_export.py"
     path.write_text(m.group(1))
     return path
 
 
-def test_the_readmes_few_lines_check_an_export_too(tmp_path, capsys):
+def test_the_few_lines_in_the_docs_check_an_export_too(tmp_path, capsys):
     db = replayed(tmp_path, capsys)
     out = tmp_path / "chain.jsonl"
     assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out)]) == 0
-    checker = _readme_checker(tmp_path)
+    checker = _docs_checker(tmp_path)
     [(head,)] = sql(db, "SELECT hash FROM chain ORDER BY seq DESC LIMIT 1")
     run = subprocess.run([sys.executable, str(checker), str(out)], capture_output=True, text=True, timeout=30)
     assert run.returncode == 0 and run.stdout.strip().endswith(f"head {head}"), run.stderr
@@ -236,7 +236,7 @@ def test_the_readmes_few_lines_check_an_export_too(tmp_path, capsys):
         bad = tmp_path / "bad.jsonl"
         bad.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :])
         run = subprocess.run([sys.executable, str(checker), str(bad)], capture_output=True, text=True, timeout=30)
-        assert run.returncode != 0, f"the README's checker accepted a change of byte {i}"
+        assert run.returncode != 0, f"the checker in docs/provenance.md accepted a change of byte {i}"
 
 
 def test_an_export_since_an_entry_starts_from_its_anchor(tmp_path, capsys):

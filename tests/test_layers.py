@@ -1,8 +1,8 @@
-"""The imports say what the README says: each layer imports only the layers below it, and no cycles.
+"""The imports say what docs/architecture.md says: each layer imports only the layers below it, and no cycles.
 
-Layers, lowest first (README "Layout"): records → the pure rules → the providers (configuration
-validates a residence's `provider:` against their registry) → configuration, continuation and
-ledger → generation → context and delivery → the resident's turn → the rooms
+Layers, lowest first (docs/architecture.md, "Layout"): records → the pure rules → the providers
+(configuration validates a residence's `provider:` against their registry) → configuration,
+continuation and ledger → generation → context and delivery → the resident's turn → the rooms
 (Discord, replay, demo) → the CLI. The local servers stand beside everything and import none of it.
 """
 

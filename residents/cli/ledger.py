@@ -255,7 +255,7 @@ def export(db: str | None, out: Path, since: int) -> int:
 
     One canonical JSON object per line (entry, hash, prev, seq): hashes and metadata of every
     settled record, never their text. `residents ledger verify --export FILE` checks it with
-    no database; the README's "Provenance" section gives the algorithm in a few lines.
+    no database; the repository's docs/provenance.md gives the algorithm in a few lines.
 
     \b
     Example:

@@ -16,7 +16,7 @@ from ..config import Residence
 from ..provider import REGISTRY
 
 # What a resident needs in a guild: read the channel and its history, and post; slash commands need
-# the applications.commands scope. The README's "Bot accounts" section lists the same.
+# the applications.commands scope. docs/operations.md, "Bot accounts", lists the same.
 INVITE_SCOPES = ("bot", "applications.commands")
 INVITE_PERMISSIONS = discord.Permissions(view_channel=True, send_messages=True, read_message_history=True)
 

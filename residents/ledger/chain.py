@@ -18,7 +18,7 @@ An entry is a JSON object of hashes and metadata, never text (an export reveals 
 
 Every entry has `kind`, `at` (milliseconds since the epoch when appended) and the record's id.
 
-The algorithm (the README's "Provenance" section has it in a few lines of Python):
+The algorithm (docs/provenance.md has it in a few lines of Python):
 
     canonical(x) = json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     hash(n)      = sha256(canonical({"entry": entry(n), "prev": hash(n-1), "seq": n})).hexdigest()

@@ -1,4 +1,4 @@
-"""`residents replay`: the offline contract of ../shared/specs/replay.md, on the real pipeline."""
+"""`residents replay`: the offline contract of docs/scenarios.md, on the real pipeline."""
 
 from .run import replay, transcript
 from .scenario import Scenario, load_scenario

@@ -1,4 +1,4 @@
-"""Replay scenario files (../shared/specs/replay.md): YAML → validated turns with their recorded calls.
+"""Replay scenario files (docs/scenarios.md): YAML → validated turns with their recorded calls.
 
 Everything is checked before anything runs, so a bad scenario exits 2 with nothing in the ledger.
 """
