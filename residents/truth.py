@@ -394,6 +394,12 @@ def context_refusal_note(stop_reason: str | None = REFUSAL) -> str:
     return f"[Boundary: the provider declined the previous reply ({stop_reason or REFUSAL}); its text was not posted.]"
 
 
+def context_set_aside_header(cause: str, chars: int) -> str:
+    """The line above a resident's own set-aside text, where its policy lets it read that text
+    (`stumps.resident_reads_own`); each line of the text follows it, marked (`residents.context.marks`)."""
+    return f"[Text set aside ({cause}, {fmt_tokens(chars)} characters), shown by policy:]"
+
+
 def context_abandoned_note(count: int, chars: int) -> str:
     noun = "attempt" if count == 1 else "attempts"
     return (
@@ -557,7 +563,8 @@ def attachment_line(name: str, size: int, reason: NotShown, kind: str = "") -> s
 
 
 def attachment_text_header(name: str, size: int) -> str:
-    """The line above a text file given inline; the file's text follows it exactly."""
+    """The line above a text file given inline; each line of the file's text follows it, marked `| `
+    (`residents.context.marks`), so no line of a file can pass for a note."""
     return f"[attachment: {name}, {fmt_size(size)}, text:]"
 
 

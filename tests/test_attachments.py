@@ -90,7 +90,10 @@ async def test_an_image_and_a_text_file_reach_the_provider_as_an_image_block_and
                     "text": f"alice: what do you make of these?\n[attachment: shot.png, {len(image)} bytes, image:]",
                 },
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(image)}},
-                {"type": "text", "text": "[attachment: notes.txt, 32 bytes, text:]\nline one\nline two — ünïcode\n"},
+                {
+                    "type": "text",
+                    "text": "[attachment: notes.txt, 32 bytes, text:]\n| line one\n| line two — ünïcode\n",
+                },
             ],
         }
     ]
@@ -230,7 +233,7 @@ async def test_a_model_without_images_gets_each_image_described(pipeline):
     _, body = await one_turn(pipeline, res, history)
     assert body["messages"][0]["content"] == (
         f"alice: look\n[attachment: shot.png, {len(png())} bytes, not shown: this model takes no images]\n"
-        "[attachment: n.txt, 2 bytes, text:]\nhi"
+        "[attachment: n.txt, 2 bytes, text:]\n| hi"
     )
 
 
@@ -277,7 +280,8 @@ def test_the_stored_request_holds_image_hashes_and_a_rebuilt_one_says_so():
     }
     assert request["messages"][0]["content"][1]["source"]["data"] == b64(image)  # the request sent is not changed
     rebuilt = without_image_refs(stored)
-    assert rebuilt["messages"][0]["content"][1] == {"type": "text", "text": truth.image_not_resent("image/png", digest)}
+    note = truth.image_not_resent("image/png", digest)
+    assert rebuilt["messages"][0]["content"][1] == {"type": "text", "text": f"\n{note}\n"}
     assert rebuilt["messages"][1] == {"role": "assistant", "content": "plain"}
     assert stored_request({"messages": [{"role": "user", "content": "text"}]}) == {
         "messages": [{"role": "user", "content": "text"}]
@@ -319,7 +323,8 @@ async def test_a_continue_read_from_the_ledger_names_each_image_it_cannot_resend
     await r.continue_generation(Room(), "room", first.generation.id)
     [body] = pipeline.server.requests
     user = body["messages"][0]["content"]
-    assert user[1] == {"type": "text", "text": truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())}
+    note = truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())
+    assert user[1] == {"type": "text", "text": f"\n{note}\n"}
     assert not any(
         b.get("type") == "image" for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
     )
@@ -433,7 +438,7 @@ async def test_a_file_name_with_a_lone_surrogate_is_kept_exactly_and_the_turn_go
     history = [said("m1", "look", f("shot\ud800.png", png(), "image/png"), f("n\udfff.txt", b"hi", "text/plain"))]
     g, body = await one_turn(pipeline, residence(), history)
     text = "\n".join(b["text"] for b in body["messages"][0]["content"] if b["type"] == "text")
-    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\nhi" in text
+    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\n| hi" in text
     stored = await pipeline.ledger.get_generation(g.id)
     assert [a.name for a in stored.attachments] == ["shot\ud800.png", "n\udfff.txt"]
     assert await verify(pipeline.ledger) == []

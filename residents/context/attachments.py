@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from .. import truth
 from ..records import NotShown, SharedFile, Shown
+from .marks import one_line, quoted
 
 SUPPORTED_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 FETCH_LIMIT = max(truth.IMAGE_LIMIT, truth.TEXT_LIMIT)  # a file over this is described without being read
@@ -92,16 +92,10 @@ def base64_size(n: int) -> int:
     return 4 * ((n + 2) // 3)
 
 
-NAME_CHARS = 100  # of a file name as the request shows it (the ledger keeps it whole)
-
-
 def shown_name(name: str) -> str:
-    """A file name on one line of the request: control characters and line breaks as spaces, brackets
-    as parentheses (a name cannot close its own `[attachment: …]` line or open another), at most
-    `NAME_CHARS` characters."""
-    flat = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in name)
-    flat = " ".join(flat.translate(str.maketrans("[]", "()")).split()) or "(no name)"
-    return flat if len(flat) <= NAME_CHARS else flat[: NAME_CHARS - 1] + "…"
+    """A file name on one line of the request (`marks.one_line`): it cannot close its own
+    `[attachment: …]` line or open another. The ledger keeps it whole."""
+    return one_line(name)
 
 
 def _declared_kind(declared: str | None) -> str:
@@ -184,7 +178,7 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
         else:
             media = f.declared_type if _declared_kind(f.declared_type) == "text" else "text/plain"
             record = SharedFile(message_id, pos, f.name, media, size, digest, Shown.TEXT)
-            placed.append(Placed(record, f"{truth.attachment_text_header(shown_name(f.name), size)}\n{text}"))
+            placed.append(Placed(record, f"{truth.attachment_text_header(shown_name(f.name), size)}\n{quoted(text)}"))
     return placed
 
 
