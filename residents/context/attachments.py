@@ -182,26 +182,35 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
     return placed
 
 
-def within_request(per_message: list[list[Placed]]) -> None:
-    """Hold a request's images to `IMAGES_PER_REQUEST` and `IMAGE_BYTES_PER_REQUEST`, newest messages
-    first (messages oldest first): an older image past either is described instead, in place."""
-    count = total = 0
+def within_request(per_message: list[list[Placed]], budget: int) -> None:
+    """Hold a request's files to its limits, newest messages first (messages oldest first; within one
+    message, its files in order): images to `IMAGES_PER_REQUEST` and `IMAGE_BYTES_PER_REQUEST`, and every
+    image and inline text file to `budget` tokens (`truth.file_tokens`). A file past a limit is described
+    instead, in place; an older one that still fits what is left is shown."""
+    count = total = spent = 0
     for placed in reversed(per_message):
         for i, p in enumerate(placed):
-            if p.image is None:
-                continue
             r = p.record
-            if count + 1 > truth.IMAGES_PER_REQUEST or total + r.size > truth.IMAGE_BYTES_PER_REQUEST:
-                record = SharedFile(
-                    r.message_id, r.position, r.name, r.media_type, r.size, r.sha256, Shown.DESCRIBED,
-                    NotShown.REQUEST_LIMIT,
-                )  # fmt: skip
-                placed[i] = Placed(
-                    record, truth.attachment_line(shown_name(r.name), r.size, NotShown.REQUEST_LIMIT, "image")
-                )
+            if r.shown == Shown.DESCRIBED:
                 continue
-            count += 1
-            total += r.size
+            image = p.image is not None
+            if image and (count + 1 > truth.IMAGES_PER_REQUEST or total + r.size > truth.IMAGE_BYTES_PER_REQUEST):
+                placed[i] = _left_out(r, NotShown.REQUEST_LIMIT, "image", budget)
+                continue
+            cost = truth.file_tokens(p.text, image)
+            if spent + cost > budget:
+                placed[i] = _left_out(r, NotShown.OVER_BUDGET, "image" if image else "text", budget)
+                continue
+            spent += cost
+            if image:
+                count += 1
+                total += r.size
+
+
+def _left_out(r: SharedFile, reason: NotShown, kind: str, budget: int) -> Placed:
+    """A file shown by its own limits that the request's limits leave out: one line in its place."""
+    record = SharedFile(r.message_id, r.position, r.name, r.media_type, r.size, r.sha256, Shown.DESCRIBED, reason)
+    return Placed(record, truth.attachment_line(shown_name(r.name), r.size, reason, kind, budget))
 
 
 def content(line: str, placed: list[Placed]) -> str | list[dict[str, Any]]:

@@ -174,6 +174,12 @@ def base_request(res: Residence) -> dict[str, Any]:
     return req
 
 
+def file_budget(res: Residence) -> int:
+    """The tokens a request's inline files may take: the policy's budget, else a quarter of the model's window."""
+    stated = res.policy.attachments.request_budget_tokens
+    return stated if stated is not None else truth.file_budget(models.caps(res.model).context_window)
+
+
 def compile_request(
     res: Residence,
     history: list[RoomMessage],
@@ -201,7 +207,7 @@ def compile_with_files(
     images_ok = models.caps(res.model).accepts_images
     with_files = [m for m in shown if m.files and not m.is_self]
     per_message = [decide(m.id, m.files, images_ok) for m in with_files]
-    within_request(per_message)
+    within_request(per_message, file_budget(res))
     files = {m.id: placed for m, placed in zip(with_files, per_message, strict=True)}
     turns = _turns(shown, posts, gens, res.policy.stumps.resident_reads_own, recovered, files)
     if not turns or turns[0][0] != "user":
