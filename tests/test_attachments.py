@@ -14,18 +14,21 @@ import json
 import pytest
 from click.testing import CliRunner
 from conftest import residence, specimen
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from imagekit import png
 
 from residents import models, truth
 from residents.cli import cli
 from residents.config import read_project
 from residents.context import RoomMessage
-from residents.context.attachments import Fetched
+from residents.context.attachments import Fetched, decide, within_request
 from residents.ledger.attachments import stored_request, without_image_refs
 from residents.ledger.verify import verify
 from residents.ledger.views import provenance
 from residents.localservers import sse
 from residents.localservers.provider import Call
+from residents.records import NotShown
 
 
 @pytest.fixture(autouse=True)
@@ -505,3 +508,36 @@ async def test_a_models_context_window_sets_the_default_budget_and_residents_yam
     models.use(read_project(tmp_path / "residents.yaml"))
     _, body = await one_turn(pipeline, res, [said("m1", "see", f("n.txt", HUNDRED_KB[:12_000], "text/plain"))])
     assert "not shown: does not fit this request's file budget of 2,000 tokens" in body["messages"][0]["content"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=4), min_size=1, max_size=4),
+    st.integers(0, 3000),
+)
+def test_whatever_the_files_a_request_carries_at_most_its_budget_and_names_every_other_file(messages, budget):
+    """Images and text files of any sizes, in any messages: what is shown costs at most the budget, each
+    file is shown or named once, and a file left out for the budget did not fit what newer files left."""
+    history = [
+        said(
+            f"m{n}",
+            "",
+            *(f(f"f{n}-{i}", png() if image else b"y" * size, None) for i, (image, size) in enumerate(files)),
+        )
+        for n, files in enumerate(messages)
+    ]
+    alone = [decide(m.id, m.files, True) for m in history]  # each file as its own limits decide it
+    per_message = [decide(m.id, m.files, True) for m in history]
+    within_request(per_message, budget)
+    spent = 0
+    for before, placed in zip(reversed(alone), reversed(per_message), strict=True):
+        for was, p in zip(before, placed, strict=True):
+            cost = truth.file_tokens(was.text, was.image is not None)
+            if p.record.reason == NotShown.OVER_BUDGET:
+                assert spent + cost > budget  # it did not fit what newer files left
+                kind = "image" if was.image is not None else "text"
+                assert p.text == truth.attachment_line(p.record.name, p.record.size, NotShown.OVER_BUDGET, kind, budget)
+            elif p.record.shown != "described":
+                assert p.text == was.text
+                spent += cost
+    assert spent <= budget
