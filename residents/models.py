@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from rapidfuzz import fuzz, process
 
+DEFAULT_CONTEXT_WINDOW = 128_000  # tokens, of a row that states none and of a model the table does not know
+
 
 @dataclass(frozen=True)
 class ModelCaps:
@@ -25,10 +27,9 @@ class ModelCaps:
     max_output_tokens: int
     accepts_prefill: bool
     accepts_images: bool = False  # image content blocks (PNG, JPEG, GIF, WebP); without it they are described
-    context_window: int = 128_000  # tokens a request and its output may take together: sets the file budget
-
-
-DEFAULT_CONTEXT_WINDOW = ModelCaps.context_window  # of a row that states none, and of a model the table does not know
+    context_window: int = (
+        DEFAULT_CONTEXT_WINDOW  # tokens a request and its output may take together: sets the file budget
+    )
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that

@@ -1,5 +1,6 @@
-"""The files people post, as a resident's request carries them: images as image blocks, text inline, the
-rest as one line each (`residents.truth.attachment_line`).
+"""The files people post, as a resident's request carries them: images as image blocks, text inline
+(each line marked, `residents.context.marks`), the rest as one line each (`residents.truth.attachment_line`).
+A request holds its files to a budget (`within_request`), the newest messages' first.
 
 What a file is comes from its bytes: an image by its magic numbers (PNG, JPEG, GIF, WebP), text by
 being UTF-8 without NUL bytes — a declared content type only names the limit a file too large to read

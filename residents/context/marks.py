@@ -19,12 +19,12 @@ QUOTE_MARK = "| "  # before each line of a text file's contents, or of set-aside
 NAME_CHARS = 100  # of a name as the request shows it
 
 
-def one_line(name: str, empty: str = "(no name)") -> str:
+def one_line(name: str) -> str:
     """A name on one line of the request: control characters and line breaks as spaces, brackets as
     parentheses (a name can neither open a note's `[` nor close an `[attachment: …]` line), at most
     `NAME_CHARS` characters, never empty."""
     flat = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in name)
-    flat = " ".join(flat.translate(str.maketrans("[]", "()")).split()) or empty
+    flat = " ".join(flat.translate(str.maketrans("[]", "()")).split()) or "(no name)"
     return flat if len(flat) <= NAME_CHARS else flat[: NAME_CHARS - 1] + "…"
 
 
