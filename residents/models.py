@@ -27,9 +27,7 @@ class ModelCaps:
     max_output_tokens: int
     accepts_prefill: bool
     accepts_images: bool = False  # image content blocks (PNG, JPEG, GIF, WebP); without it they are described
-    context_window: int = (
-        DEFAULT_CONTEXT_WINDOW  # tokens a request and its output may take together: sets the file budget
-    )
+    context_window: int = DEFAULT_CONTEXT_WINDOW  # tokens of request and output together: sets the file budget
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
