@@ -121,6 +121,15 @@ class Delivery(Strict):
     live: bool = False
 
 
+class Attachments(Strict):
+    """What a request carries of the files people post. `request_budget_tokens`: the most tokens one
+    request's inline files and images may take (counted as `residents.truth.file_tokens` does), newest
+    messages' files first; a file past it is one line saying so. None: a quarter of the model's context
+    window (`context_window` in the model table)."""
+
+    request_budget_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
+
+
 class Policy(Strict):
     name: str = "default"
     description: str = ""
@@ -131,6 +140,7 @@ class Policy(Strict):
     floor: Floor = Floor()
     tools: Tools = Tools()
     delivery: Delivery = Delivery()
+    attachments: Attachments = Attachments()
 
 
 def _channel_ref(ref: str) -> str:
@@ -220,6 +230,19 @@ class Residence(Strict):
             raise _KeyError("max_tokens", f"{self.max_tokens} is above {whose} of {ceiling}")
         return self
 
+    @model_validator(mode="after")
+    def _budget_within_context_window(self) -> Residence:
+        """A file budget the model's context window cannot hold would have every request with files refused."""
+        budget = self.policy.attachments.request_budget_tokens
+        window = models.caps(self.model).context_window
+        if budget is not None and budget > window:
+            raise _KeyError(
+                "policy.attachments.request_budget_tokens",
+                f"{budget:,} is above {self.model}'s context window of {window:,} tokens"
+                f" (`context_window` of its row in the model table, or under `models:` in {PROJECT_FILE})",
+            )
+        return self
+
 
 class ModelRow(Strict):
     """One operator row of the model table (`models:` in residents.yaml), the shape of residents/models.yaml."""
@@ -228,6 +251,7 @@ class ModelRow(Strict):
     output_ceiling: int = Field(ge=1, le=1_000_000)
     prefill: bool = False
     images: bool = False
+    context_window: int | None = Field(default=None, ge=1_000, le=100_000_000)  # tokens; None: 128,000
 
 
 class ProjectFile(Strict):
@@ -332,7 +356,7 @@ def _one_error(
     msg = err["msg"]
     ctx_err = (err.get("ctx") or {}).get("error")
     if isinstance(ctx_err, _KeyError):
-        loc, msg = loc + (ctx_err.key,), ctx_err.message
+        loc, msg = loc + tuple(ctx_err.key.split(".")), ctx_err.message  # a key may be a dotted path
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     if err["type"] == "extra_forbidden":
@@ -431,7 +455,7 @@ def read_project(path: Path) -> models.ModelTable:
     rows = []
     for model_id, r in project.models.items():
         try:
-            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images))
+            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images, r.context_window))
         except ValueError as e:
             raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
     return models.BUILTIN.with_overrides(rows)

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 from rapidfuzz import fuzz, process
 
+DEFAULT_CONTEXT_WINDOW = 128_000  # tokens, of a row that states none and of a model the table does not know
+
 
 @dataclass(frozen=True)
 class ModelCaps:
@@ -25,6 +27,7 @@ class ModelCaps:
     max_output_tokens: int
     accepts_prefill: bool
     accepts_images: bool = False  # image content blocks (PNG, JPEG, GIF, WebP); without it they are described
+    context_window: int = DEFAULT_CONTEXT_WINDOW  # tokens of request and output together: sets the file budget
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
@@ -85,14 +88,22 @@ class Row:
         return segments[: len(fixed)] == fixed and bool(rest) and None not in numbers and (numbers[0] or 0) >= at_least
 
 
-def row(model_id: str, family: str, output_ceiling: int, prefill: bool, images: bool = False) -> Row:
+def row(
+    model_id: str,
+    family: str,
+    output_ceiling: int,
+    prefill: bool,
+    images: bool = False,
+    context_window: int | None = None,
+) -> Row:
     """A checked row; ValueError says what is wrong with the id."""
     if not model_id or model_id != model_id.strip() or any(c.isspace() for c in model_id):
         raise ValueError("a model id is one word, without spaces")
     segs = base_id(model_id).split("-")
     if not all(segs) or any("+" in s for s in segs[:-1]) or ("+" in segs[-1] and not _OPEN_END.match(segs[-1])):
         raise ValueError("a model id is segments joined by '-', and only the last may be `N+` (a number and up)")
-    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill, images))
+    window = context_window or DEFAULT_CONTEXT_WINDOW
+    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill, images, window))
 
 
 class ModelTable:
@@ -122,7 +133,14 @@ class ModelTable:
 def rows_from(data: Mapping[str, Any]) -> list[Row]:
     """Rows from a `models:` mapping whose values are already checked (config validates the operator's)."""
     return [
-        row(k, v.get("family", ""), v["output_ceiling"], v.get("prefill", False), v.get("images", False))
+        row(
+            k,
+            v.get("family", ""),
+            v["output_ceiling"],
+            v.get("prefill", False),
+            v.get("images", False),
+            v.get("context_window"),
+        )
         for k, v in data.items()
     ]
 

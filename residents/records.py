@@ -505,6 +505,7 @@ class NotShown(StrEnum):
     TOO_MANY_PIXELS = "too-many-pixels"  # an image over the pixels a side the provider takes
     NO_IMAGES = "no-images"  # the model's row says it takes no images
     REQUEST_LIMIT = "request-limit"  # past the images one request carries (older messages give way)
+    OVER_BUDGET = "over-budget"  # past the request's budget for inline files (older messages give way)
     UNAVAILABLE = "unavailable"  # its bytes could not be fetched
 
 

@@ -394,6 +394,12 @@ def context_refusal_note(stop_reason: str | None = REFUSAL) -> str:
     return f"[Boundary: the provider declined the previous reply ({stop_reason or REFUSAL}); its text was not posted.]"
 
 
+def context_set_aside_header(cause: str, chars: int) -> str:
+    """The line above a resident's own set-aside text, where its policy lets it read that text
+    (`stumps.resident_reads_own`); each line of the text follows it, marked (`residents.context.marks`)."""
+    return f"[Text set aside ({cause}, {fmt_tokens(chars)} characters), shown by policy:]"
+
+
 def context_abandoned_note(count: int, chars: int) -> str:
     noun = "attempt" if count == 1 else "attempts"
     return (
@@ -516,6 +522,28 @@ IMAGES_PER_MESSAGE = 4
 IMAGES_PER_REQUEST = 20  # the newest messages' images first; older ones are described
 IMAGE_BYTES_PER_REQUEST = 20 * 1024 * 1024  # raw bytes (base64 adds a third) under the provider's request size
 
+# A request's budget for the files it carries inline (policy `attachments.request_budget_tokens`), in the
+# unit of the model's context window. A file is counted before it is sent, so by a stated rule, not by a
+# provider's figure: a text file's inline text at 4 bytes (UTF-8) a token, rounded up, and an image at
+# the most an image block costs on Anthropic's models (about (width x height) / 750 tokens after it is
+# scaled to fit 1,568 pixels a side and 1.15 megapixels: at most ~1,600).
+BYTES_PER_TOKEN = 4
+IMAGE_TOKENS = 1_600
+FILE_BUDGET_SHARE = 4  # without a policy budget, files take at most a quarter of the model's context window
+
+
+def file_budget(context_window: int) -> int:
+    """The default budget for a request's inline files: a quarter of the model's context window, which
+    leaves the rest to the system prompt, the room's history and the output."""
+    return context_window // FILE_BUDGET_SHARE
+
+
+def file_tokens(inline_text: str | None, image: bool) -> int:
+    """What one file costs the budget: an image `IMAGE_TOKENS`, inline text its UTF-8 bytes at `BYTES_PER_TOKEN`."""
+    if image:
+        return IMAGE_TOKENS
+    return -(-len((inline_text or "").encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)
+
 
 def fmt_size(n: int) -> str:
     """A file size as people read it: `812 bytes`, `34.2 KB`, `2.1 MB` (powers of 1,024)."""
@@ -525,7 +553,7 @@ def fmt_size(n: int) -> str:
     return f"{value:.1f}".removesuffix(".0") + f" {unit}"
 
 
-def _not_shown(reason: NotShown, kind: str) -> str:
+def _not_shown(reason: NotShown, kind: str, budget: int) -> str:
     match reason:
         case NotShown.UNSUPPORTED:
             return "type not supported"
@@ -545,19 +573,23 @@ def _not_shown(reason: NotShown, kind: str) -> str:
             return "this model takes no images"
         case NotShown.REQUEST_LIMIT:
             return "image limit of this request reached"
+        case NotShown.OVER_BUDGET:
+            return f"does not fit this request's file budget of {fmt_tokens(budget)} tokens (newer files first)"
         case NotShown.UNAVAILABLE:
             return "file could not be fetched"
     return str(reason)
 
 
-def attachment_line(name: str, size: int, reason: NotShown, kind: str = "") -> str:
+def attachment_line(name: str, size: int, reason: NotShown, kind: str = "", budget: int = 0) -> str:
     """The one line a resident sees for a file not shown: `[attachment: report.pdf, 2.1 MB, not shown: type
-    not supported]`. `kind` (`image` or `text`) names the limit a file too large went over."""
-    return f"[attachment: {name}, {fmt_size(size)}, not shown: {_not_shown(reason, kind or 'file')}]"
+    not supported]`. `kind` (`image` or `text`) names the limit a file too large went over; `budget`, the
+    request's file budget in tokens, the one a file over it did not fit (`over-budget`)."""
+    return f"[attachment: {name}, {fmt_size(size)}, not shown: {_not_shown(reason, kind or 'file', budget)}]"
 
 
 def attachment_text_header(name: str, size: int) -> str:
-    """The line above a text file given inline; the file's text follows it exactly."""
+    """The line above a text file given inline; each line of the file's text follows it, marked `| `
+    (`residents.context.marks`), so no line of a file can pass for a note."""
     return f"[attachment: {name}, {fmt_size(size)}, text:]"
 
 

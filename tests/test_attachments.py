@@ -14,17 +14,21 @@ import json
 import pytest
 from click.testing import CliRunner
 from conftest import residence, specimen
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from imagekit import png
 
 from residents import models, truth
 from residents.cli import cli
+from residents.config import read_project
 from residents.context import RoomMessage
-from residents.context.attachments import Fetched
+from residents.context.attachments import Fetched, decide, within_request
 from residents.ledger.attachments import stored_request, without_image_refs
 from residents.ledger.verify import verify
 from residents.ledger.views import provenance
 from residents.localservers import sse
 from residents.localservers.provider import Call
+from residents.records import NotShown
 
 
 @pytest.fixture(autouse=True)
@@ -90,7 +94,10 @@ async def test_an_image_and_a_text_file_reach_the_provider_as_an_image_block_and
                     "text": f"alice: what do you make of these?\n[attachment: shot.png, {len(image)} bytes, image:]",
                 },
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(image)}},
-                {"type": "text", "text": "[attachment: notes.txt, 32 bytes, text:]\nline one\nline two — ünïcode\n"},
+                {
+                    "type": "text",
+                    "text": "[attachment: notes.txt, 32 bytes, text:]\n| line one\n| line two — ünïcode\n",
+                },
             ],
         }
     ]
@@ -230,7 +237,7 @@ async def test_a_model_without_images_gets_each_image_described(pipeline):
     _, body = await one_turn(pipeline, res, history)
     assert body["messages"][0]["content"] == (
         f"alice: look\n[attachment: shot.png, {len(png())} bytes, not shown: this model takes no images]\n"
-        "[attachment: n.txt, 2 bytes, text:]\nhi"
+        "[attachment: n.txt, 2 bytes, text:]\n| hi"
     )
 
 
@@ -277,7 +284,8 @@ def test_the_stored_request_holds_image_hashes_and_a_rebuilt_one_says_so():
     }
     assert request["messages"][0]["content"][1]["source"]["data"] == b64(image)  # the request sent is not changed
     rebuilt = without_image_refs(stored)
-    assert rebuilt["messages"][0]["content"][1] == {"type": "text", "text": truth.image_not_resent("image/png", digest)}
+    note = truth.image_not_resent("image/png", digest)
+    assert rebuilt["messages"][0]["content"][1] == {"type": "text", "text": f"\n{note}\n"}
     assert rebuilt["messages"][1] == {"role": "assistant", "content": "plain"}
     assert stored_request({"messages": [{"role": "user", "content": "text"}]}) == {
         "messages": [{"role": "user", "content": "text"}]
@@ -319,7 +327,8 @@ async def test_a_continue_read_from_the_ledger_names_each_image_it_cannot_resend
     await r.continue_generation(Room(), "room", first.generation.id)
     [body] = pipeline.server.requests
     user = body["messages"][0]["content"]
-    assert user[1] == {"type": "text", "text": truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())}
+    note = truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())
+    assert user[1] == {"type": "text", "text": f"\n{note}\n"}
     assert not any(
         b.get("type") == "image" for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]
     )
@@ -433,7 +442,102 @@ async def test_a_file_name_with_a_lone_surrogate_is_kept_exactly_and_the_turn_go
     history = [said("m1", "look", f("shot\ud800.png", png(), "image/png"), f("n\udfff.txt", b"hi", "text/plain"))]
     g, body = await one_turn(pipeline, residence(), history)
     text = "\n".join(b["text"] for b in body["messages"][0]["content"] if b["type"] == "text")
-    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\nhi" in text
+    assert "[attachment: shot .png, " in text and "[attachment: n .txt, 2 bytes, text:]\n| hi" in text
     stored = await pipeline.ledger.get_generation(g.id)
     assert [a.name for a in stored.attachments] == ["shot\ud800.png", "n\udfff.txt"]
     assert await verify(pipeline.ledger) == []
+
+
+HUNDRED_KB = b"".join(b"%04d " % i + b"x" * 94 + b"\n" for i in range(1024))  # 102,400 bytes: the text limit
+
+
+async def test_forty_100_kb_text_files_make_a_bounded_request_naming_each_file_left_out(pipeline):
+    """Ten 100 KB files per message over four messages were a 4 MB request, sent again every turn. Now the
+    request holds its files to the budget (a quarter of the model's 200,000-token window: 50,000), the
+    newest message's first; every other file is one line saying why it is not shown."""
+    assert len(HUNDRED_KB) == truth.TEXT_LIMIT
+    history = [
+        said(f"m{m}", f"batch {m}", *(f(f"b{m}-{i}.txt", HUNDRED_KB, "text/plain") for i in range(10)))
+        for m in range(1, 5)
+    ]
+    g, body = await one_turn(pipeline, residence(), history)
+    assert len(json.dumps(body).encode()) < 200_000  # was 4.1 MB
+    text = body["messages"][0]["content"]
+    assert isinstance(text, str) and text.count("| 0000 ") == 1
+    assert "[attachment: b4-0.txt, 100 KB, text:]\n| 0000 " in text  # the newest message's first file
+    budget = "does not fit this request's file budget of 50,000 tokens (newer files first)"
+    left_out = [(m, i) for m in range(1, 5) for i in range(10) if (m, i) != (4, 0)]
+    for m, i in left_out:
+        assert f"[attachment: b{m}-{i}.txt, 100 KB, not shown: {budget}]" in text.splitlines()
+    stored = await pipeline.ledger.get_generation(g.id)
+    assert sorted((a.message_id, a.position) for a in stored.attachments if a.reason == "over-budget") == [
+        (f"m{m}", i) for m, i in left_out
+    ]
+    assert [(a.message_id, a.position, a.shown) for a in stored.attachments if a.shown != "described"] == [
+        ("m4", 0, "text")
+    ]
+    assert await verify(pipeline.ledger) == []
+
+
+async def test_the_budget_is_the_policys_newest_files_first_and_an_older_file_that_fits_is_shown(pipeline):
+    small = b"a short note\n"
+    history = [
+        said("m1", "old", f("old-big.txt", HUNDRED_KB, "text/plain"), f("old-small.txt", small, "text/plain")),
+        said("m2", "new", f("new-big.txt", HUNDRED_KB, "text/plain"), f("shot.png", png(), "image/png")),
+    ]
+    res = residence(policy={"attachments": {"request_budget_tokens": 27_000}})
+    _, body = await one_turn(pipeline, res, history)
+    text = body["messages"][0]["content"]  # one string: no image is carried
+    budget = "does not fit this request's file budget of 27,000 tokens (newer files first)"
+    assert "[attachment: new-big.txt, 100 KB, text:]" in text  # ~26,100 tokens: the newest message's first
+    assert f"[attachment: shot.png, {len(png())} bytes, not shown: {budget}]" in text  # 1,600 more do not fit
+    assert f"[attachment: old-big.txt, 100 KB, not shown: {budget}]" in text
+    assert "[attachment: old-small.txt, 13 bytes, text:]\n| a short note" in text  # what is left still holds it
+    _, body = await one_turn(pipeline, residence(policy={"attachments": {"request_budget_tokens": 0}}), history)
+    assert "text:]" not in json.dumps(body) and '"image"' not in json.dumps(body)
+
+
+async def test_a_models_context_window_sets_the_default_budget_and_residents_yaml_may_state_it(pipeline, tmp_path):
+    assert models.caps("claude-sonnet-4-5").context_window == 200_000
+    assert models.caps("gpt-4.1-mini").context_window == 1_047_576
+    assert models.caps("some-local-model").context_window == models.DEFAULT_CONTEXT_WINDOW == 128_000
+    (tmp_path / "residents.yaml").write_text(
+        "models:\n  small-model: {output_ceiling: 1024, context_window: 8000}\n", encoding="utf-8"
+    )
+    res = residence(model="small-model", output_ceiling=1024, max_tokens=512)
+    models.use(read_project(tmp_path / "residents.yaml"))
+    _, body = await one_turn(pipeline, res, [said("m1", "see", f("n.txt", HUNDRED_KB[:12_000], "text/plain"))])
+    assert "not shown: does not fit this request's file budget of 2,000 tokens" in body["messages"][0]["content"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(st.booleans(), st.integers(0, 3000)), max_size=4), min_size=1, max_size=4),
+    st.integers(0, 3000),
+)
+def test_whatever_the_files_a_request_carries_at_most_its_budget_and_names_every_other_file(messages, budget):
+    """Images and text files of any sizes, in any messages: what is shown costs at most the budget, each
+    file is shown or named once, and a file left out for the budget did not fit what newer files left."""
+    history = [
+        said(
+            f"m{n}",
+            "",
+            *(f(f"f{n}-{i}", png() if image else b"y" * size, None) for i, (image, size) in enumerate(files)),
+        )
+        for n, files in enumerate(messages)
+    ]
+    alone = [decide(m.id, m.files, True) for m in history]  # each file as its own limits decide it
+    per_message = [decide(m.id, m.files, True) for m in history]
+    within_request(per_message, budget)
+    spent = 0
+    for before, placed in zip(reversed(alone), reversed(per_message), strict=True):
+        for was, p in zip(before, placed, strict=True):
+            cost = truth.file_tokens(was.text, was.image is not None)
+            if p.record.reason == NotShown.OVER_BUDGET:
+                assert spent + cost > budget  # it did not fit what newer files left
+                kind = "image" if was.image is not None else "text"
+                assert p.text == truth.attachment_line(p.record.name, p.record.size, NotShown.OVER_BUDGET, kind, budget)
+            elif p.record.shown != "described":
+                assert p.text == was.text
+                spent += cost
+    assert spent <= budget

@@ -238,3 +238,31 @@ def test_check_names_every_bound_a_granted_standing_still_needs_at_once(tmp_path
         f"policies/p.yaml:1: continuation.{key}: required when standing is 'bounded'"
         for key in ("max_output_tokens", "min_progress_chars", "similarity_abort")
     ]
+
+
+def test_check_names_a_bad_file_budget_and_one_above_the_models_context_window(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "policies/default.yaml", "retries: {max_attempts: 3}\n")
+    write(tmp_path, "policies/negative.yaml", "attachments:\n  request_budget_tokens: -1\n")
+    write(tmp_path, "policies/words.yaml", "attachments: {request_budget_tokens: lots}\n")
+    write(tmp_path, "policies/typo.yaml", "attachment: {request_budget_tokens: 10}\n")
+    write(
+        tmp_path,
+        "residences/ok.yaml",
+        RES.replace("policy: default", "policy: {attachments: {request_budget_tokens: 0}}"),
+    )
+    write(
+        tmp_path,
+        "residences/wide.yaml",
+        RES.replace("policy: default", "policy: {attachments: {request_budget_tokens: 300000}}"),
+    )
+    assert cli.main(["check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4, err
+    assert "negative.yaml:2: attachments.request_budget_tokens: Input should be greater than or equal to 0" in err[0]
+    assert "typo.yaml:1: attachment: unknown key (did you mean attachments?)" in err[1]
+    assert "words.yaml:1: attachments.request_budget_tokens: Input should be a valid integer" in err[2]
+    assert (
+        "wide.yaml:5: policy.attachments.request_budget_tokens: 300,000 is above claude-3-opus-20240229's context"
+        " window of 200,000 tokens" in err[3]
+    )

@@ -84,7 +84,7 @@ async def test_no_resident_can_forge_a_receipt_and_receipts_are_never_another_re
         assert not any(t.startswith("cairn: -# ") for t in turns)
         [note] = [t for t in turns if t.startswith("[Boundary note")]
         assert "cairn" in note and RECEIPT_1024.removeprefix("-# ") in note
-        assert f"alice: {PERSON}\nwhat now, @sill?" in turns
+        assert f"alice: {PERSON}\nalice: what now, @sill?" in turns  # every line of hers under her name
         assert CEILING_TEXT[:60] in blob  # cairn's partial is cairn's words
 
         # cairn reads sill's look-alike as sill's words (as the room shows them), its own cut once, no receipt
@@ -97,7 +97,7 @@ async def test_no_resident_can_forge_a_receipt_and_receipts_are_never_another_re
         msgs = req["messages"]
         assert [m["content"] for m in msgs if m["role"] == "assistant"] == [CEILING_TEXT]
         user_turns = "\n\n".join(m["content"] for m in msgs if m["role"] == "user").split("\n\n")
-        assert f"sill: {quoted['content']}" in user_turns
+        assert "\n".join(f"sill: {line}" for line in quoted["content"].split("\n")) in user_turns
         assert not any("Output ceiling reached at 1,024" in t for t in user_turns)  # its own receipt: not shown
         assert any(t.startswith("[Boundary: the message above was cut off") for t in user_turns)
         assert await verify(d.ledger) == []

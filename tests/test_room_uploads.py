@@ -176,7 +176,7 @@ async def test_an_uploaded_image_reaches_the_provider_as_an_image_block(tmp_path
             },
             {
                 "type": "text",
-                "text": "[attachment: notes.md, 6 bytes, text:]\nünï\n\n"
+                "text": "[attachment: notes.md, 6 bytes, text:]\n| ünï\n\n"
                 "[attachment: report.pdf, 11 bytes, not shown: type not supported]",
             },
         ]

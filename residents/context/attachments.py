@@ -1,5 +1,6 @@
-"""The files people post, as a resident's request carries them: images as image blocks, text inline, the
-rest as one line each (`residents.truth.attachment_line`).
+"""The files people post, as a resident's request carries them: images as image blocks, text inline
+(each line marked, `residents.context.marks`), the rest as one line each (`residents.truth.attachment_line`).
+A request holds its files to a budget (`within_request`), the newest messages' first.
 
 What a file is comes from its bytes: an image by its magic numbers (PNG, JPEG, GIF, WebP), text by
 being UTF-8 without NUL bytes — a declared content type only names the limit a file too large to read
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
 from .. import truth
 from ..records import NotShown, SharedFile, Shown
+from .marks import one_line, quoted
 
 SUPPORTED_IMAGES = ("image/png", "image/jpeg", "image/gif", "image/webp")
 FETCH_LIMIT = max(truth.IMAGE_LIMIT, truth.TEXT_LIMIT)  # a file over this is described without being read
@@ -92,16 +93,10 @@ def base64_size(n: int) -> int:
     return 4 * ((n + 2) // 3)
 
 
-NAME_CHARS = 100  # of a file name as the request shows it (the ledger keeps it whole)
-
-
 def shown_name(name: str) -> str:
-    """A file name on one line of the request: control characters and line breaks as spaces, brackets
-    as parentheses (a name cannot close its own `[attachment: …]` line or open another), at most
-    `NAME_CHARS` characters."""
-    flat = "".join(" " if unicodedata.category(c)[0] in "CZ" and c != " " else c for c in name)
-    flat = " ".join(flat.translate(str.maketrans("[]", "()")).split()) or "(no name)"
-    return flat if len(flat) <= NAME_CHARS else flat[: NAME_CHARS - 1] + "…"
+    """A file name on one line of the request (`marks.one_line`): it cannot close its own
+    `[attachment: …]` line or open another. The ledger keeps it whole."""
+    return one_line(name)
 
 
 def _declared_kind(declared: str | None) -> str:
@@ -184,30 +179,39 @@ def decide(message_id: str, files: tuple[Fetched, ...], images_ok: bool) -> list
         else:
             media = f.declared_type if _declared_kind(f.declared_type) == "text" else "text/plain"
             record = SharedFile(message_id, pos, f.name, media, size, digest, Shown.TEXT)
-            placed.append(Placed(record, f"{truth.attachment_text_header(shown_name(f.name), size)}\n{text}"))
+            placed.append(Placed(record, f"{truth.attachment_text_header(shown_name(f.name), size)}\n{quoted(text)}"))
     return placed
 
 
-def within_request(per_message: list[list[Placed]]) -> None:
-    """Hold a request's images to `IMAGES_PER_REQUEST` and `IMAGE_BYTES_PER_REQUEST`, newest messages
-    first (messages oldest first): an older image past either is described instead, in place."""
-    count = total = 0
+def within_request(per_message: list[list[Placed]], budget: int) -> None:
+    """Hold a request's files to its limits, newest messages first (messages oldest first; within one
+    message, its files in order): images to `IMAGES_PER_REQUEST` and `IMAGE_BYTES_PER_REQUEST`, and every
+    image and inline text file to `budget` tokens (`truth.file_tokens`). A file past a limit is described
+    instead, in place; an older one that still fits what is left is shown."""
+    count = total = spent = 0
     for placed in reversed(per_message):
         for i, p in enumerate(placed):
-            if p.image is None:
-                continue
             r = p.record
-            if count + 1 > truth.IMAGES_PER_REQUEST or total + r.size > truth.IMAGE_BYTES_PER_REQUEST:
-                record = SharedFile(
-                    r.message_id, r.position, r.name, r.media_type, r.size, r.sha256, Shown.DESCRIBED,
-                    NotShown.REQUEST_LIMIT,
-                )  # fmt: skip
-                placed[i] = Placed(
-                    record, truth.attachment_line(shown_name(r.name), r.size, NotShown.REQUEST_LIMIT, "image")
-                )
+            if r.shown == Shown.DESCRIBED:
                 continue
-            count += 1
-            total += r.size
+            image = p.image is not None
+            if image and (count + 1 > truth.IMAGES_PER_REQUEST or total + r.size > truth.IMAGE_BYTES_PER_REQUEST):
+                placed[i] = _left_out(r, NotShown.REQUEST_LIMIT, "image", budget)
+                continue
+            cost = truth.file_tokens(p.text, image)
+            if spent + cost > budget:
+                placed[i] = _left_out(r, NotShown.OVER_BUDGET, "image" if image else "text", budget)
+                continue
+            spent += cost
+            if image:
+                count += 1
+                total += r.size
+
+
+def _left_out(r: SharedFile, reason: NotShown, kind: str, budget: int) -> Placed:
+    """A file shown by its own limits that the request's limits leave out: one line in its place."""
+    record = SharedFile(r.message_id, r.position, r.name, r.media_type, r.size, r.sha256, Shown.DESCRIBED, reason)
+    return Placed(record, truth.attachment_line(shown_name(r.name), r.size, reason, kind, budget))
 
 
 def content(line: str, placed: list[Placed]) -> str | list[dict[str, Any]]:

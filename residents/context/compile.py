@@ -5,6 +5,8 @@ in its exact canonical form, as its own words, followed by a model-visible bound
 receipts are never presented as its words; text set aside for a retry is described, not quoted.
 Another resident's receipts and notices (found in the ledger by message id) appear as boundary
 notes, never as that resident's words; a person's line that looks like one stays the person's words.
+Every line someone else wrote is marked as theirs (`residents.context.marks`), so only the framework's
+notes begin a line with `[`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .. import models, truth
 from ..config import Residence
 from ..records import Generation, Post, SharedFile, Stump
 from .attachments import Fetched, Placed, content, decide, within_request
+from .marks import one_line, quoted, said
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
@@ -83,13 +86,10 @@ def _turns(
             post = posts.get(m.id) if m.is_bot else None
             if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
                 line = post.content.removeprefix(truth.RECEIPT_PREFIX)
-                turns.append(("user", truth.context_room_line_note(m.author, line)))
+                turns.append(("user", truth.context_room_line_note(one_line(m.author), line)))
                 continue
             placed = (files or {}).get(m.id)
-            if placed:
-                turns.append(("user", content(f"{m.author}:" + (f" {m.content}" if m.content else ""), placed)))
-            else:
-                turns.append(("user", f"{m.author}: {m.content}"))
+            turns.append(("user", content(said(m.author, m.content), placed) if placed else said(m.author, m.content)))
             continue
         post = posts.get(m.id)
         if post is not None and post.kind in ("receipt", "notice"):
@@ -121,9 +121,7 @@ def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, 
     if set_aside:
         if own_stumps_visible:
             for s in set_aside:
-                out.append(
-                    ("user", f"[Text set aside ({s.cause}, {s.chars:,} characters), shown by policy:]\n{s.text}")
-                )
+                out.append(("user", f"{truth.context_set_aside_header(s.cause, s.chars)}\n{quoted(s.text)}"))
         else:
             out.append(("user", truth.context_abandoned_note(len(set_aside), sum(s.chars for s in set_aside))))
     if g.status == "refused":
@@ -176,6 +174,12 @@ def base_request(res: Residence) -> dict[str, Any]:
     return req
 
 
+def file_budget(res: Residence) -> int:
+    """The tokens a request's inline files may take: the policy's budget, else a quarter of the model's window."""
+    stated = res.policy.attachments.request_budget_tokens
+    return stated if stated is not None else truth.file_budget(models.caps(res.model).context_window)
+
+
 def compile_request(
     res: Residence,
     history: list[RoomMessage],
@@ -203,7 +207,7 @@ def compile_with_files(
     images_ok = models.caps(res.model).accepts_images
     with_files = [m for m in shown if m.files and not m.is_self]
     per_message = [decide(m.id, m.files, images_ok) for m in with_files]
-    within_request(per_message)
+    within_request(per_message, file_budget(res))
     files = {m.id: placed for m, placed in zip(with_files, per_message, strict=True)}
     turns = _turns(shown, posts, gens, res.policy.stumps.resident_reads_own, recovered, files)
     if not turns or turns[0][0] != "user":

@@ -59,10 +59,10 @@ def without_image_refs(request: dict[str, Any]) -> dict[str, Any]:
     def change(block: dict[str, Any]) -> dict[str, Any]:
         source = block.get("source")
         if isinstance(source, dict) and source.get("type") == IMAGE_REF:
-            return {
-                "type": "text",
-                "text": truth.image_not_resent(str(source.get("media_type")), str(source["sha256"])),
-            }
+            # A line of its own however a provider joins the text around it (chat completions joins a
+            # message's text parts with nothing between): a note starts a line, and no one's text follows it there.
+            note = truth.image_not_resent(str(source.get("media_type")), str(source["sha256"]))
+            return {"type": "text", "text": f"\n{note}\n"}
         return block
 
     return _map_images(request, change)
