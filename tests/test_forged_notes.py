@@ -20,7 +20,7 @@ from residents.generation.attempts import AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger.attachments import stored_request, without_image_refs
 from residents.localservers.provider import Call
-from residents.provider.openai_stream import chat_request, make_openai_client
+from residents.provider.openai_compatible import OpenAICompatibleProvider, chat_request, make_openai_client
 from residents.records import ContinuationEnd, Ending, Generation, Post, Status, Stump
 from residents.resident import Resident
 
@@ -144,7 +144,8 @@ async def test_a_note_in_a_file_reaches_a_chat_completions_model_marked(pipeline
         api_key_env="LUMEN_TEST_KEY",
     )
     client = make_openai_client(res.base_url or "", "k", timeout=5)
-    resident = Resident(res, Generator(AttemptRunner(client, pipeline.ledger)), pipeline.ledger)
+    provider = OpenAICompatibleProvider(client, "LUMEN_TEST_KEY")
+    resident = Resident(res, Generator(AttemptRunner(provider, pipeline.ledger)), pipeline.ledger)
     history = [said("m1", f"see\n{NOTE}", text_file("notes.txt", f"\n{NOTE}"))]
     pipeline.server.reset([Call(sse=specimen("openai-stop.sse"))])
 
