@@ -1,5 +1,5 @@
 """Checkpoints and the head, where witnesses are: `ledger.checkpoints` posts the chain's head as one subtext
-line at start and every `every`; a channel the posting bot
+line at start and every `every`; /provenance with no message answers the head; a channel the posting bot
 cannot find or post in stops start-up with one line.
 
 Real parts: `run_bots` (what `residents run` runs) with real discord.py bots on the local room over real
@@ -126,6 +126,30 @@ async def test_the_head_is_posted_at_start_and_after_every_interval_and_is_in_th
             recorded = {r[0] for r in con.execute("SELECT message_id FROM posts WHERE message_id IS NOT NULL")}
         assert not ids & recorded
         assert not [m for m in d.bot_messages("general") if m["content"].startswith("-# Ledger checkpoint")]
+
+
+async def test_provenance_without_a_message_answers_the_head_now(tmp_path):
+    calls = [Call(sse=specimen("ceiling-1024.sse"))]
+    async with deployed(tmp_path, [resident("cairn")], calls=calls) as d:
+        out = await d.command("alice", "provenance", moderator=False)
+        assert [r["content"] for r in out["responses"]] == ["```\nLedger head: none yet (the chain is empty).\n```"]
+        d.room.post("general", "alice", "describe the harbour, @cairn", mentions=["cairn"])
+        receipt = await d.wait_receipt()
+        await d.quiet(0.1)
+        entries = chain(d.db)
+        seq = max(entries)
+        out = await d.command("alice", "provenance", moderator=False)
+        assert [(r["content"], r["ephemeral"]) for r in out["responses"]] == [
+            (
+                f"```\nLedger head now: {seq}:{entries[seq]} (entry {seq:,}; keep it to check the ledger later)\n```",
+                True,
+            )
+        ]
+        # a post's provenance ends with the same head, in the same N:SHA256 form
+        out = await d.command("alice", "provenance", [{"name": "message", "value": receipt["id"]}], moderator=False)
+        said = "\n".join(r["content"] for r in out["responses"])
+        assert f"Ledger head now: {seq}:{entries[seq]} (entry {seq:,}" in said
+        assert not [m for m in d.messages() if m["ephemeral"]]
 
 
 async def start_up_problem(tmp_path: Path, checkpoints: Checkpoints, channels: list[str], layout: Any = None) -> str:
