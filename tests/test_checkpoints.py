@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import re
 import signal
@@ -150,6 +151,23 @@ async def test_provenance_without_a_message_answers_the_head_now(tmp_path):
         said = "\n".join(r["content"] for r in out["responses"])
         assert f"Ledger head now: {seq}:{entries[seq]} (entry {seq:,}" in said
         assert not [m for m in d.messages() if m["ephemeral"]]
+
+
+async def test_a_checkpoint_the_room_refuses_is_one_warning_and_the_next_comes_at_its_time(tmp_path, caplog):
+    async with deployed(tmp_path, [resident("cairn")], channels=("general", "witness"), checkpoints=every("1s")) as d:
+        await d.room.wait_for_message(lambda m: True, channel="witness", timeout=10)
+        d.room.faults.add(403)  # the next checkpoint: Missing Permissions, as when Send Messages is taken away
+        caplog.set_level(logging.INFO, logger="residents.discord.cogs.checkpoints")
+        two = await d.room.wait_until(
+            lambda: (lambda ms: ms if len(ms) >= 2 else None)(d.messages("witness")), timeout=10
+        )
+        assert d.room.faults.hits == 1
+        [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert warning.startswith("checkpoint not posted in residents/witness (Forbidden: 403") and warning.endswith(
+            "; the next in 1s"
+        ), warning
+        first, second = (dt.datetime.fromisoformat(m["timestamp"]) for m in two[:2])
+        assert (second - first).total_seconds() >= 1.5  # the refused one was not made up for: the next at its time
 
 
 async def start_up_problem(tmp_path: Path, checkpoints: Checkpoints, channels: list[str], layout: Any = None) -> str:
