@@ -262,3 +262,39 @@ async def test_residents_run_posts_checkpoints_as_residents_yaml_says(tmp_path):
             assert not room.messages("general")
     finally:
         await provider.stop()
+
+
+@pytest.mark.parametrize("listens", [["general", "witness"], []])
+async def test_a_checkpoint_channel_a_resident_listens_in_stops_start_up(tmp_path, listens):
+    """A checkpoint is not in the ledger, so a resident reading its channel would take it as room words."""
+    provider = ProviderServer()
+    await provider.start()
+    try:
+        async with running_room(["general", "witness"]):
+            with pytest.raises(StartupError) as info:
+                await asyncio.wait_for(
+                    run_bots(
+                        Deployment(
+                            [
+                                resident("cairn"),
+                                resident("sill", *listens)
+                                if listens
+                                else residence(name="sill", discord={"token_env": "SILL_TOKEN"}),
+                            ],
+                            {"cairn": "local-cairn", "sill": "local-sill"},
+                            every("1h"),
+                        ),
+                        str(tmp_path / "l.db"),
+                        provider.url,
+                        "k",
+                        guild_ready_timeout=0.05,
+                    ),
+                    timeout=10,
+                )
+    finally:
+        await provider.stop()
+    how = "listens there" if listens else "listens in every channel (it lists no discord.channels)"
+    assert str(info.value) == (
+        f"residents.yaml: ledger.checkpoints.channel: residents/witness is no channel of their own: sill {how}; "
+        "a resident would read each checkpoint as the room's words"
+    )

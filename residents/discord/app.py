@@ -116,7 +116,10 @@ class ResidentBot(commands.Bot):
         if self.checkpoints is not None and not self.startup_problem:
             entry = self.checkpoints.channel
             named = [c for g in self.guilds for c in g.text_channels if names_channel(entry, c)]
-            self.checkpoint_channel, self.startup_problem = checkpoint_channel(entry, named, self.residence.name)
+            listening = {n: r.residence.discord.channels for n, r in self.registry.items() if r.residence.discord}
+            self.checkpoint_channel, self.startup_problem = checkpoint_channel(
+                entry, named, self.residence.name, listening
+            )
         if self.startup_problem:
             log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
             await self.close()
@@ -160,10 +163,14 @@ CHECKPOINTS_KEY = "residents.yaml: ledger.checkpoints.channel"
 
 
 def checkpoint_channel(
-    entry: str, named: list[discord.TextChannel], bot_name: str
+    entry: str, named: list[discord.TextChannel], bot_name: str, listening: dict[str, list[str]]
 ) -> tuple[discord.TextChannel | None, str | None]:
     """Of the channels `entry` names in the posting bot's guilds (`named`), the one checkpoints go to, or
-    the one line saying why there is none: no such channel, several, or one the bot may not post in."""
+    the one line saying why there is none: no such channel, several, one the bot may not post in, or one
+    a resident listens in (`listening`: each residence's `discord.channels`; none listed is every channel).
+
+    Why a channel of their own: a checkpoint is not in the ledger, so a resident reading that channel
+    would take the line as room words (its own words, if its bot posted it)."""
     if not named:
         return None, (
             f"{CHECKPOINTS_KEY}: no channel named {entry!r} in the guilds of {bot_name}'s bot, which posts checkpoints"
@@ -178,4 +185,11 @@ def checkpoint_channel(
             f"{CHECKPOINTS_KEY}: {bot_name}'s bot, which posts checkpoints, may not post in "
             f"{channel.guild.name}/{channel.name} (it needs View Channel and Send Messages there)"
         )
+    for name, entries in listening.items():
+        if not entries or any(names_channel(e, channel) for e in entries):
+            how = "listens in every channel (it lists no discord.channels)" if not entries else "listens there"
+            return None, (
+                f"{CHECKPOINTS_KEY}: {channel.guild.name}/{channel.name} is no channel of their own: {name} {how}; "
+                "a resident would read each checkpoint as the room's words"
+            )
     return channel, None
