@@ -249,7 +249,8 @@ class Checkpoints(Strict):
     """`ledger.checkpoints`: the chain's head posted in a channel at start and every `every`, for witnesses.
 
     The process's commands bot posts it (`discord.commands: true`, or the first residence), the same
-    bot that answers /provenance; start-up stops if it cannot see or post in `channel`."""
+    bot that answers /provenance; start-up stops if it cannot see or post in `channel`, or if a resident
+    listens there (a checkpoint is not in the ledger, so a resident would read it as the room's words)."""
 
     channel: Annotated[str, AfterValidator(_channel_ref)]  # a name, an id or guild/channel, as `discord.channels`
     every: Annotated[int, BeforeValidator(duration_seconds)]  # seconds, written as a duration (1h, 30m)
