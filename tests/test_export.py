@@ -130,7 +130,7 @@ def test_since_exports_from_that_entry_on(built, tmp_path, capsys):
     assert code == 0 and out.read_bytes().count(b"\n") == 1
 
 
-@pytest.mark.parametrize("since", ["abc", "0", "-3", "1.5", "", "12x"])
+@pytest.mark.parametrize("since", ["abc", "0", "-3", "1.5", "", "12x", "²"])
 def test_since_not_an_entry_number_is_one_line(built, tmp_path, capsys, since):
     out = tmp_path / "chain.jsonl"
     out.write_bytes(b"earlier\n")
@@ -262,4 +262,26 @@ def test_an_export_interrupted_midway_leaves_the_earlier_file_and_no_part(built,
     code, err = export(capsys, "--db", str(built), "--out", str(out))
     assert written == [chain.EXPORT_PAGE]
     assert code == 130 and err == [f"residents: export interrupted; {out} is as it was before"]
+    assert out.read_bytes() == b"earlier\n" and leftovers(tmp_path) == []
+
+
+def test_an_entry_that_is_not_ascii_is_one_line_and_nothing_is_written(built, tmp_path, capsys):
+    """No entry residents writes holds a non-ASCII byte (canonical JSON escapes them); one put there by hand
+    stops the export with one line, the earlier file as it was."""
+    db = tmp_path / "ledger.db"
+    with sqlite3.connect(built) as src, sqlite3.connect(db) as dst:
+        src.backup(dst)
+    last, digest = head_of(db)
+    with sqlite3.connect(db) as con:
+        con.execute(
+            "INSERT INTO chain (seq, kind, record, prev, body, hash) VALUES (?, 'generation', 'g-x', ?, ?, ?)",
+            (last + 1, digest, '{"id":"g-x","kind":"generation","note":"é"}', "0" * 64),
+        )
+    out = tmp_path / "chain.jsonl"
+    out.write_bytes(b"earlier\n")
+    code, err = export(capsys, "--db", str(db), "--out", str(out))
+    assert code == 2 and err == [
+        f"residents: {db}: a chain entry is not ASCII, as no entry residents writes is (nothing was exported); "
+        "`residents ledger verify` checks the chain"
+    ]
     assert out.read_bytes() == b"earlier\n" and leftovers(tmp_path) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import signal
 import stat
@@ -303,8 +304,8 @@ def export(db: str | None, out: str, since: str) -> int:
         raise UsageError(f"--out {out}: cannot write the export: {e.strerror or e}") from None
     except UnicodeEncodeError:
         raise UsageError(
-            f"{path}: a chain entry is not ASCII, as no entry written by residents is; "
-            "`residents ledger verify` names it (nothing was exported)"
+            f"{path}: a chain entry is not ASCII, as no entry residents writes is (nothing was exported); "
+            "`residents ledger verify` checks the chain"
         ) from None
     where = "standard output" if target is None else str(target)
     if span is None:
@@ -318,7 +319,7 @@ def export(db: str | None, out: str, since: str) -> int:
 
 def _entry_number(since: str) -> int:
     """`--since` as an entry's sequence number; anything else is one line naming it."""
-    if not since.strip().isdigit() or int(since) < 1:
+    if not re.fullmatch(r"\s*[0-9]+\s*", since) or int(since) < 1:  # ASCII digits: `²` is a digit to isdigit
         raise UsageError(f"--since {since}: not an entry number (a whole number from 1)")
     return int(since)
 
