@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from . import models
 from .provider import REGISTRY
@@ -254,10 +254,47 @@ class ModelRow(Strict):
     context_window: int | None = Field(default=None, ge=1_000, le=100_000_000)  # tokens; None: 128,000
 
 
+# A checkpoint's cadence, as `every:` writes it: a number and its unit, or several (`1h30m`).
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_UNIT_SECONDS = (86_400, 3_600, 60, 1)
+CHECKPOINT_FLOOR = 1  # seconds: short enough to watch a checkpoint come round, long enough not to flood a channel
+CHECKPOINT_CEILING = 7 * 86_400  # a week: a witness should not wait longer for the next head
+
+
+def duration_seconds(value: object) -> int:
+    """`1h`, `30m`, `90s`, `1d`, `1h30m` → seconds; anything else is a ValueError saying how to write one.
+
+    Why by hand: the four units and their sum are the whole grammar; a library would accept forms
+    (`1 hour`, ISO 8601, bare numbers) a reader of residents.yaml could read two ways."""
+    m = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if m is None or not any(m.groups()):
+        raise ValueError("not a duration: a number and its unit (d, h, m, s), like 1h, 30m, 90s or 1h30m")
+    seconds = sum(int(n) * unit for n, unit in zip(m.groups(), _UNIT_SECONDS, strict=True) if n)
+    if not CHECKPOINT_FLOOR <= seconds <= CHECKPOINT_CEILING:
+        raise ValueError(f"must be between {CHECKPOINT_FLOOR}s and {CHECKPOINT_CEILING // 86_400}d")
+    return seconds
+
+
+class Checkpoints(Strict):
+    """`ledger.checkpoints`: the chain's head posted in a channel at start and every `every`, for witnesses.
+
+    The process's commands bot posts it (`discord.commands: true`, or the first residence), the same
+    bot that answers /provenance; start-up stops if it cannot see or post in `channel`, or if a resident
+    listens there (a checkpoint is not in the ledger, so a resident would read it as the room's words)."""
+
+    channel: Annotated[str, AfterValidator(_channel_ref)]  # a name, an id or guild/channel, as `discord.channels`
+    every: Annotated[int, BeforeValidator(duration_seconds)]  # seconds, written as a duration (1h, 30m)
+
+
+class LedgerSettings(Strict):
+    checkpoints: Checkpoints | None = None
+
+
 class ProjectFile(Strict):
     """residents.yaml at the root of the configuration folder: settings for every residence there."""
 
     models: dict[str, ModelRow] = Field(default_factory=dict)
+    ledger: LedgerSettings = LedgerSettings()
 
 
 # The project-level file: its `models:` rows extend and override residents/models.yaml.
@@ -446,6 +483,15 @@ def load_policy(name_or_path: str, base: Path) -> Policy:
 def _read_policy(path: Path) -> Policy:
     data, node = read_yaml(path)
     return build_policy(data, path, node, default_name=path.stem)
+
+
+def load_project(base: Path) -> ProjectFile:
+    """residents.yaml of the configuration folder `base`, validated; its defaults when there is none."""
+    path = base / PROJECT_FILE
+    if not path.is_file():
+        return ProjectFile()
+    data, node = read_yaml(path)
+    return validate(ProjectFile, mapping(data, path, node, "project file"), path, node)
 
 
 def read_project(path: Path) -> models.ModelTable:

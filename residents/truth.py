@@ -8,6 +8,7 @@ wording of a receipt exists exactly once.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 from typing import Literal
 
@@ -511,6 +512,36 @@ def provenance_closes(count: int) -> str:
         if count
         else "This receipt closes no text post (none was posted)."
     )
+
+
+# The chain's head, where witnesses are: a checkpoint line in a channel (`ledger.checkpoints` in
+# residents.yaml, `residents.discord.checkpoints`) and /provenance give it as `N:SHA256` — the latest
+# entry's sequence number and hash — which a witness keeps and `residents ledger verify --head` checks.
+# A checkpoint post is not itself recorded in the ledger: the head it names stays the head until a
+# resident's next record, so an idle ledger shows the same head at every checkpoint.
+
+
+def head_ref(seq: int, digest: str) -> str:
+    """A chain head as a witness copies it and `residents ledger verify --head` reads it: `N:SHA256`."""
+    return f"{seq}:{digest}"
+
+
+def checkpoint_line(head: tuple[int, str] | None, at: float) -> str:
+    """The subtext line a checkpoint posts: when (UTC, to the second) and the head then, ready to paste."""
+    when = dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if head is None:
+        return f"{RECEIPT_PREFIX}Ledger checkpoint at {when}: the chain is empty (no entry yet)."
+    return (
+        f"{RECEIPT_PREFIX}Ledger checkpoint at {when}: head `{head_ref(*head)}` "
+        "(entry:SHA-256; `residents ledger verify --head` checks it later)"
+    )
+
+
+def provenance_head(head: tuple[int, str] | None) -> str:
+    """The last line but one of every /provenance answer: the chain's head as it is now, ready to paste."""
+    if head is None:
+        return "Ledger head: none yet (the chain is empty)."
+    return f"Ledger head now: {head_ref(*head)} (entry {head[0]:,}; keep it to check the ledger later)"
 
 
 # ----- attachments: what a resident's request carries of the files people post (bot.context.attachments)

@@ -21,7 +21,7 @@ from typing import Any
 import discord
 from aiohttp import web
 
-from residents.config import Residence
+from residents.config import Checkpoints, Residence
 from residents.discord import run as run_mod
 from residents.discord.app import ResidentBot
 from residents.discord.run import Deployment, run_bots
@@ -151,12 +151,14 @@ async def deployed(
     channels: Sequence[str] = ("general",),
     layout: Layout | None = None,
     expected_errors: Sequence[str] = (),
+    checkpoints: Checkpoints | None = None,
     **run_options: Any,
 ) -> AsyncIterator[Deployed]:
     """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced
     (in every guild of `layout`, when the room is built from one).
 
-    `expected_errors`: substrings of ERROR lines the test provokes on purpose; `run_options` go to `run_bots`.
+    `expected_errors`: substrings of ERROR lines the test provokes on purpose; `checkpoints`: residents.yaml's
+    `ledger.checkpoints`; `run_options` go to `run_bots`.
     """
     bots: list[ResidentBot] = []
     seen: dict[str, list[int]] = {}
@@ -184,7 +186,7 @@ async def deployed(
         run_mod.ResidentBot = TrackedBot  # type: ignore[misc]
         task = asyncio.create_task(
             run_bots(
-                Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}),
+                Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}, checkpoints),
                 str(db),
                 {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "test-key", **run_options.pop("env", {})},
                 guild_ready_timeout=0.05,

@@ -188,7 +188,7 @@ def test_an_export_verifies_offline_and_fails_after_any_one_byte_changes(tmp_pat
     out = tmp_path / "chain.jsonl"
     assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out)]) == 0
     [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
-    assert f"wrote entries 1..{last} to {out}; head {head}" in capsys.readouterr().err
+    assert f"wrote entries 1..{last} to {out}; head {last}:{head}" in capsys.readouterr().err
     data = out.read_bytes()
     assert data.count(b"\n") == last
     for text in texts(db):

@@ -266,3 +266,82 @@ def test_check_names_a_bad_file_budget_and_one_above_the_models_context_window(t
         "wide.yaml:5: policy.attachments.request_budget_tokens: 300,000 is above claude-3-opus-20240229's context"
         " window of 200,000 tokens" in err[3]
     )
+
+
+# ------------------------------------------------------------------ ledger.checkpoints in residents.yaml
+
+DISCORD_RES = RES + "discord: {token_env: CKPT_TOKEN, channels: [general]}\n"
+
+
+@pytest.mark.parametrize(
+    "every, seconds", [("1h", 3600), ("30m", 1800), ("90s", 90), ("1h30m", 5400), ("1d", 86400), ("1s", 1)]
+)
+def test_checkpoints_take_a_channel_and_a_duration(tmp_path, monkeypatch, every, seconds):
+    from residents.discord.run import plan_deployment
+
+    write(tmp_path, "residences/cairn.yaml", DISCORD_RES)
+    write(tmp_path, "residents.yaml", f"ledger:\n  checkpoints: {{channel: provenance, every: {every}}}\n")
+    dep = plan_deployment(tmp_path, local_api=True, env={"ANTHROPIC_API_KEY": "k"})
+    assert dep.checkpoints is not None
+    assert (dep.checkpoints.channel, dep.checkpoints.every) == ("provenance", seconds)
+
+
+def test_without_checkpoints_nothing_is_posted(tmp_path):
+    from residents.discord.run import plan_deployment
+
+    write(tmp_path, "residences/cairn.yaml", DISCORD_RES)
+    assert plan_deployment(tmp_path, local_api=True, env={"ANTHROPIC_API_KEY": "k"}).checkpoints is None
+    write(tmp_path, "residents.yaml", "models: {}\n")
+    assert plan_deployment(tmp_path, local_api=True, env={"ANTHROPIC_API_KEY": "k"}).checkpoints is None
+
+
+DURATION = "not a duration: a number and its unit (d, h, m, s), like 1h, 30m, 90s or 1h30m"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "ledger:\n  checkpoints:\n    channel: provenance\n    every: 1 hour\n",
+            f"residents.yaml:4: ledger.checkpoints.every: {DURATION} (got '1 hour')",
+        ),
+        (
+            "ledger:\n  checkpoints:\n    channel: provenance\n    every: 3600\n",
+            f"residents.yaml:4: ledger.checkpoints.every: {DURATION} (got 3600)",
+        ),
+        (
+            "ledger:\n  checkpoints:\n    channel: provenance\n    every: 0s\n",
+            "residents.yaml:4: ledger.checkpoints.every: must be between 1s and 7d (got '0s')",
+        ),
+        (
+            "ledger:\n  checkpoints:\n    channel: provenance\n    every: 8d\n",
+            "residents.yaml:4: ledger.checkpoints.every: must be between 1s and 7d (got '8d')",
+        ),
+        (
+            "ledger:\n  checkpoints:\n    channel: two words\n    every: 1h\n",
+            "residents.yaml:3: ledger.checkpoints.channel: a channel is a name, an id or guild/channel (got 'two words')",
+        ),
+        (
+            "ledger:\n  checkpoints:\n    every: 1h\n",
+            "residents.yaml:2: ledger.checkpoints.channel: required key is missing",
+        ),
+        (
+            "ledger:\n  checkpoints: {channel: provenance, every: 1h, evry: 1h}\n",
+            "residents.yaml:2: ledger.checkpoints.evry: unknown key (did you mean every?)",
+        ),
+        (
+            "ledger:\n  checkpoint: {channel: provenance, every: 1h}\n",
+            "residents.yaml:2: ledger.checkpoint: unknown key (did you mean checkpoints?)",
+        ),
+    ],
+)
+def test_a_bad_checkpoint_setting_is_one_line_naming_file_key_and_line(tmp_path, monkeypatch, capsys, text, expected):
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "residences/cairn.yaml", DISCORD_RES)
+    write(tmp_path, "residents.yaml", text)
+    assert cli.main(["check", "residents.yaml"]) == 2
+    assert expected in capsys.readouterr().err.splitlines()
+    monkeypatch.setenv("CKPT_TOKEN", "t")
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
+    assert cli.main(["run", "--discord-api", "http://127.0.0.1:9"]) == 2  # start-up stops before connecting
+    assert capsys.readouterr().err.splitlines() == [f"{tmp_path}/{expected}"]

@@ -4,17 +4,28 @@ hash chain checked, the chain written out for anyone to check offline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import re
+import secrets
+import signal
+import stat
 import sys
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import click
 
+from .. import truth
 from ..ledger import chain, views
 from ..ledger.access import tool_calls_of
+from ..ledger.checkpoints import chain_head
 from ..ledger.verify import Report, check, few_collections
 from ..records import Generation, Stump, ToolCall
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
+
+T = TypeVar("T")
 
 
 @click.group()
@@ -239,48 +250,135 @@ def _verify_export(path: Path) -> int:
     "out",
     required=True,
     metavar="FILE",
-    type=click.Path(dir_okay=False, path_type=Path),
     help="Where to write the chain, one JSON line per entry ('-': standard output).",
 )
 @click.option(
     "--since",
-    type=click.IntRange(min=1),
-    default=1,
+    default="1",
     show_default=True,
     metavar="ENTRY",
     help="The first entry to write (its sequence number); earlier ones are left out.",
 )
-def export(db: str | None, out: Path, since: int) -> int:
+def export(db: str | None, out: str, since: str) -> int:
     """Write the hash chain as JSON Lines, for anyone to check offline.
 
     One canonical JSON object per line (entry, hash, prev, seq): hashes and metadata of every
     settled record, never their text. `residents ledger verify --export FILE` checks it with
     no database; the repository's docs/provenance.md gives the algorithm in a few lines.
 
+    The chain is read and written a page at a time (memory stays small however long it is), up to
+    the head as the export starts. FILE is written whole or not at all: a temporary file beside it,
+    renamed into place once complete, so an interrupted or failed export leaves any earlier FILE
+    as it was.
+
     \b
     Example:
       residents ledger export --out chain.jsonl
       residents ledger export --out newer.jsonl --since 1200
     """
+    first = _entry_number(since)
     path = ledger_path(db)
+    target = None if out == "-" else Path(out)
+    if target is not None and target.is_dir():
+        raise UsageError(f"--out {out}: a folder, not a file")
 
-    async def go() -> tuple[list[chain.Entry], int]:
+    async def go() -> tuple[int, int, str] | None:
+        """The export; the first and last entries written and the head's hash (None: no entries)."""
         async with open_ledger(path) as lg:
-            head = list(await lg.db.execute_fetchall("SELECT coalesce(max(seq), 0) FROM chain"))[0][0]
-            return await chain.entries(lg.db, since), head
+            head = await chain_head(lg.db)
+            last = head[0] if head else 0
+            if first > 1 and first > last:
+                raise UsageError(f"--since {first}: no such entry in {path} (its chain has {last} entries)")
+            with _written(target) as sink:
+                async for page in chain.export_pages(lg.db, first, last):
+                    sink.write("".join(e.line + "\n" for e in page).encode("ascii"))
+            return (first, last, head[1]) if head else None
 
-    entries, head = asyncio.run(go())
-    if since > 1 and not entries:
-        raise UsageError(f"--since {since}: no such entry in {path} (its chain has {head} entries)")
-    data = "".join(e.line + "\n" for e in entries)
-    if str(out) == "-":
-        sys.stdout.write(data)
+    try:
+        span = _interruptible(go)
+    except asyncio.CancelledError:
+        where = "" if target is None else f"; {target} is as it was before"
+        print(f"residents: export interrupted{where}", file=sys.stderr)
+        return 130
+    except OSError as e:
+        raise UsageError(f"--out {out}: cannot write the export: {e.strerror or e}") from None
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{path}: a chain entry is not ASCII, as no entry residents writes is (nothing was exported); "
+            "`residents ledger verify` checks the chain"
+        ) from None
+    where = "standard output" if target is None else str(target)
+    if span is None:
+        print(f"wrote no entries to {where}", file=sys.stderr)
     else:
-        try:
-            out.write_text(data, encoding="ascii")
-        except OSError as e:
-            raise UsageError(f"{out}: cannot write the export: {e.strerror or e}") from None
-    where = "standard output" if str(out) == "-" else str(out)
-    span = f"entries {entries[0].seq}..{entries[-1].seq}" if entries else "no entries"
-    print(f"wrote {span} to {where}" + (f"; head {entries[-1].hash}" if entries else ""), file=sys.stderr)
+        print(
+            f"wrote entries {span[0]}..{span[1]} to {where}; head {truth.head_ref(span[1], span[2])}", file=sys.stderr
+        )
     return 0
+
+
+def _entry_number(since: str) -> int:
+    """`--since` as an entry's sequence number; anything else is one line naming it."""
+    if not re.fullmatch(r"\s*[0-9]+\s*", since) or int(since) < 1:  # ASCII digits: `²` is a digit to isdigit
+        raise UsageError(f"--since {since}: not an entry number (a whole number from 1)")
+    return int(since)
+
+
+def _interruptible(go: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """`asyncio.run(go())`, where SIGTERM, like Ctrl-C, cancels the run (so `_written` removes its
+    temporary file) instead of ending the process on the spot."""
+
+    async def main() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or not supported here
+            pass
+        return await go()
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        raise asyncio.CancelledError from None
+
+
+class _Sink(Protocol):
+    def write(self, data: bytes, /) -> object: ...
+
+
+@contextlib.contextmanager
+def _written(target: Path | None) -> Iterator[_Sink]:
+    """Where an export's bytes go: standard output as they come, or `target`, atomically.
+
+    A file is written as a hidden temporary file in `target`'s folder (the same file system, so the
+    rename is atomic), flushed and fsynced, then renamed over `target` and the folder fsynced: a reader
+    sees the previous file or the new one whole, never a part. Whatever stops the writing while Python
+    still runs (an error, a full disk, Ctrl-C, SIGTERM) removes the temporary file; a kill that leaves
+    no chance to (SIGKILL, a power cut) can leave a `.NAME.*.part` beside `target`, never touching it.
+    """
+    if target is None:
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    folder = target.parent
+    temp = folder / f".{target.name}.{secrets.token_hex(6)}.part"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as to any new file
+    try:
+        with contextlib.suppress(FileNotFoundError):  # a file replaced keeps its permissions
+            os.chmod(fd, stat.S_IMODE(target.stat().st_mode))
+        with open(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    where = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(where)  # the rename itself, on disk
+    finally:
+        os.close(where)

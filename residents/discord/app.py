@@ -12,7 +12,7 @@ import logging
 import discord
 from discord.ext import commands
 
-from ..config import ConfigError, Residence
+from ..config import Checkpoints, ConfigError, Residence
 from ..resident import Resident
 from . import checks
 
@@ -21,6 +21,8 @@ log = logging.getLogger(__name__)
 COGS = ("residents.discord.cogs.resident",)
 # Application commands, loaded by the process's one commands bot, which answers for every resident.
 COMMANDS_COGS = ("residents.discord.cogs.moderation", "residents.discord.cogs.provenance")
+# The chain's head posted in a channel (`ledger.checkpoints`), by the commands bot when it is configured.
+CHECKPOINTS_COG = "residents.discord.cogs.checkpoints"
 
 # Residents never join voice; the warnings about voice libraries would only alarm operators.
 discord.VoiceClient.warn_nacl = False
@@ -42,6 +44,7 @@ class ResidentBot(commands.Bot):
         guild_ready_timeout: float = 2.0,
         commands_bot: bool = True,
         peers: dict[str, ResidentBot] | None = None,
+        checkpoints: Checkpoints | None = None,
     ) -> None:
         super().__init__(
             command_prefix=commands.when_mentioned,
@@ -62,6 +65,10 @@ class ResidentBot(commands.Bot):
         self.peers: dict[str, ResidentBot] = peers if peers is not None else {resident.residence.name: self}
         self.synced: set[int] = set()
         self.startup_problem: str | None = None
+        # `ledger.checkpoints`, for the process's commands bot (run.py passes it to that one only), and the
+        # channel on_ready found for it: the checkpoints cog posts there once the bot has settled.
+        self.checkpoints = checkpoints
+        self.checkpoint_channel: discord.TextChannel | None = None
         self.settled = asyncio.Event()  # set once ready: commands synced, channels found
 
     @property
@@ -72,7 +79,9 @@ class ResidentBot(commands.Bot):
         """Residents have no prefix commands: a mention is conversation, handled by the resident cog."""
 
     async def setup_hook(self) -> None:
-        for ext in COGS + (COMMANDS_COGS if self.commands_bot else ()):
+        for ext in (
+            COGS + (COMMANDS_COGS if self.commands_bot else ()) + ((CHECKPOINTS_COG,) if self.checkpoints else ())
+        ):
             await self.load_extension(ext)
         self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
 
@@ -104,10 +113,17 @@ class ResidentBot(commands.Bot):
                     if len(guilds) > 1
                     else f"{where}: {e!r} names {len(cs)} channels in guild {guilds[0]}; write one's id"
                 )
-            if self.startup_problem:
-                log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
-                await self.close()
-                return
+        if self.checkpoints is not None and not self.startup_problem:
+            entry = self.checkpoints.channel
+            named = [c for g in self.guilds for c in g.text_channels if names_channel(entry, c)]
+            listening = {n: r.residence.discord.channels for n, r in self.registry.items() if r.residence.discord}
+            self.checkpoint_channel, self.startup_problem = checkpoint_channel(
+                entry, named, self.residence.name, listening
+            )
+        if self.startup_problem:
+            log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
+            await self.close()
+            return
         log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))
         self.settled.set()
 
@@ -141,3 +157,39 @@ def names_channel(entry: str, channel: object) -> bool:
     if name != getattr(channel, "name", None):
         return False
     return not slash or getattr(getattr(channel, "guild", None), "name", None) == guild_name
+
+
+CHECKPOINTS_KEY = "residents.yaml: ledger.checkpoints.channel"
+
+
+def checkpoint_channel(
+    entry: str, named: list[discord.TextChannel], bot_name: str, listening: dict[str, list[str]]
+) -> tuple[discord.TextChannel | None, str | None]:
+    """Of the channels `entry` names in the posting bot's guilds (`named`), the one checkpoints go to, or
+    the one line saying why there is none: no such channel, several, one the bot may not post in, or one
+    a resident listens in (`listening`: each residence's `discord.channels`; none listed is every channel).
+
+    Why a channel of their own: a checkpoint is not in the ledger, so a resident reading that channel
+    would take the line as room words (its own words, if its bot posted it)."""
+    if not named:
+        return None, (
+            f"{CHECKPOINTS_KEY}: no channel named {entry!r} in the guilds of {bot_name}'s bot, which posts checkpoints"
+        )
+    if len(named) > 1:
+        where = ", ".join(f"{c.guild.name}/{c.name} ({c.id})" for c in named)
+        return None, f"{CHECKPOINTS_KEY}: {entry!r} names {len(named)} channels ({where}); write guild/channel or an id"
+    channel = named[0]
+    perms = channel.permissions_for(channel.guild.me)
+    if not (perms.view_channel and perms.send_messages):
+        return None, (
+            f"{CHECKPOINTS_KEY}: {bot_name}'s bot, which posts checkpoints, may not post in "
+            f"{channel.guild.name}/{channel.name} (it needs View Channel and Send Messages there)"
+        )
+    for name, entries in listening.items():
+        if not entries or any(names_channel(e, channel) for e in entries):
+            how = "listens in every channel (it lists no discord.channels)" if not entries else "listens there"
+            return None, (
+                f"{CHECKPOINTS_KEY}: {channel.guild.name}/{channel.name} is no channel of their own: {name} {how}; "
+                "a resident would read each checkpoint as the room's words"
+            )
+    return channel, None

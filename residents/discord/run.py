@@ -19,7 +19,7 @@ from pathlib import Path
 
 import discord
 
-from ..config import Residence, load_all_residences
+from ..config import Checkpoints, Residence, load_all_residences, load_project
 from ..delivery.keys import KeyRejections
 from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
@@ -49,6 +49,7 @@ class ProviderKeyRejected(StartupError):
 class Deployment:
     residences: list[Residence]
     tokens: dict[str, str]
+    checkpoints: Checkpoints | None = None  # residents.yaml's `ledger.checkpoints`: posted by the commands bot
 
 
 def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = None) -> Deployment:
@@ -68,7 +69,7 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
         assert r.discord is not None
         tokens[r.name] = env.get(r.discord.token_env, "").strip() or f"local-{r.name}"
     commands_bot_of(residences)  # two residences marked `discord.commands: true` stop start-up here
-    return Deployment(residences, tokens)
+    return Deployment(residences, tokens, load_project(base).ledger.checkpoints)
 
 
 def provider_endpoints(residences: list[Residence], env: Mapping[str, str]) -> dict[str, tuple[str, Endpoint]]:
@@ -163,6 +164,7 @@ async def _serve(
                     guild_ready_timeout=guild_ready_timeout,
                     commands_bot=r.name == commander,
                     peers=peers,
+                    checkpoints=dep.checkpoints if r.name == commander else None,
                 )
             )
             peers[r.name] = bots[-1]

@@ -44,7 +44,7 @@ import re
 import sqlite3
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,8 +340,26 @@ _ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
 _ENTRY_AT = _ENTRIES + " WHERE seq = ?"
 
 
-async def entries(db: aiosqlite.Connection, since: int = 1) -> list[Entry]:
-    return [Entry(*r) for r in await db.execute_fetchall(_ENTRIES + " WHERE seq >= ? ORDER BY seq", (since,))]
+EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
+
+
+async def export_pages(db: aiosqlite.Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
+    """Entries `since`..`last` in order, a page at a time: an export writes each page before reading the next.
+
+    Why pages: the whole chain held at once took 1.1 GB at 100,000 generations. Each page starts after
+    the last entry of the one before (by `seq`, the primary key), so the pages cost the same however
+    far into the chain they are; entries appended meanwhile, past `last`, are left for a later export.
+    """
+    after, page = since - 1, EXPORT_PAGE
+    while after < last:
+        rows = await db.execute_fetchall(
+            _ENTRIES + " WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?", (after, last, page)
+        )
+        if not rows:
+            return
+        batch = [Entry(*r) for r in rows]
+        yield batch
+        after = batch[-1].seq
 
 
 async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:

@@ -158,12 +158,12 @@ def post_provenance(
     g: Generation | None,
     closes: list[Post],
     entries: dict[tuple[str, str], Entry],
-    head: tuple[int, str],
+    head: tuple[int, str] | None,
 ) -> list[str]:
     """What any witness of a post may know of it: metadata and hashes, never any text (no stump, no reasoning).
 
     `entries` maps (kind, record id) to the latest chain entry of that record; `closes` are the text posts
-    a receipt closes (`chain.closed_by`); `head` is the chain's last entry (sequence number, hash).
+    a receipt closes (`chain.closed_by`); `head` is the chain's last entry (sequence number, hash), if any.
     """
 
     def post_lines(p: Post, label: str, indent: str = "  ") -> list[str]:
@@ -208,5 +208,5 @@ def post_provenance(
                 + f" · {a.chars:,} chars · {tokens(a.output_tokens)} tokens"
                 + (f" · entry {entry.seq}" if entry is not None else "")
             )
-    lines += [f"ledger chain: {head[0]:,} entries, head {head[1]}", truth.PROVENANCE_HASHES]
+    lines += [truth.provenance_head(head), truth.PROVENANCE_HASHES]
     return lines

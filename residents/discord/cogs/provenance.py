@@ -1,4 +1,5 @@
-"""Provenance for every witness: the message command **Provenance** and `/provenance message:<link or id>`.
+"""Provenance for every witness: the message command **Provenance** and `/provenance message:<link or id>`;
+`/provenance` with no message answers the ledger's head now (`N:SHA256`, as checkpoints post it).
 
 Open to everyone who can see the channel (no moderator permission): a room that reads a receipt can
 also check it. The answer is ephemeral and holds metadata only — post kind, generation, status, stop
@@ -21,6 +22,7 @@ from discord.ext import commands
 from ... import truth
 from ...delivery import split_text
 from ...ledger import chain, views
+from ...ledger.checkpoints import chain_head
 from ..app import ResidentBot
 from ..checks import witness_scope
 
@@ -43,10 +45,17 @@ class Provenance(commands.Cog):
     async def on_menu(self, interaction: discord.Interaction, message: discord.Message) -> None:
         await self._answer(interaction, str(message.id))
 
-    @app_commands.command(name="provenance", description="Check a resident's post against the ledger (no text shown)")
-    @app_commands.describe(message="a message link, or a message id")
+    @app_commands.command(
+        name="provenance", description="Check a resident's post against the ledger (no text shown), or see its head"
+    )
+    @app_commands.describe(message="a message link, or a message id (none: the ledger's head now)")
     @app_commands.guild_only()
-    async def provenance(self, interaction: discord.Interaction, message: str) -> None:
+    async def provenance(self, interaction: discord.Interaction, message: str | None = None) -> None:
+        if message is None:  # the head alone: what a witness keeps to check the ledger later
+            await self._say(
+                interaction, f"```\n{truth.provenance_head(await chain_head(self.bot.resident.ledger.db))}\n```"
+            )
+            return
         ref = message.strip()
         m = LINK.search(ref)
         if m is None and not ref.isdigit():
@@ -70,7 +79,7 @@ class Provenance(commands.Cog):
             e = await chain.latest(ledger.db, kind, record)
             if e is not None:
                 entries[(kind, record)] = e
-        lines = views.post_provenance(message_id, post, g, closes, entries, await chain.head(ledger.db))
+        lines = views.post_provenance(message_id, post, g, closes, entries, await chain_head(ledger.db))
         pages = [f"```\n{chunk}\n```" for chunk in split_text("\n".join(lines), PAGE)]  # hashes copy cleanly
         await self._say(interaction, *pages)
 
