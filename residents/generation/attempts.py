@@ -126,11 +126,13 @@ class LedgerSink(BlockSink):
         return rows
 
     async def flush(self) -> None:
+        """Write what is pending. After `close` nothing is written: the attempt's settlement writes its
+        whole content and removes its chunks, so a chunk landing after it would outlive the attempt."""
         async with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            if not self._pending and not self._new_block:
+            if self._closed or (not self._pending and not self._new_block):
                 return
             before = [(b, b.written, b.on_disk) for b in self._open]
             rows, n, new_block = self._take(), self._pending, self._new_block
@@ -149,7 +151,9 @@ class LedgerSink(BlockSink):
                 self._inflight -= n
 
     async def close(self) -> None:
-        """Stop the timer and wait for a timed write in flight: nothing may land after settlement."""
+        """The last step before settlement: stop the timer, wait for a timed write in flight, and write
+        nothing more, whoever asks (`flush`: a live view's step may still be running). Nothing lands after
+        settlement: every chunk write of the attempt is queued to the ledger before its settling is."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -169,6 +173,10 @@ class AttemptWatch(Protocol):
 
     async def set_aside(self, a: Attempt, stumps: list[Stump]) -> None:
         """The attempt was abandoned for a retry (its stumps already in the ledger)."""
+
+    async def halt(self) -> None:
+        """The attempt's stream ended: stop showing it, and wait for the step in flight (which may flush
+        the sink), before the sink closes. What was shown is then on disk before the attempt settles."""
 
 
 class LiveLedgerSink(LedgerSink):
@@ -250,6 +258,8 @@ class AttemptRunner:
                 client = self.clients.get(g.residence, self.client)
                 end = await stream_call(client, request, sink, timeout=policy.timeout_seconds)
             finally:
+                if watch is not None:
+                    await watch.halt()
                 await sink.close()
             a.blocks = sink.blocks()
             a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
