@@ -46,6 +46,27 @@ class LedgerError(Exception):
     pass
 
 
+class LedgerWriteError(LedgerError):
+    """A change SQLite could not write: the disk is full, or it failed to write (an I/O error).
+
+    Nothing of the change is on disk, and the very same change can be asked for again: it succeeds once
+    the disk takes writes (`residents.ledger.retry`). Its cause stays the SQLite error it wraps."""
+
+
+# SQLite's primary result codes for a write the disk refused (an extended code keeps them in its low byte).
+WRITE_REFUSED = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
+
+
+def _as_write_error(path: str, e: BaseException) -> BaseException:
+    """A SQLite error of a write the disk refused, as a `LedgerWriteError` naming the ledger; others as they are."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(e, sqlite3.Error) and code is not None and code & 0xFF in WRITE_REFUSED:
+        refused = LedgerWriteError(f"{path}: the ledger could not write: {e}")
+        refused.__cause__ = e
+        return refused
+    return e
+
+
 def enc(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
@@ -174,7 +195,7 @@ class Ledger:
             if err is None:
                 done.set_result(None)
             else:
-                done.set_exception(err)
+                done.set_exception(_as_write_error(self.path, err))
         self._idle.set()
         if self._queue:
             self._commit_waiting()
