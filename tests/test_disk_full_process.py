@@ -125,9 +125,16 @@ async def test_a_mention_while_the_ledger_disk_is_full_is_answered_once_space_is
                 os.unlink(filler)
                 await answered(proc, room, before, second)
 
+                # 3. Stopped while the ledger refuses a turn: a clean stop, and nothing of the turn recorded
+                #    (its attempt and generation are one write, refused whole), so nothing is left open.
+                provider.enqueue([Call(sse=sse.stream("Never recorded.", model=MODEL))])
+                filler = fill(disk)
+                room.post("general", "alice", "One more, @cairn", mentions=["cairn"])
+                await until(proc, lambda: proc.output().count("not recorded yet") >= 3, 20)
                 assert await proc.stop() == 0, proc.output()
                 assert proc.tracebacks() == [], proc.output()
                 assert proc.output().count("recorded after") >= 2
+                os.unlink(filler)
 
                 led = await check_ledger(db)  # verify, pending generations counted as violations
                 try:
