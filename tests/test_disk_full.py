@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager, contextmanager
 
 import pytest
 from conftest import Pipeline, Room, residence
+from roomkit import eventually
 
 from residents.ledger import Ledger, LedgerWriteError
 from residents.ledger.verify import verify
@@ -105,3 +106,32 @@ async def test_a_turn_whose_ledger_fills_posts_nothing_then_is_answered_once_spa
     assert await pipeline.ledger.unsettled_generations() == []
     assert await verify(pipeline.ledger, unsettled_as_violations=True) == []
     assert any("recorded after" in line for line in log.lines)
+
+
+async def test_a_delivery_the_full_ledger_cannot_record_is_adopted_from_the_room_never_sent_twice(tmp_path) -> None:
+    """The room took a post but the ledger refused its message id (a full disk, a real tmpfs here): the outbox
+    tries again like after a room failure, finds the post in the room and records it there, so once space is
+    back every post is recorded delivered and none went out twice."""
+    from test_crash import FakeRoom, planned_generation
+    from test_disk_full_process import fill, small_disk
+
+    from residents.delivery.outbox import Backoff, Outbox
+
+    with small_disk(tmp_path / "disk", "4m") as disk, refusals() as log:
+        async with Ledger.open(disk / "ledger.db") as ledger:
+            posts = await planned_generation(ledger, ["The harbour at dawn."], delivered=0)
+            room = FakeRoom([])
+            outbox = Outbox(ledger, Backoff(base=0.1, cap=0.2))
+            outbox.register("cairn", room)
+            filler = fill(disk)
+            waiting = outbox.enqueue("cairn", posts)
+            await eventually(lambda: any("the ledger refused a delivery's record" in line for line in log.lines))
+            await asyncio.sleep(0.5)  # tried again and again while the disk stays full
+            assert [p.id for p in room.sent] == [posts[0].id]
+            filler.unlink()
+            assert await asyncio.wait_for(outbox.wait(waiting), 10)
+            await outbox.close()
+            assert [p.id for p in room.sent] == [p.id for p in posts]  # each sent once
+            stored = await ledger.get_generation(posts[0].generation_id or "")
+            assert stored is not None and [p.message_id for p in stored.posts] == [m.id for m in room.held]
+            assert await verify(ledger) == []

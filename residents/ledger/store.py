@@ -419,14 +419,16 @@ class Ledger:
         return int(rows[0][0])
 
     async def mark_delivered(self, post: Post, message_id: str) -> None:
-        post.message_id, post.delivered_at = message_id, time.time()
+        """The post is in the room as `message_id`; `post` says so once the ledger does (not if it refused)."""
+        at = time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.
         await self._tx(
             [
-                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id)),
+                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, at, post.id)),
                 chain.delivered(post.id, message_id),
             ]
         )
+        post.message_id, post.delivered_at = message_id, at
 
     # ------------------------------------------------------------------ reads
 
