@@ -134,6 +134,7 @@ async def test_a_mention_while_the_ledger_disk_is_full_is_answered_once_space_is
                 assert await proc.stop() == 0, proc.output()
                 assert proc.tracebacks() == [], proc.output()
                 assert proc.output().count("recorded after") >= 2
+                assert "not recorded: the process stopped while the ledger refused writes" in proc.output()
                 os.unlink(filler)
 
                 led = await check_ledger(db)  # verify, pending generations counted as violations

@@ -7,6 +7,9 @@ runs, so once space is back the turn goes on within `cap` seconds, records its t
 answered. Nothing is posted meanwhile (nothing is recorded to post), and no generation is left
 `pending` by a write that failed: it is settled as soon as the disk takes the write. After `alarm`
 seconds of refusals one ERROR says an operator is needed. The outbox treats the room the same way.
+
+A process stopped while the disk still refuses loses what the turn held in memory: the log says so
+(the real cause), and the next start settles what reached disk as any stopped turn is settled.
 """
 
 from __future__ import annotations
@@ -65,7 +68,13 @@ async def until_written(what: str, write: Callable[P, Awaitable[T]], /, *args: P
                     e,
                     WRITES.cap,
                 )
-            await asyncio.sleep(WRITES.delay(failures))
+            try:
+                await asyncio.sleep(WRITES.delay(failures))
+            except asyncio.CancelledError:
+                # The process stops while the disk still refuses: what the turn held in memory is lost, and the
+                # next start settles what reached disk as interrupted. The operator's log keeps the real cause.
+                log.warning("%s: not recorded: the process stopped while the ledger refused writes (%s)", what, e)
+                raise
             continue
         if failures:
             log.warning(
