@@ -30,6 +30,7 @@ from .delivery.send import Room, deliver
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
+from .ledger.retry import until_written
 from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ class Resident:
             await self.ledger.next_post_seq(g.id),
             stump_id=meta["id"],
         )
-        await self.ledger.add_posts(posts)
+        await until_written(f"stump {meta['id']} published", self.ledger.add_posts, posts)
         g.posts += posts
         if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
             waiting = self.outbox.enqueue(self.name, posts)
@@ -216,7 +217,7 @@ class Resident:
             channel,
             await self.ledger.next_post_seq(generation_id),
         )
-        await self.ledger.add_posts(posts)
+        await until_written(f"notice of generation {generation_id}", self.ledger.add_posts, posts)
         await self._deliver(room, posts)
 
     async def continue_generation(
@@ -284,7 +285,10 @@ class Resident:
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
         start = await self.ledger.next_post_seq(g.id) if g is not None else 1
         posts = numbered(planned, g.id if g else None, channel, start)
-        await self.ledger.add_posts(posts)
+        # Recorded before anything is sent: a refused write waits for the disk, and nothing unrecorded goes out.
+        await until_written(
+            f"posts of {g.id if g else 'a notice'} ({self.name}, {channel})", self.ledger.add_posts, posts
+        )
         if g is not None:
             g.posts += posts
         return posts

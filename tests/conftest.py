@@ -198,6 +198,7 @@ E2E_MODULES = frozenset(
         "test_crash",
         "test_demo",
         "test_discord_e2e",
+        "test_disk_full_process",
         "test_faults_provider",
         "test_flush_load",
         "test_memory",

@@ -35,6 +35,19 @@ def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_pa
     assert kinds.count(("cairn", "receipt")) == 1
     assert "retry-abandoned" in out and "unpublished" in out
     assert "status truncated · stop max_tokens" in out
+    # The run ends with its ledger checked, and `residents ledger verify` holds it too: every streamed chunk
+    # of a settled attempt was gone (a live view's late write once left one behind after every run).
+    assert lines[-1].startswith("ledger ok: 3 generation(s) checked, 0 unsettled, 0 post(s) undelivered"), lines[-1]
+    checked = subprocess.run(
+        [sys.executable, "-m", "residents", "ledger", "verify", "--db", str(db)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.strip() == lines[-1]
     con = sqlite3.connect(db)
     try:
         statuses = sorted(r[0] for r in con.execute("SELECT status FROM generations"))

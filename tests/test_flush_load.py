@@ -16,7 +16,7 @@ from typing import Any
 from residents.config import build_residence
 from residents.generation.attempts import FLUSH_SECONDS, AttemptRunner
 from residents.generation.run import Generator
-from residents.ledger import Ledger
+from residents.ledger import Ledger, LedgerWriteError
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
 from residents.provider.anthropic_messages import AnthropicProvider, make_client
@@ -229,9 +229,11 @@ async def test_a_change_that_fills_the_disk_fails_alone_and_says_so(tmp_path: Pa
             return_exceptions=True,
         )
         assert results[0] is None and results[2] is None, results
-        assert isinstance(results[1], sqlite3.OperationalError) and "full" in str(results[1]), results
+        # Typed as a write the disk refused (the same change may be asked for again), SQLite's error its cause.
+        assert isinstance(results[1], LedgerWriteError) and "full" in str(results[1]), results
+        assert isinstance(results[1].__cause__, sqlite3.OperationalError), results
         alone = await asyncio.gather(ledger.add_chunks(ids[1], big), return_exceptions=True)
-        assert isinstance(alone[0], sqlite3.OperationalError) and "full" in str(alone[0]), alone
+        assert isinstance(alone[0], LedgerWriteError) and "full" in str(alone[0]), alone
         with sqlite3.connect(db) as other:
             rows = other.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall()
         assert dict(rows) == {ids[0]: 1, ids[2]: 2}

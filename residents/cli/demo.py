@@ -68,10 +68,18 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         line = f"residents demo: ledger {db}"
     line += f"; afterwards: residents ledger list --db {db}"
     try:
-        return asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
+        code = asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
     except OSError as e:
         raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
     except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
         raise UsageError(str(e)) from None
     except KeyboardInterrupt:
         return 0
+    if not headless or code:
+        return code
+    # A headless run ends with its ledger checked, as `residents ledger verify` checks it: one line.
+    from .ledger import checked, verify_line
+
+    report = checked(db)
+    print(verify_line(report), flush=True)
+    return 0 if report.ok else 1

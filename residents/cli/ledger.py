@@ -199,14 +199,7 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
             raise UsageError("--strict checks a ledger's pending generations; an export has none (drop one of them)")
         return _verify_export(export_file)
 
-    path = ledger_path(db)
-
-    async def go() -> Report:
-        async with open_ledger(path) as lg:
-            return await check(lg)
-
-    with few_collections():  # while this process only checks, as its workers do
-        rep = asyncio.run(go())
+    rep = checked(ledger_path(db))
     lines = list(rep.violations)
     if strict:
         lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]
@@ -221,11 +214,30 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
             + (" …" if len(rep.unsettled) > 10 else ""),
             file=sys.stderr,
         )
-    print(
+    print(verify_line(rep))
+    return 0
+
+
+def checked(path: str) -> Report:
+    """The ledger at `path` checked whole (`verify`, and the end of `residents demo --headless`)."""
+
+    async def go() -> Report:
+        async with open_ledger(path) as lg:
+            return await check(lg)
+
+    with few_collections():  # while this process only checks, as its workers do
+        return asyncio.run(go())
+
+
+def verify_line(rep: Report) -> str:
+    """`verify`'s result in one line: the summary of a ledger that holds, or how many violations and the first."""
+    if rep.violations:
+        many = len(rep.violations)
+        return f"ledger fails verify: {many} violation{'s' if many != 1 else ''}; the first: {rep.violations[0]}"
+    return (
         f"ledger ok: {rep.generations} generation(s) checked, {len(rep.unsettled)} unsettled, "
         f"{rep.undelivered} post(s) undelivered; chain of {rep.chain_entries} entries, head {rep.chain_head}"
     )
-    return 0
 
 
 def _verify_export(path: Path) -> int:

@@ -33,8 +33,9 @@ from typing import Protocol, TypeGuard
 
 from .. import truth
 from ..generation.attempts import LiveLedgerSink
-from ..ledger import Ledger
+from ..ledger import Ledger, LedgerWriteError
 from ..ledger import live as live_ledger
+from ..ledger.retry import until_written
 from ..records import Attempt, Post, Stump, join_text, new_id
 from ..text import outbound
 from .plan import LIMIT, split_text
@@ -218,8 +219,13 @@ class LiveView:
         except RoomUnavailable as e:
             self._broke(e)
         stump = next((s for s in stumps if s.scope == "attempt" and s.cause == truth.RETRY_ABANDONED), None)
-        await live_ledger.set_aside(
-            self.ledger, [m.message_id for m in shown], stump.id if stump else None, [m.content for m in shown]
+        await until_written(
+            f"live messages of attempt {a.id} set aside",
+            live_ledger.set_aside,
+            self.ledger,
+            [m.message_id for m in shown],
+            stump.id if stump else None,
+            [m.content for m in shown],
         )
         if stump is not None:
             stump.published = True
@@ -241,7 +247,9 @@ class LiveView:
             try:
                 if post is None:
                     await self.room.delete(m.message_id)
-                    await live_ledger.withdraw(self.ledger, m.nonce)
+                    await until_written(
+                        f"live message {m.message_id} withdrawn", live_ledger.withdraw, self.ledger, m.nonce
+                    )
                     continue
                 await self._edit(m, post.content, post.content, wait=True)
             except RoomUnavailable as e:
@@ -254,7 +262,14 @@ class LiveView:
                 )
                 await self._withdraw(m)
                 continue
-            await live_ledger.adopt(self.ledger, m.message_id, post.id, post.content)
+            await until_written(
+                f"live message {m.message_id} adopted by post {post.id}",
+                live_ledger.adopt,
+                self.ledger,
+                m.message_id,
+                post.id,
+                post.content,
+            )
             post.message_id, post.delivered_at = m.message_id, time.time()
             settled.append(m)
         self._release(settled, removed=[m for m in shown if m not in settled])
@@ -283,7 +298,7 @@ class LiveView:
                         return
                 self._dirty.clear()
                 await self._show()
-        except RoomUnavailable as e:
+        except (RoomUnavailable, LedgerWriteError) as e:  # a room failure, or a ledger refusing what is shown
             self._broke(e)
 
     async def _show(self) -> None:
@@ -295,7 +310,9 @@ class LiveView:
         # What the room is shown is on disk first: the text as it stands now, before the flush that writes
         # it (deltas arriving while the flush awaits the ledger are shown next time, once they are written).
         text = join_text(sink.blocks())
-        await sink.flush()
+        if not await sink.on_disk():  # the ledger refused it (a full disk): shown once it is written
+            asyncio.get_running_loop().call_later(self.interval, self._dirty.set)
+            return
         chunks = split_text(text, escape=True)
         for i, c in enumerate(chunks):
             if self._stop.is_set():
@@ -349,9 +366,9 @@ class LiveView:
             await self.room.delete(m.message_id)
         except RoomUnavailable as e:
             log.warning("%s: live message %s stays in the room in progress (%s)", self.residence, m.message_id, e)
-        await live_ledger.withdraw(self.ledger, m.nonce)
+        await until_written(f"live message {m.message_id} withdrawn", live_ledger.withdraw, self.ledger, m.nonce)
 
-    def _broke(self, e: RoomUnavailable) -> None:
+    def _broke(self, e: RoomUnavailable | LedgerWriteError) -> None:
         if not self.broken:
             log.warning(
                 "%s: the live reply in %s stopped showing (%s); it is delivered when it settles",

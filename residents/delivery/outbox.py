@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..ledger import Ledger
+from ..ledger import Ledger, LedgerWriteError
 from ..records import Post
 from .resume import ResumeRoom, RoomUnavailable, resume_generation
 
@@ -183,10 +183,12 @@ class Outbox:
                 if room is None:  # its bot has not logged in yet: it kicks this channel when it does
                     log.info("outbox %s: waiting for %s to connect", channel, head.residence)
                     return
-                failure: RoomUnavailable | None = None
+                failure: RoomUnavailable | LedgerWriteError | None = None
                 try:
                     await self._send_front(ch, room)
-                except RoomUnavailable as e:
+                except (RoomUnavailable, LedgerWriteError) as e:
+                    # A ledger refusing a delivery's record: the post may be in the room unrecorded, so it is
+                    # tried again like a room failure, looking for it in the room before sending it again.
                     failure = e
                 self._pop_delivered(ch)
                 if failure is not None:
@@ -244,7 +246,7 @@ class Outbox:
             if ch.resumed:
                 ch.resumed -= 1
 
-    async def _failed(self, channel: str, ch: _Channel, e: RoomUnavailable) -> None:
+    async def _failed(self, channel: str, ch: _Channel, e: RoomUnavailable | LedgerWriteError) -> None:
         now = time.monotonic()
         for entry in ch.queue:
             if entry.reply == ch.queue[0].reply:
@@ -254,9 +256,10 @@ class Outbox:
         ch.failures += 1
         delay = self.backoff.delay(ch.failures)
         waiting = len(ch.queue)
+        what = "the ledger refused a delivery's record" if isinstance(e, LedgerWriteError) else "the room failed"
         if ch.failures == 1:
             log.warning(
-                "outbox %s: the room failed (%s); %d post(s) wait, in order, retried with backoff", channel, e, waiting
+                "outbox %s: %s (%s); %d post(s) wait, in order, retried with backoff", channel, what, e, waiting
             )
         else:
             log.info("outbox %s: try %d failed (%s); next in %.1fs", channel, ch.failures, e, delay)

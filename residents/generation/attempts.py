@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 from .. import truth
 from ..config import Retries
-from ..ledger import Ledger
+from ..ledger import Ledger, LedgerWriteError
+from ..ledger.retry import until_written
 from ..provider import BlockSink, Provider
 from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
 
@@ -57,7 +58,7 @@ class LedgerSink(BlockSink):
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._failing = False  # the last timed write failed: its retries are not logged again
+        self._failing = False  # the last write failed: its retries are not logged again, nor asked per delta
 
     def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
         self._new_block = True
@@ -70,7 +71,7 @@ class LedgerSink(BlockSink):
         """Keep a piece of the current block; True when a flush is due by size."""
         self._cur.parts.append(text)  # type: ignore[union-attr]
         self._pending += len(text)
-        if self._pending + self._inflight >= FLUSH_CHARS:
+        if self._pending + self._inflight >= FLUSH_CHARS and not self._failing:
             return True
         if self._timer is None:
             self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
@@ -86,10 +87,7 @@ class LedgerSink(BlockSink):
 
     def _timed_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
-        if task.cancelled():
-            return
-        if task.exception() is None:
-            self._failing = False
+        if task.cancelled() or task.exception() is None:
             return
         if not self._failing:
             self._failing = True
@@ -120,17 +118,46 @@ class LedgerSink(BlockSink):
         return rows
 
     async def flush(self) -> None:
+        await self.on_disk()
+
+    async def on_disk(self) -> bool:
+        """Write what is pending (`flush`); True when everything the sink was given is on disk.
+
+        After `close` nothing is written: the attempt's settlement writes its whole content and removes
+        its chunks, so a chunk landing after it would outlive the attempt. A write the ledger refuses (a
+        full disk) does not stop the stream: its text stays pending, in order, the timer tries again
+        (not every delta), and settlement writes the whole attempt."""
+        try:
+            return await self._write()
+        except LedgerWriteError as e:
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "attempt %s: the ledger refused streamed text (%s); it is kept in memory, written when the "
+                    "ledger takes writes again",
+                    self.attempt_id,
+                    e,
+                )
+            if self._timer is None and not self._closed:  # a stalled provider sends no delta to re-arm it
+                self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
+            return False
+
+    async def _write(self) -> bool:
         async with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
+            if self._closed:
+                return False
             if not self._pending and not self._new_block:
-                return
+                return True
             before = [(b, b.written, b.on_disk) for b in self._open]
             rows, n, new_block = self._take(), self._pending, self._new_block
             self._pending, self._new_block, self._inflight = 0, False, self._inflight + n
             try:
                 await self.ledger.add_chunks(self.attempt_id, rows)
+                self._failing = False
+                return True
             except Exception:
                 # Not on disk: its pieces are pending again (joined into one), so the next write carries
                 # them and the disk holds a prefix of the stream, never the stream with a hole in it.
@@ -143,7 +170,9 @@ class LedgerSink(BlockSink):
                 self._inflight -= n
 
     async def close(self) -> None:
-        """Stop the timer and wait for a timed write in flight: nothing may land after settlement."""
+        """The last step before settlement: stop the timer, wait for a timed write in flight, and write
+        nothing more, whoever asks (`flush`: a live view's step may still be running). Nothing lands after
+        settlement: every chunk write of the attempt is queued to the ledger before its settling is."""
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -163,6 +192,10 @@ class AttemptWatch(Protocol):
 
     async def set_aside(self, a: Attempt, stumps: list[Stump]) -> None:
         """The attempt was abandoned for a retry (its stumps already in the ledger)."""
+
+    async def halt(self) -> None:
+        """The attempt's stream ended: stop showing it, and wait for the step in flight (which may flush
+        the sink), before the sink closes. What was shown is then on disk before the attempt settles."""
 
 
 class LiveLedgerSink(LedgerSink):
@@ -239,13 +272,21 @@ class AttemptRunner:
                 for s in g.stumps:
                     if s.attempt_id == prev.id and s.scope == "attempt":
                         s.replaced_by = a.id
-            await self.ledger.start_attempt(a, g if new_generation and prev is None else None, prev)
+            await until_written(
+                f"attempt {a.id} of generation {g.id} ({g.residence})",
+                self.ledger.start_attempt,
+                a,
+                g if new_generation and prev is None else None,
+                prev,
+            )
             sink = LedgerSink(self.ledger, a.id) if watch is None else LiveLedgerSink(self.ledger, a.id, watch)
             if watch is not None:
                 watch.started(a, sink)  # type: ignore[arg-type]
             try:
                 end = await self.provider_of(g.residence).stream(request, sink, timeout=policy.timeout_seconds)
             finally:
+                if watch is not None:
+                    await watch.halt()
                 await sink.close()
             a.blocks = sink.blocks()
             a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
@@ -260,7 +301,7 @@ class AttemptRunner:
                     stumps = [make_stump(g, a, truth.RETRY_ABANDONED, StumpScope.ATTEMPT)] if a.text else []
                     stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
-                    await self.ledger.finish_attempt(a, stumps)
+                    await until_written(f"attempt {a.id} set aside", self.ledger.finish_attempt, a, stumps)
                     if watch is not None:
                         await watch.set_aside(a, stumps)
                     wait = backoff(index, f.retry_after, policy)
@@ -281,6 +322,6 @@ class AttemptRunner:
             else:
                 a.outcome = truth.outcome_of_stop(end.stop_reason, has_tools=tools)
             if settle_last:
-                await self.ledger.finish_attempt(a)
+                await until_written(f"attempt {a.id} settled", self.ledger.finish_attempt, a)
             return a
         raise AssertionError("max_attempts is at least 1")  # pragma: no cover - config guarantees it

@@ -17,6 +17,7 @@ from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
 from ..ledger.attachments import without_image_refs
+from ..ledger.retry import until_written
 from ..provider import REGISTRY
 from ..records import (
     Attempt,
@@ -58,7 +59,7 @@ class Generator:
         """New stumps of this residence start with its policy's `stumps.default_access` (written once per change)."""
         access = res.policy.stumps.default_access
         if self._default_access.get(res.name) != access:
-            await use_default_access(self.ledger, res.name, access)
+            await until_written(f"{res.name}: default stump access", use_default_access, self.ledger, res.name, access)
             self._default_access[res.name] = access
 
     async def generate(
@@ -111,7 +112,8 @@ class Generator:
         if truth.is_ceiling(g.stop_reason):
             g.continuation_ended = ContinuationEnd.DISABLED
             if res.policy.continuation.standing == "bounded" and rounds is None:  # never after tool rounds
-                await self.ledger.finish_attempt(final)  # on disk before any continuation call
+                # on disk before any continuation call
+                await until_written(f"attempt {final.id} settled", self.ledger.finish_attempt, final)
                 unsettled = None
                 await self._continue(g, res, superseded, max_new=res.policy.continuation.max_segments or 0)
         await self._settle(g, res, previous_output=None, last_attempt=unsettled, rounds=rounds)
@@ -243,4 +245,6 @@ class Generator:
             cut = block_stumps(g, final, cause)
             g.stumps += cut
             new += cut
-        await self.ledger.finish_generation(g, new, replaced, last_attempt)
+        await until_written(
+            f"generation {g.id} ({g.residence}) settled", self.ledger.finish_generation, g, new, replaced, last_attempt
+        )

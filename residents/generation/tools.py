@@ -20,6 +20,7 @@ from .. import truth
 from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
+from ..ledger.retry import until_written
 from ..records import TEXT_JOIN, Attempt, Block, Generation, Outcome, ToolCall
 from .attempts import AttemptRunner, AttemptWatch
 
@@ -156,9 +157,10 @@ class ToolLoop:
                     len(uses),
                 )
                 break
-            await self.ledger.finish_attempt(final)  # on disk before its calls run
+            # on disk before its calls run
+            await until_written(f"attempt {final.id} settled", self.ledger.finish_attempt, final)
             calls = [await self._call(g, rnd, pos, final, b) for pos, b in enumerate(uses)]
-            await add_tool_calls(self.ledger, g.id, calls)
+            await until_written(f"tool calls of generation {g.id}", add_tool_calls, self.ledger, g.id, calls)
             self.calls += calls
             request = {**request, "messages": list(request["messages"]) + [assistant_turn(final), results_turn(calls)]}
             final = await self.runner.run_segment(g, rnd + 1, request, retries, settle_last=False, tools=True)

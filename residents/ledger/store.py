@@ -46,6 +46,27 @@ class LedgerError(Exception):
     pass
 
 
+class LedgerWriteError(LedgerError):
+    """A change SQLite could not write: the disk is full, or it failed to write (an I/O error).
+
+    Nothing of the change is on disk, and the very same change can be asked for again: it succeeds once
+    the disk takes writes (`residents.ledger.retry`). Its cause stays the SQLite error it wraps."""
+
+
+# SQLite's primary result codes for a write the disk refused (an extended code keeps them in its low byte).
+WRITE_REFUSED = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
+
+
+def _as_write_error(path: str, e: BaseException) -> BaseException:
+    """A SQLite error of a write the disk refused, as a `LedgerWriteError` naming the ledger; others as they are."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if isinstance(e, sqlite3.Error) and code is not None and code & 0xFF in WRITE_REFUSED:
+        refused = LedgerWriteError(f"{path}: the ledger could not write: {e}")
+        refused.__cause__ = e
+        return refused
+    return e
+
+
 def enc(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
@@ -174,7 +195,7 @@ class Ledger:
             if err is None:
                 done.set_result(None)
             else:
-                done.set_exception(err)
+                done.set_exception(_as_write_error(self.path, err))
         self._idle.set()
         if self._queue:
             self._commit_waiting()
@@ -398,14 +419,16 @@ class Ledger:
         return int(rows[0][0])
 
     async def mark_delivered(self, post: Post, message_id: str) -> None:
-        post.message_id, post.delivered_at = message_id, time.time()
+        """The post is in the room as `message_id`; `post` says so once the ledger does (not if it refused)."""
+        at = time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.
         await self._tx(
             [
-                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, post.delivered_at, post.id)),
+                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, at, post.id)),
                 chain.delivered(post.id, message_id),
             ]
         )
+        post.message_id, post.delivered_at = message_id, at
 
     # ------------------------------------------------------------------ reads
 
