@@ -1,4 +1,4 @@
-"""The SQLite ledger (aiosqlite, WAL): writes as the pipeline goes, reads for context and moderators.
+"""The SQLite ledger (WAL, its connection on a thread of its own: `connection.py`): writes as the pipeline goes, reads for context and moderators.
 
 Writes go through one writer (group commit): every change asked for while the previous commit was in the
 connection's thread goes to disk in the next single commit, each change in a savepoint of its own, so a
@@ -19,8 +19,6 @@ from collections.abc import Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from ..records import (
     Attempt,
     Block,
@@ -38,6 +36,7 @@ from ..records import (
 )
 from ..text import outbound
 from . import attachments, chain, migrations, requests
+from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ def dec(blob: bytes | str | None) -> str:
 
 
 class Ledger:
-    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, db: Connection, path: str) -> None:
         self.db = db
         self.path = path
         self._queue: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future[None]]] = []
@@ -88,10 +87,9 @@ class Ledger:
                 # Created readable by its owner only: stumps may hold text a room never saw.
                 os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
         try:
-            db = await aiosqlite.connect(path, isolation_level=None)
+            db = await Connection.open(path)
         except Exception as e:
             raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
-        db.row_factory = aiosqlite.Row
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
@@ -147,14 +145,13 @@ class Ledger:
         if not batch:
             return
         loop = asyncio.get_running_loop()
-        if not self.db._running:
+        if self.db.closed:
             for _, done in batch:
                 done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
             return
-        conn = self.db._conn
         changes = [st for st, _ in batch]
 
-        def work() -> None:  # in the connection's thread
+        def work(conn: sqlite3.Connection) -> None:  # in the connection's thread
             try:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
@@ -162,7 +159,7 @@ class Ledger:
             loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
 
         self._idle.clear()
-        self.db._tx.put_nowait((None, work))  # aiosqlite's own queue: in order with every read
+        self.db.post(work)  # in order with every read; its outcome comes back through `_committed`
 
     def _committed(
         self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
@@ -415,7 +412,7 @@ class Ledger:
     async def _generations(self, ids: list[str], brief: bool = False) -> dict[str, Generation]:
         """Generations whole, read in one trip to the connection's thread, a few batched queries on
         indexes however many; `brief` (the context compiler's) leaves out requests and posts."""
-        rows = await self.db._execute(_generation_rows, self.db._conn, ids, brief)  # aiosqlite's own queue
+        rows = await self.db.run(_generation_rows, ids, brief)
         out: dict[str, Generation] = {}
         for r in rows["generations"]:
             cols = _cols(r)
