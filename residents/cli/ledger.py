@@ -1,16 +1,19 @@
 """`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
-hash chain checked, the chain written out for anyone to check offline."""
+hash chain checked, the chain written out for anyone to check offline. They open it read only, so they
+work beside a running process and on read-only media. `residents ledger migrate` is the one writer:
+it brings a ledger from an older residents up to date."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ..ledger import chain, views
+from ..ledger import Ledger, chain, views
 from ..ledger.access import tool_calls_of
 from ..ledger.verify import Report, check, few_collections
 from ..records import Generation, Stump, ToolCall
@@ -283,4 +286,34 @@ def export(db: str | None, out: Path, since: int) -> int:
     where = "standard output" if str(out) == "-" else str(out)
     span = f"entries {entries[0].seq}..{entries[-1].seq}" if entries else "no entries"
     print(f"wrote {span} to {where}" + (f"; head {entries[-1].hash}" if entries else ""), file=sys.stderr)
+    return 0
+
+
+@ledger.command()
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to migrate (default: {DEFAULT_DB} in the configuration folder)."
+)
+def migrate(db: str | None) -> int:
+    """Bring a ledger from an older residents up to date.
+
+    The read-only verbs refuse a ledger that needs migrating; this applies its migrations (and starts
+    the hash chain of a ledger from before it), as `residents run` does when it starts. Like any writer,
+    it is refused while another process holds the ledger.
+
+    \b
+    Example:
+      residents ledger migrate --db data/ledger.db
+    """
+    path = ledger_path(db)
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no ledger there")
+
+    async def go() -> list[str]:
+        began = time.time()
+        async with Ledger.open(path) as lg:
+            sql = "SELECT name FROM _migrations WHERE applied_at >= ? ORDER BY rowid"
+            return [r[0] for r in await lg.db.execute_fetchall(sql, (began,))]
+
+    applied = asyncio.run(go())
+    print(f"{path}: " + (f"{len(applied)} migration(s) applied: {', '.join(applied)}" if applied else "up to date"))
     return 0

@@ -1,5 +1,5 @@
 """The ledger: the one durable memory of every generation, attempt, segment, stump and post."""
 
-from .store import Ledger, LedgerError
+from .store import Ledger, LedgerError, LedgerInUse, hold_ledger
 
-__all__ = ["Ledger", "LedgerError"]
+__all__ = ["Ledger", "LedgerError", "LedgerInUse", "hold_ledger"]

@@ -15,7 +15,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Generator, Iterable, Sequence
+import urllib.parse
+from collections.abc import Coroutine, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import attachments, chain, migrations, requests
+from . import attachments, chain, lock, migrations, requests
 from .connection import Connection
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,64 @@ log = logging.getLogger(__name__)
 
 class LedgerError(Exception):
     pass
+
+
+class LedgerInUse(LedgerError):
+    """Another process writes this ledger: a second writer is refused before it reads or writes anything."""
+
+
+def hold_ledger(path: str) -> lock.Hold:
+    """This process's writer's lock on the ledger at `path` (its folder made if missing): LedgerInUse
+    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return lock.acquire(path)
+    except lock.LedgerHeld as e:
+        pid, _, host = e.holder.partition(" ")
+        who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
+        raise LedgerInUse(
+            f"{path}: in use by {who}; one process writes a ledger at a time"
+            " (the read-only `residents ledger` verbs work beside it)"
+        ) from None
+    except OSError as e:
+        raise LedgerError(f"{lock.lock_path(path)}: cannot lock the ledger for writing: {e.strerror or e}") from None
+
+
+async def _read_migrations(uri: str, path: str) -> tuple[Connection, set[str]]:
+    """A read-only connection and the migrations its ledger has had; its first read opens the file, so
+    the medium's refusal (SQLITE_CANTOPEN) is raised here as sqlite3.OperationalError."""
+    try:
+        db = await Connection.open(uri, uri=True, name=path)
+    except sqlite3.Error as e:
+        raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
+    try:
+        if not await db.execute_fetchall("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_migrations'"):
+            raise LedgerError(f"{path}: not a ledger (it has no _migrations table)")
+        return db, {r[0] for r in await db.execute_fetchall("SELECT name FROM _migrations")}
+    except sqlite3.OperationalError as e:
+        await db.close()
+        if e.sqlite_errorname == "SQLITE_CANTOPEN":
+            raise
+        raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+    except BaseException as e:
+        await db.close()
+        if isinstance(e, sqlite3.Error):
+            raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        raise
+
+
+def _read_only_medium(path: str) -> bool:
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
 
 
 def enc(text: str) -> bytes:
@@ -70,25 +129,33 @@ class Ledger:
         # When the last commit returned, by time.perf_counter() read in the connection's thread: the moment
         # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
         self.committed_at = 0.0
+        self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
 
     @classmethod
-    def open(cls, path: str | Path) -> _Opening:
+    def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
         """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
-        `async with Ledger.open(p) as ledger:`, which closes it however the block ends."""
-        return _Opening(cls, path)
+        `async with Ledger.open(p) as ledger:`, which closes it however the block ends.
+
+        A writer holds the ledger's lock while open (`lock.py`): LedgerInUse while another process has
+        it, before anything is read or written. `read_only`: an existing ledger for reading, beside a
+        running process or on read-only media: no lock, no migration, nothing written."""
+        return _Opening(cls, path, read_only)
 
     @classmethod
     async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
+        hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
+            hold = hold_ledger(path)
             if not p.exists():
                 # Created readable by its owner only: stumps may hold text a room never saw.
                 os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
         try:
             db = await Connection.open(path)
         except Exception as e:
+            if hold is not None:
+                hold.release()
             raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
         try:
             await db.execute("PRAGMA journal_mode=WAL")
@@ -99,7 +166,37 @@ class Ledger:
             await chain.backfill(db)
         except Exception as e:
             await db.close()
+            if hold is not None:
+                hold.release()
             raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        ledger = cls(db, path)
+        ledger._hold = hold
+        return ledger
+
+    @classmethod
+    async def _connect_read_only(cls, path: str | Path) -> Ledger:
+        """SQLite's `mode=ro`; on read-only media with no write-ahead log beside the file (so the file
+        holds everything, and nothing can change it), `immutable=1`, which needs no -shm file."""
+        path = str(path)
+        if path == ":memory:":  # a new empty one: nothing another process could hold
+            return await cls._connect(path)
+        if not Path(path).is_file():
+            raise LedgerError(f"{path}: no ledger there")
+        where = "file:" + urllib.parse.quote(os.path.abspath(path))
+        try:
+            db, done = await _read_migrations(where + "?mode=ro", path)
+        except sqlite3.OperationalError as e:
+            if not (_read_only_medium(path) and not _nonempty(path + "-wal")):
+                raise LedgerError(f"{path}: cannot read the ledger: {e}") from None
+            db, done = await _read_migrations(where + "?mode=ro&immutable=1", path)
+        pending = [name for name, _ in migrations.MIGRATIONS if name not in done]
+        if pending:
+            await db.close()
+            raise LedgerError(
+                f"{path}: written by an older residents, {len(pending)} migration(s) to apply (from {pending[0]});"
+                f" `residents ledger migrate --db {path}` applies them"
+            )
+        await chain.install(db)
         return cls(db, path)
 
     async def close(self) -> None:
@@ -107,7 +204,12 @@ class Ledger:
             if self._idle.is_set():
                 self._commit_waiting()
             await self._idle.wait()
-        await self.db.close()
+        try:
+            await self.db.close()
+        finally:
+            if self._hold is not None:
+                self._hold.release()
+                self._hold = None
 
     async def __aenter__(self) -> Ledger:
         return self
@@ -859,15 +961,18 @@ def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any
 class _Opening:
     """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
 
-    def __init__(self, cls: type[Ledger], path: str | Path) -> None:
-        self.cls, self.path = cls, path
+    def __init__(self, cls: type[Ledger], path: str | Path, read_only: bool) -> None:
+        self.cls, self.path, self.read_only = cls, path, read_only
         self.ledger: Ledger | None = None
 
+    def _connect(self) -> Coroutine[Any, Any, Ledger]:
+        return self.cls._connect_read_only(self.path) if self.read_only else self.cls._connect(self.path)
+
     def __await__(self) -> Generator[Any, None, Ledger]:
-        return self.cls._connect(self.path).__await__()
+        return self._connect().__await__()
 
     async def __aenter__(self) -> Ledger:
-        self.ledger = await self.cls._connect(self.path)
+        self.ledger = await self._connect()
         return self.ledger
 
     async def __aexit__(self, *exc: object) -> None:
