@@ -139,6 +139,11 @@ async def test_a_second_writer_is_refused_the_readers_work_beside_it_and_a_kille
         # `residents demo --db` on it: the same.
         code, out, err = await residents("demo", "--headless", "--port", "0", "--db", str(db), cwd=tmp_path)
         assert (code, err.splitlines()) == (2, [refusal(db, pid)]), out + err
+        # A replay writing into it: the same.
+        code, out, err = await residents(
+            "replay", str(ROOT / "scenarios" / "ceiling.yaml"), "--db", str(db), cwd=tmp_path
+        )
+        assert (code, err.splitlines()) == (2, [refusal(db, pid)]), out + err
         assert snapshot(db) == before  # its live reply was not settled as interrupted, nothing posted
         assert db_rows(db, "SELECT status FROM generations") == [("pending",)]
 
