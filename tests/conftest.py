@@ -201,6 +201,7 @@ E2E_MODULES = frozenset(
         "test_disk_full_process",
         "test_faults_provider",
         "test_flush_load",
+        "test_ledger_process",
         "test_memory",
         "test_fuzz_config",
         "test_discord_text",

@@ -362,7 +362,6 @@ async def test_ledger_verify_checks_each_attachment_row(pipeline):
     await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('shot.png' AS BLOB)")
     await db.execute("UPDATE attachments SET sha256=NULL WHERE name=CAST('r.pdf' AS BLOB)")
     await db.execute("UPDATE attachments SET shown='image', reason=NULL WHERE name=CAST('big.mov' AS BLOB)")
-    await db.commit()
     problems = await verify(pipeline.ledger)
     assert problems == [
         f"attachment 'shot.png' of generation {g.id} (message m1 #0): shown as image without the SHA-256 of what was shown",

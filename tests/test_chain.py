@@ -262,7 +262,15 @@ def test_an_old_ledger_begins_its_chain_at_a_marked_genesis(tmp_path, capsys):
         "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete; DROP TABLE chain;"
         " DELETE FROM _migrations WHERE name='m025_chain';",
     )
-    code, out = run_verify(capsys, "--db", str(db))  # opening it applies m025 and backfills
+    # The read-only verbs change nothing: they name the migration and the verb that applies it.
+    assert cli.main(["ledger", "verify", "--db", str(db)]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"residents: {db}: written by an older residents, 1 migration(s) to apply (from m025_chain);"
+        f" `residents ledger migrate --db {db}` applies them"
+    ]
+    assert cli.main(["ledger", "migrate", "--db", str(db)]) == 0  # applies m025 and backfills
+    assert capsys.readouterr().out == f"{db}: 1 migration(s) applied: m025_chain\n"
+    code, out = run_verify(capsys, "--db", str(db))
     assert code == 0, out
     [(body,)] = sql(db, "SELECT body FROM chain WHERE seq=1")
     genesis = json.loads(body)

@@ -664,7 +664,7 @@ def bot_messages(room: Any) -> list[dict[str, Any]]:
 
 
 async def check_ledger(db: Path) -> Ledger:
-    led = await Ledger.open(db)
+    led = await Ledger.open(db, read_only=True)  # beside the running process, which holds it for writing
     problems = await verify(led, unsettled_as_violations=True)
     if problems:
         await led.close()

@@ -95,7 +95,8 @@ def test_the_demo_keeps_one_ledger_started_afresh_each_run(tmp_path):
         "residents demo: ledger data/demo.db (the previous demo's ledger was replaced; --db PATH keeps a "
         "run's); afterwards: residents ledger list --db data/demo.db",
     ]
-    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["demo.db"]
+    # demo.db.lock: the writer's lock file (residents/ledger/lock.py), kept, never deleted
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["demo.db", "demo.db.lock"]
     con = sqlite3.connect(tmp_path / "data" / "demo.db")
     try:
         assert con.execute("SELECT count(*) FROM generations").fetchone()[0] == 3  # this run's only

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
+from contextlib import closing
 
-import aiosqlite
 import pytest
 from conftest import Room, residence
 
@@ -75,10 +76,10 @@ async def test_streaming_text_is_on_disk_within_the_flush_bound(tmp_path):
             if due:
                 await sink.flush()
             if i % 97 == 0:
-                async with aiosqlite.connect(tmp_path / "l.db") as other:  # what a crash would leave
-                    rows = await other.execute_fetchall(
+                with closing(sqlite3.connect(tmp_path / "l.db")) as other:  # what a crash would leave
+                    rows = other.execute(
                         "SELECT text FROM attempt_chunks WHERE attempt_id='a-x' ORDER BY seq"
-                    )
+                    ).fetchall()
                 on_disk = "".join(bytes(r[0]).decode("utf-8", "surrogatepass") for r in rows)
                 assert sent.startswith(on_disk)
                 assert len(sent) - len(on_disk) < FLUSH_CHARS + len(piece)

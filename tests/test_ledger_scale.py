@@ -11,10 +11,10 @@ import sqlite3
 import sys
 from typing import Any
 
-import aiosqlite
 from conftest import Room, residence
 
 from residents.ledger import Ledger, chain, live, migrations, store
+from residents.ledger.connection import Connection
 from residents.ledger.verify import check
 from residents.localservers import sse
 from residents.localservers.provider import Call
@@ -168,10 +168,10 @@ async def test_a_request_reads_back_as_the_exact_json_it_was_stored_from(tmp_pat
         assert whole is None and b"ana" not in ref  # the text lives in the parts, once
 
 
-async def before_m033(path: Any) -> aiosqlite.Connection:
+async def before_m033(path: Any) -> Connection:
     """A new ledger at `path` as the migrations before `m033_request_parts` leave it (requests kept whole)."""
     first = [name for name, _ in migrations.MIGRATIONS].index("m033_request_parts")
-    db = await aiosqlite.connect(path, isolation_level=None)
+    db = await Connection.open(path)
     saved = list(migrations.MIGRATIONS)
     try:
         migrations.MIGRATIONS[:] = saved[:first]

@@ -51,7 +51,7 @@ def stalled(model: str = MODEL, seconds: float = 2.0) -> Call:
 
 
 async def strict_clean(db: Path) -> None:
-    ledger = await Ledger.open(db)
+    ledger = await Ledger.open(db, read_only=True)
     try:
         assert await verify(ledger, unsettled_as_violations=True) == []
     finally:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import aiosqlite
+import sqlite3
+
 import pytest
 from conftest import Room, residence
 
 from residents import truth
 from residents.ledger import Ledger
+from residents.ledger.connection import Connection
 from residents.ledger.migrations import MIGRATIONS
 from residents.ledger.store import enc
 from residents.ledger.verify import verify
@@ -93,7 +95,7 @@ async def test_a_post_whose_reason_does_not_fit_its_kind_is_a_violation(tmp_path
 async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_migration(tmp_path) -> None:
     """m016_post_reason derives each old post's reason once; afterwards nothing reads wording."""
     path = tmp_path / "old.db"
-    db = await aiosqlite.connect(path, isolation_level=None)
+    db = await Connection.open(path)
     await db.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     for name, sql in MIGRATIONS:
         if name == "m016_post_reason":
@@ -142,15 +144,15 @@ async def test_a_ledger_opened_with_async_with_is_closed_however_the_block_ends(
     """`async with Ledger.open(path) as ledger:` is how every command opens one; the block's end closes it."""
     async with Ledger.open(tmp_path / "l.db") as ledger:
         assert (await ledger.db.execute_fetchall("SELECT count(*) FROM posts"))[0][0] == 0
-    with pytest.raises(ValueError, match="no active connection"):
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         await ledger.db.execute("SELECT 1")
     with pytest.raises(RuntimeError, match="inside"):
         async with Ledger.open(tmp_path / "l.db") as again:
             raise RuntimeError("inside")
-    with pytest.raises(ValueError, match="no active connection"):
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         await again.db.execute("SELECT 1")
     opened = await Ledger.open(tmp_path / "l.db")  # awaited, it is open until closed
     async with opened:
         pass
-    with pytest.raises(ValueError, match="no active connection"):
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         await opened.db.execute("SELECT 1")

@@ -16,7 +16,7 @@ import click
 
 from ..bundled import BundleError
 from ..config import ConfigError
-from ..ledger import LedgerError
+from ..ledger import LedgerError, LedgerInUse
 from .check import check
 from .common import DEFAULT_DB, Options, UsageError
 from .demo import demo
@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     except (UsageError, BundleError) as e:
+        print(f"residents: {e}", file=sys.stderr)
+        return 2
+    except LedgerInUse as e:  # a second writer: refused at start, as a usage error is
         print(f"residents: {e}", file=sys.stderr)
         return 2
     except LedgerError as e:

@@ -63,12 +63,13 @@ def ledger_path(db: str | None) -> str:
 
 
 def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
-    """An existing ledger, for `async with`; a missing file is a usage error, never a new empty ledger."""
+    """An existing ledger, for `async with`, read only (beside a running process, on read-only media); a
+    missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
         raise UsageError(
             f"{db}: no ledger there (`residents run` and `residents demo` write one; a replay writes one only with --db PATH; or pass --db)"
         )
-    return Ledger.open(db)
+    return Ledger.open(db, read_only=True)
 
 
 def json_text(obj: Any) -> str:

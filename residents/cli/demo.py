@@ -48,6 +48,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     """
     from ..demo.run import fresh_ledger, main_async
     from ..discord.run import StartupError
+    from ..ledger import hold_ledger
 
     if provider == "anthropic" and not os.environ.get("ANTHROPIC_API_KEY"):
         raise UsageError("--provider anthropic needs ANTHROPIC_API_KEY in the environment")
@@ -56,30 +57,38 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         raise UsageError(f"--model {model}: not in the model table" + (f" (did you mean {hint}?)" if hint else ""))
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--host {host}: the demo serves on loopback only")
+    fresh = db is None  # the demo's own ledger, replaced at each start
     if db is None:
         db = in_config(DEMO_DB)
-        replaced = fresh_ledger(db)
-        line = (
-            f"residents demo: ledger {db} (the previous demo's ledger was replaced; --db PATH keeps a run's)"
-            if replaced
-            else f"residents demo: ledger {db}"
-        )
-    else:
-        line = f"residents demo: ledger {db}"
-    line += f"; afterwards: residents ledger list --db {db}"
+    # Before the previous demo's ledger is replaced, or anything is written: refused (exit 2) while
+    # another process writes this ledger. The residents' own opening shares this process's hold.
+    holding = hold_ledger(db)
     try:
-        code = asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
-    except OSError as e:
-        raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
-    except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
-        raise UsageError(str(e)) from None
-    except KeyboardInterrupt:
-        return 0
-    if not headless or code:
-        return code
-    # A headless run ends with its ledger checked, as `residents ledger verify` checks it: one line.
-    from .ledger import checked, verify_line
+        if fresh:
+            replaced = fresh_ledger(db)
+            line = (
+                f"residents demo: ledger {db} (the previous demo's ledger was replaced; --db PATH keeps a run's)"
+                if replaced
+                else f"residents demo: ledger {db}"
+            )
+        else:
+            line = f"residents demo: ledger {db}"
+        line += f"; afterwards: residents ledger list --db {db}"
+        try:
+            code = asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
+        except OSError as e:
+            raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+        except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
+            raise UsageError(str(e)) from None
+        except KeyboardInterrupt:
+            return 0
+        if not headless or code:
+            return code
+        # A headless run ends with its ledger checked, as `residents ledger verify` checks it: one line.
+        from .ledger import checked, verify_line
 
-    report = checked(db)
-    print(verify_line(report), flush=True)
-    return 0 if report.ok else 1
+        report = checked(db)
+        print(verify_line(report), flush=True)
+        return 0 if report.ok else 1
+    finally:
+        holding.release()

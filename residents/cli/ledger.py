@@ -1,5 +1,7 @@
 """`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
-hash chain checked, the chain written out for anyone to check offline."""
+hash chain checked, the chain written out for anyone to check offline. They open it read only, so they
+work beside a running process and on read-only media. `residents ledger migrate` is the one writer:
+it brings a ledger from an older residents up to date."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import secrets
 import signal
 import stat
 import sys
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -18,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from .. import truth
-from ..ledger import chain, views
+from ..ledger import Ledger, chain, views
 from ..ledger.access import tool_calls_of
 from ..ledger.checkpoints import chain_head
 from ..ledger.verify import Report, check, few_collections
@@ -394,3 +397,33 @@ def _written(target: Path | None) -> Iterator[_Sink]:
         os.fsync(where)  # the rename itself, on disk
     finally:
         os.close(where)
+
+
+@ledger.command()
+@click.option(
+    "--db", metavar="PATH", help=f"The SQLite ledger to migrate (default: {DEFAULT_DB} in the configuration folder)."
+)
+def migrate(db: str | None) -> int:
+    """Bring a ledger from an older residents up to date.
+
+    The read-only verbs refuse a ledger that needs migrating; this applies its migrations (and starts
+    the hash chain of a ledger from before it), as `residents run` does when it starts. Like any writer,
+    it is refused while another process holds the ledger.
+
+    \b
+    Example:
+      residents ledger migrate --db data/ledger.db
+    """
+    path = ledger_path(db)
+    if not Path(path).is_file():
+        raise UsageError(f"{path}: no ledger there")
+
+    async def go() -> list[str]:
+        began = time.time()
+        async with Ledger.open(path) as lg:
+            sql = "SELECT name FROM _migrations WHERE applied_at >= ? ORDER BY rowid"
+            return [r[0] for r in await lg.db.execute_fetchall(sql, (began,))]
+
+    applied = asyncio.run(go())
+    print(f"{path}: " + (f"{len(applied)} migration(s) applied: {', '.join(applied)}" if applied else "up to date"))
+    return 0

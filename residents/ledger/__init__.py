@@ -1,5 +1,5 @@
 """The ledger: the one durable memory of every generation, attempt, segment, stump and post."""
 
-from .store import Ledger, LedgerError, LedgerWriteError
+from .store import Ledger, LedgerError, LedgerInUse, LedgerWriteError, hold_ledger
 
-__all__ = ["Ledger", "LedgerError", "LedgerWriteError"]
+__all__ = ["Ledger", "LedgerError", "LedgerInUse", "LedgerWriteError", "hold_ledger"]

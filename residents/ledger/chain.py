@@ -49,10 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiosqlite
-
 from ..records import Attempt, Block, Generation, Post, Segment, Stump
 from ..text import outbound
+from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ _APPEND = (
 _IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
 
 
-async def install(db: aiosqlite.Connection) -> None:
+async def install(db: Connection) -> None:
     """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it."""
     await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
 
@@ -262,7 +261,7 @@ def _dec(blob: bytes | str | None) -> str:
     return blob if isinstance(blob, str) else bytes(blob).decode("utf-8", "surrogatepass")
 
 
-async def backfill(db: aiosqlite.Connection) -> int:
+async def backfill(db: Connection) -> int:
     """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
     record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
     if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
@@ -279,7 +278,7 @@ async def backfill(db: aiosqlite.Connection) -> int:
         if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
             await db.execute("ROLLBACK")
             return 0
-        count = await db._execute(_backfill, db._conn)  # aiosqlite's own queue, inside this transaction
+        count = await db.run(_backfill)  # on the connection's thread, inside this transaction
         await db.execute("COMMIT")
     except BaseException:
         await db.execute("ROLLBACK")
@@ -343,7 +342,7 @@ _ENTRY_AT = _ENTRIES + " WHERE seq = ?"
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
 
 
-async def export_pages(db: aiosqlite.Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
+async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
     """Entries `since`..`last` in order, a page at a time: an export writes each page before reading the next.
 
     Why pages: the whole chain held at once took 1.1 GB at 100,000 generations. Each page starts after
@@ -362,7 +361,7 @@ async def export_pages(db: aiosqlite.Connection, since: int, last: int) -> Async
         after = batch[-1].seq
 
 
-async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | None:
+async def latest(db: Connection, kind: str, record: str) -> Entry | None:
     """The newest entry of `kind` for a record: the one a Provenance answer names."""
     rows = list(
         await db.execute_fetchall(
@@ -373,7 +372,7 @@ async def latest(db: aiosqlite.Connection, kind: str, record: str) -> Entry | No
     return Entry(*rows[0]) if rows else None
 
 
-async def head(db: aiosqlite.Connection) -> tuple[int, str]:
+async def head(db: Connection) -> tuple[int, str]:
     """The last entry's sequence number and hash (0 and 64 zeros for an empty chain)."""
     rows = list(await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1"))
     return (rows[0][0], rows[0][1]) if rows else (0, GENESIS_PREV)
@@ -893,7 +892,7 @@ def _marked(bits: bytearray, seq: int) -> bool:
     return 0 < seq < len(bits) * 8 and bool(bits[seq >> 3] & (1 << (seq & 7)))
 
 
-async def check(db: aiosqlite.Connection) -> ChainReport:
+async def check(db: Connection) -> ChainReport:
     """The chain hashes link up, and each record's latest entry still says what the record says.
 
     Streams: each record is read once beside its latest entry (a seek), then the chain once in order;
@@ -903,7 +902,7 @@ async def check(db: aiosqlite.Connection) -> ChainReport:
     reads: `ledger verify` runs them side by side in worker processes on a long ledger and puts them
     together with `finish`; here they run in the connection's own thread, in one trip.
     """
-    return await db._execute(_check, db._conn)  # aiosqlite's own queue
+    return await db.run(_check)  # on the connection's thread, in one trip
 
 
 # The parts of `check`: each kind of `RECORDS` (0..4), then the walk (`WALK_PART`).

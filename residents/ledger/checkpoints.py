@@ -7,10 +7,10 @@ a made-up entry 0.
 
 from __future__ import annotations
 
-import aiosqlite
+from .connection import Connection
 
 
-async def chain_head(db: aiosqlite.Connection) -> tuple[int, str] | None:
+async def chain_head(db: Connection) -> tuple[int, str] | None:
     """The latest chain entry's sequence number and hash (lowercase hex), or None while the chain is empty."""
     rows = list(await db.execute_fetchall("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1"))
     return (int(rows[0][0]), str(rows[0][1])) if rows else None

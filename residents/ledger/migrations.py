@@ -11,7 +11,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 
-import aiosqlite
+from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -497,7 +497,7 @@ DROP INDEX chain_record;
 )
 
 
-async def apply(db: aiosqlite.Connection) -> list[str]:
+async def apply(db: Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""
     await db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     done = {r[0] for r in await db.execute_fetchall("SELECT name FROM _migrations")}
@@ -508,7 +508,7 @@ async def apply(db: aiosqlite.Connection) -> list[str]:
         if callable(sql):
             await db.execute("BEGIN IMMEDIATE")
             try:
-                await db._execute(sql, db._conn)  # aiosqlite's own queue: the connection's thread
+                await db.run(sql)  # on the connection's thread
                 await db.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
                 await db.execute("COMMIT")
             except BaseException:

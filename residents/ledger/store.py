@@ -1,4 +1,4 @@
-"""The SQLite ledger (aiosqlite, WAL): writes as the pipeline goes, reads for context and moderators.
+"""The SQLite ledger (WAL, its connection on a thread of its own: `connection.py`): writes as the pipeline goes, reads for context and moderators.
 
 Writes go through one writer (group commit): every change asked for while the previous commit was in the
 connection's thread goes to disk in the next single commit, each change in a savepoint of its own, so a
@@ -15,11 +15,10 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Generator, Iterable, Sequence
+import urllib.parse
+from collections.abc import Coroutine, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
-
-import aiosqlite
 
 from ..records import (
     Attempt,
@@ -37,7 +36,8 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import attachments, chain, migrations, requests
+from . import attachments, chain, lock, migrations, requests
+from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,64 @@ def _as_write_error(path: str, e: BaseException) -> BaseException:
     return e
 
 
+class LedgerInUse(LedgerError):
+    """Another process writes this ledger: a second writer is refused before it reads or writes anything."""
+
+
+def hold_ledger(path: str) -> lock.Hold:
+    """This process's writer's lock on the ledger at `path` (its folder made if missing): LedgerInUse
+    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return lock.acquire(path)
+    except lock.LedgerHeld as e:
+        pid, _, host = e.holder.partition(" ")
+        who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
+        raise LedgerInUse(
+            f"{path}: in use by {who}; one process writes a ledger at a time"
+            " (the read-only `residents ledger` verbs work beside it)"
+        ) from None
+    except OSError as e:
+        raise LedgerError(f"{lock.lock_path(path)}: cannot lock the ledger for writing: {e.strerror or e}") from None
+
+
+async def _read_migrations(uri: str, path: str) -> tuple[Connection, set[str]]:
+    """A read-only connection and the migrations its ledger has had; its first read opens the file, so
+    the medium's refusal (SQLITE_CANTOPEN) is raised here as sqlite3.OperationalError."""
+    try:
+        db = await Connection.open(uri, uri=True, name=path)
+    except sqlite3.Error as e:
+        raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
+    try:
+        if not await db.execute_fetchall("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_migrations'"):
+            raise LedgerError(f"{path}: not a ledger (it has no _migrations table)")
+        return db, {r[0] for r in await db.execute_fetchall("SELECT name FROM _migrations")}
+    except sqlite3.OperationalError as e:
+        await db.close()
+        if e.sqlite_errorname == "SQLITE_CANTOPEN":
+            raise
+        raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+    except BaseException as e:
+        await db.close()
+        if isinstance(e, sqlite3.Error):
+            raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        raise
+
+
+def _read_only_medium(path: str) -> bool:
+    try:
+        return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _nonempty(path: str) -> bool:
+    try:
+        return os.path.getsize(path) > 0
+    except OSError:
+        return False
+
+
 def enc(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
@@ -83,7 +141,7 @@ def dec(blob: bytes | str | None) -> str:
 
 
 class Ledger:
-    def __init__(self, db: aiosqlite.Connection, path: str) -> None:
+    def __init__(self, db: Connection, path: str) -> None:
         self.db = db
         self.path = path
         self._queue: list[tuple[list[tuple[str, tuple[Any, ...]]], asyncio.Future[None]]] = []
@@ -92,27 +150,34 @@ class Ledger:
         # When the last commit returned, by time.perf_counter() read in the connection's thread: the moment
         # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
         self.committed_at = 0.0
+        self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
 
     @classmethod
-    def open(cls, path: str | Path) -> _Opening:
+    def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
         """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
-        `async with Ledger.open(p) as ledger:`, which closes it however the block ends."""
-        return _Opening(cls, path)
+        `async with Ledger.open(p) as ledger:`, which closes it however the block ends.
+
+        A writer holds the ledger's lock while open (`lock.py`): LedgerInUse while another process has
+        it, before anything is read or written. `read_only`: an existing ledger for reading, beside a
+        running process or on read-only media: no lock, no migration, nothing written."""
+        return _Opening(cls, path, read_only)
 
     @classmethod
     async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
+        hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
+            hold = hold_ledger(path)
             if not p.exists():
                 # Created readable by its owner only: stumps may hold text a room never saw.
                 os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
         try:
-            db = await aiosqlite.connect(path, isolation_level=None)
+            db = await Connection.open(path)
         except Exception as e:
+            if hold is not None:
+                hold.release()
             raise LedgerError(f"{path}: cannot open the ledger: {e}") from None
-        db.row_factory = aiosqlite.Row
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute("PRAGMA synchronous=NORMAL")
@@ -122,7 +187,37 @@ class Ledger:
             await chain.backfill(db)
         except Exception as e:
             await db.close()
+            if hold is not None:
+                hold.release()
             raise LedgerError(f"{path}: not a usable ledger: {e}") from None
+        ledger = cls(db, path)
+        ledger._hold = hold
+        return ledger
+
+    @classmethod
+    async def _connect_read_only(cls, path: str | Path) -> Ledger:
+        """SQLite's `mode=ro`; on read-only media with no write-ahead log beside the file (so the file
+        holds everything, and nothing can change it), `immutable=1`, which needs no -shm file."""
+        path = str(path)
+        if path == ":memory:":  # a new empty one: nothing another process could hold
+            return await cls._connect(path)
+        if not Path(path).is_file():
+            raise LedgerError(f"{path}: no ledger there")
+        where = "file:" + urllib.parse.quote(os.path.abspath(path))
+        try:
+            db, done = await _read_migrations(where + "?mode=ro", path)
+        except sqlite3.OperationalError as e:
+            if not (_read_only_medium(path) and not _nonempty(path + "-wal")):
+                raise LedgerError(f"{path}: cannot read the ledger: {e}") from None
+            db, done = await _read_migrations(where + "?mode=ro&immutable=1", path)
+        pending = [name for name, _ in migrations.MIGRATIONS if name not in done]
+        if pending:
+            await db.close()
+            raise LedgerError(
+                f"{path}: written by an older residents, {len(pending)} migration(s) to apply (from {pending[0]});"
+                f" `residents ledger migrate --db {path}` applies them"
+            )
+        await chain.install(db)
         return cls(db, path)
 
     async def close(self) -> None:
@@ -130,7 +225,12 @@ class Ledger:
             if self._idle.is_set():
                 self._commit_waiting()
             await self._idle.wait()
-        await self.db.close()
+        try:
+            await self.db.close()
+        finally:
+            if self._hold is not None:
+                self._hold.release()
+                self._hold = None
 
     async def __aenter__(self) -> Ledger:
         return self
@@ -168,14 +268,13 @@ class Ledger:
         if not batch:
             return
         loop = asyncio.get_running_loop()
-        if not self.db._running:
+        if self.db.closed:
             for _, done in batch:
                 done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
             return
-        conn = self.db._conn
         changes = [st for st, _ in batch]
 
-        def work() -> None:  # in the connection's thread
+        def work(conn: sqlite3.Connection) -> None:  # in the connection's thread
             try:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
@@ -183,7 +282,7 @@ class Ledger:
             loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
 
         self._idle.clear()
-        self.db._tx.put_nowait((None, work))  # aiosqlite's own queue: in order with every read
+        self.db.post(work)  # in order with every read; its outcome comes back through `_committed`
 
     def _committed(
         self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
@@ -438,7 +537,7 @@ class Ledger:
     async def _generations(self, ids: list[str], brief: bool = False) -> dict[str, Generation]:
         """Generations whole, read in one trip to the connection's thread, a few batched queries on
         indexes however many; `brief` (the context compiler's) leaves out requests and posts."""
-        rows = await self.db._execute(_generation_rows, self.db._conn, ids, brief)  # aiosqlite's own queue
+        rows = await self.db.run(_generation_rows, ids, brief)
         out: dict[str, Generation] = {}
         for r in rows["generations"]:
             cols = _cols(r)
@@ -885,15 +984,18 @@ def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any
 class _Opening:
     """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
 
-    def __init__(self, cls: type[Ledger], path: str | Path) -> None:
-        self.cls, self.path = cls, path
+    def __init__(self, cls: type[Ledger], path: str | Path, read_only: bool) -> None:
+        self.cls, self.path, self.read_only = cls, path, read_only
         self.ledger: Ledger | None = None
 
+    def _connect(self) -> Coroutine[Any, Any, Ledger]:
+        return self.cls._connect_read_only(self.path) if self.read_only else self.cls._connect(self.path)
+
     def __await__(self) -> Generator[Any, None, Ledger]:
-        return self.cls._connect(self.path).__await__()
+        return self._connect().__await__()
 
     async def __aenter__(self) -> Ledger:
-        self.ledger = await self.cls._connect(self.path)
+        self.ledger = await self._connect()
         return self.ledger
 
     async def __aexit__(self, *exc: object) -> None:

@@ -141,10 +141,10 @@ async def check(ledger: Ledger) -> Report:
     db, path = ledger.db, ledger.path
     count = list(await db.execute_fetchall("SELECT count(*) FROM generations"))[0][0]
     procs = min(os.cpu_count() or 1, 4)
-    pre: _Prelude = await db._execute(_prelude, db._conn)  # aiosqlite's own queue
+    pre: _Prelude = await db.run(_prelude)  # on the connection's thread, in one trip
     if path is None or path == ":memory:" or count < max(PARALLEL_FROM, 1) or procs < 2:
         links = await chain.check(db)
-        parts = [await db._execute(_generations, db._conn, "", None, pre)]
+        parts = [await db.run(_generations, "", None, pre)]
     else:
         top = (await chain.head(db))[0]
         own = _deal(procs)
@@ -173,9 +173,7 @@ async def check(ledger: Ledger) -> Report:
             found.update(zip(mine, of_parts, strict=True))
         # each range's findings in the order of the ranges, whichever process checked it
         parts = [part for _, part in sorted((p for _, done in results for p in done), key=lambda p: p[0])]
-        links = await db._execute(
-            chain.finish, db._conn, top, [found[i] for i in range(chain.WALK_PART)], found[chain.WALK_PART]
-        )
+        links = await db.run(chain.finish, top, [found[i] for i in range(chain.WALK_PART)], found[chain.WALK_PART])
     rep = await _assemble(db, pre, parts)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
     rep.chain_entries, rep.chain_head = links.entries, links.head
@@ -216,7 +214,7 @@ class _Ranges:
 
     @classmethod
     async def of(cls, db: Any) -> _Ranges:
-        return cls(await db._execute(_bounds, db._conn))  # aiosqlite's own queue, in one trip
+        return cls(await db.run(_bounds))  # on the connection's thread, in one trip
 
     def next(self) -> tuple[str, str | None] | None:
         with self._lock:
