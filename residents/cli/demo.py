@@ -87,7 +87,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         # A headless run ends with its ledger checked, as `residents ledger verify` checks it: one line.
         from .ledger import checked, verify_line
 
-        report = checked(db)
+        report = checked(db, writer=True)  # within this process's hold
         print(verify_line(report), flush=True)
         return 0 if report.ok else 1
     finally:

@@ -221,11 +221,14 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
     return 0
 
 
-def checked(path: str) -> Report:
-    """The ledger at `path` checked whole (`verify`, and the end of `residents demo --headless`)."""
+def checked(path: str, writer: bool = False) -> Report:
+    """The ledger at `path` checked whole (`verify`, and the end of `residents demo --headless`).
+
+    `writer`: this process holds the ledger's lock (the demo), so it opens it as its writer, whose
+    close folds the WAL back in; a read-only reader leaves `-wal` and `-shm` beside the file."""
 
     async def go() -> Report:
-        async with open_ledger(path) as lg:
+        async with Ledger.open(path) if writer else open_ledger(path) as lg:
             return await check(lg)
 
     with few_collections():  # while this process only checks, as its workers do

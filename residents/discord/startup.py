@@ -35,7 +35,7 @@ def missing_variables(residences: Sequence[Residence], env: Mapping[str, str], l
                 wanted.setdefault(r.discord.token_env, []).append(f"residences/{r.name}.yaml: discord.token_env")
     for reg in {REGISTRY[r.provider] for r in residences}:
         if reg.key_env is not None and not env.get(reg.key_env) and not env.get(reg.base_url_env or ""):
-            wanted[reg.key_env] = [f"the provider key; or set {reg.base_url_env} to a compatible server"]
+            wanted[reg.key_env] = [f"the provider key; or set {reg.base_url_env} to {reg.server}"]
     for r in residences:
         if r.api_key_env is not None and not env.get(r.api_key_env, "").strip():
             wanted.setdefault(r.api_key_env, []).append(f"residences/{r.name}.yaml: api_key_env")

@@ -25,6 +25,7 @@ class Registration:
     required). `prefill`: a cut output is continued by an assistant-turn prefill (else by a user turn).
     `base_path`: what follows a server's root in this provider's base URL (OpenAI's clients put `/v1`
     there), so the local provider server, which speaks every protocol, can be named for each.
+    `server`: what `base_url_env` may name, in the words of a message that asks for it.
     """
 
     module: str
@@ -32,6 +33,7 @@ class Registration:
     base_url_env: str | None = None
     prefill: bool = False
     base_path: str = ""
+    server: str = "a compatible server"
 
     @property
     def configured_in_residence(self) -> bool:
@@ -40,7 +42,11 @@ class Registration:
 
 REGISTRY: dict[str, Registration] = {
     "anthropic": Registration(
-        "residents.provider.anthropic_messages", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", prefill=True
+        "residents.provider.anthropic_messages",
+        "ANTHROPIC_API_KEY",
+        "ANTHROPIC_BASE_URL",
+        prefill=True,
+        server="an Anthropic-compatible server",
     ),
     "openai-compatible": Registration("residents.provider.openai_compatible", base_path="/v1"),
 }
@@ -64,7 +70,7 @@ def endpoint(name: str, base_url: str | None, api_key_env: str | None, env: Mapp
     server = (env.get(reg.base_url_env, "") if reg.base_url_env else "") or None
     key = env.get(reg.key_env, "")
     if not key and server is None:
-        raise MissingKey(f"{reg.key_env} is not set (or set {reg.base_url_env} to a compatible server)")
+        raise MissingKey(f"{reg.key_env} is not set (or set {reg.base_url_env} to {reg.server})")
     return Endpoint(server, key, reg.key_env)
 
 
