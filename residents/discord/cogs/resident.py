@@ -102,7 +102,7 @@ class ResidentCog(commands.Cog):
                 )
                 continue
             if message.author.id != getattr(self.bot.user, "id", None):
-                await self.on_message(message)
+                await self.take(message)
 
     def addressed(self, message: discord.Message, missed: bool = False) -> bool:
         """Whether the message asks for this resident. A `missed` one (a catch-up's) must mention it or,
@@ -119,11 +119,15 @@ class ResidentCog(commands.Cog):
 
     @commands.Cog.listener()
     async def on_message(self, message: discord.Message) -> None:
+        """A message the gateway delivered: seen (where a catch-up would begin), then taken."""
+        if message.guild is not None:
+            self.sightings.saw(message.channel.id, message.id)
+        await self.take(message)
+
+    async def take(self, message: discord.Message) -> None:
+        """A turn on `message` if it asks for this resident and no turn has been taken on it yet."""
         me = self.bot.user
-        if me is None or message.guild is None:
-            return
-        self.sightings.saw(message.channel.id, message.id)
-        if message.author.id == me.id:
+        if me is None or message.author.id == me.id or message.guild is None:
             return
         if self.board.hidden(message.nonce, message.id):
             return  # a live reply still being written: taken when it settles (`_settled`)
