@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import discord
 import pytest
 from conftest import residence
@@ -102,8 +103,14 @@ async def test_a_mention_made_while_the_session_was_invalidated_is_answered_once
         assert g.trigger == ask["id"] and g.seen_upto == ask["id"]
         [s] = await d.generations("sill")
         assert s.trigger == other["id"]
-        # Another new session finds nothing left to answer.
-        identifies = await away(d)
+        # Another new session (asked of the room over HTTP, as a person at its page would) finds nothing left.
+        identifies = d.room.gateway.identifies
+        async with aiohttp.ClientSession() as http:
+            body = {"invalidate_sessions": True, "hold": True}
+            async with http.post(f"{d.room.url}/_room/faults", json=body) as resp:
+                assert resp.status == 200
+        assert not d.room.gateway.sessions  # ended: a RESUME has nothing to resume
+        await eventually(lambda: not any(b["connected"] for b in d.room.snapshot()["bots"]), timeout=5)
         await back(d, identifies)
         await settle(d)
         assert replies(d, "cairn") == ["Cairn answers ask-1"] and replies(d, "sill") == ["Sill answers ask-2"]
