@@ -260,3 +260,22 @@ async def test_history_after_a_message_reads_forward_page_by_page_as_on_discord(
             assert bounded == ids[10:20]
             newest = [m.id async for m in channel.history(limit=3)]
             assert newest == list(reversed(ids[-3:]))
+
+
+async def test_a_missed_mention_from_another_bot_is_answered_as_the_live_path_would(tmp_path: Path) -> None:
+    """The live path answers a bot that mentions the resident (the floor keeps bots from looping); so does
+    the catch-up. The other bot is a plain discord.py client whose message pings by default."""
+    async with deployed(tmp_path, [res()], responder=answer_last_ask) as d:
+        await seen_once(d, "morning all")
+        async with running_bot(d.room.url, "local-helper") as helper:
+            channel = helper.get_channel(int(d.room.state.channel_by_ref("general").id))
+            assert isinstance(channel, discord.TextChannel)
+            cairn = d.bot("cairn").user
+            assert cairn is not None
+            identifies = await away(d)
+            sent = await channel.send(f"ask-1 a bot asks, {cairn.mention}")
+            await back(d, identifies)
+            await d.room.wait_for_message(lambda m: m["content"] == "Cairn answers ask-1", timeout=15)
+            await settle(d)
+        assert replies(d) == ["Cairn answers ask-1"]
+        assert [g.trigger for g in await d.generations()] == [str(sent.id)]
