@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from . import models
 from .provider import REGISTRY
@@ -130,6 +139,30 @@ class Attachments(Strict):
     request_budget_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
 
 
+MAX_CATCH_UP_SECONDS = 24 * 3600
+
+
+class CatchUp(Strict):
+    """Mentions that arrived while the resident had no gateway session (a new session, a restart).
+
+    Each one younger than `window` is answered once, oldest first; older ones are logged, not answered.
+    """
+
+    window: str = "10m"
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _a_duration(cls, value: Any) -> str:
+        """Written as `ledger.checkpoints.every` is (`duration_seconds`), kept as written for /policy show."""
+        if duration_seconds(value) > MAX_CATCH_UP_SECONDS:
+            raise ValueError("at most 24h")
+        return value
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.window)
+
+
 class Policy(Strict):
     name: str = "default"
     description: str = ""
@@ -141,6 +174,7 @@ class Policy(Strict):
     tools: Tools = Tools()
     delivery: Delivery = Delivery()
     attachments: Attachments = Attachments()
+    catch_up: CatchUp = CatchUp()
 
 
 def _channel_ref(ref: str) -> str:

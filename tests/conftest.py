@@ -191,6 +191,7 @@ E2E_MODULES = frozenset(
     {
         "test_browser",
         "test_browser_guilds",
+        "test_catch_up",
         "test_checkpoints",
         "test_chain",
         "test_cli",

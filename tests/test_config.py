@@ -60,6 +60,10 @@ def test_default_policy_never_continues():
             6,
         ),
         ("stumps:\n  moderators_read_text: maybe\n", "stumps.moderators_read_text", 2),
+        ("catch_up:\n  window: 10 minutes\n", "catch_up.window", 2),
+        ("catch_up:\n  window: 600\n", "catch_up.window", 2),
+        ("catch_up:\n  window: 25h\n", "catch_up.window", 2),
+        ("catch_up:\n  windw: 10m\n", "catch_up.windw", 2),
     ],
 )
 def test_policy_errors_name_file_key_and_line(tmp_path, policy, key, line):
@@ -90,6 +94,20 @@ def test_residence_errors_name_the_key(tmp_path, text, key):
         load_residence("r", tmp_path)
     assert e.value.key == key, str(e.value)
     assert "r.yaml" in str(e.value)
+
+
+def test_catch_up_window_is_a_duration_of_seconds_minutes_or_hours(tmp_path, monkeypatch, capsys):
+    assert load_policy("default", ROOT).catch_up.window_seconds == 600
+    for text, seconds in (("90s", 90), ("10m", 600), ("1h", 3600), ("1h30m", 5400)):
+        write(tmp_path, "policies/p.yaml", f"catch_up:\n  window: {text}\n")
+        assert load_policy("p", tmp_path).catch_up.window_seconds == seconds
+    write(tmp_path, "policies/p.yaml", "catch_up:\n  window: 10 minutes\n")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["check", "policies/p.yaml"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "policies/p.yaml:2: catch_up.window: not a duration: a number and its unit (d, h, m, s), like 1h, 30m,"
+        " 90s or 1h30m (got '10 minutes')"
+    )
 
 
 def test_broken_yaml_and_non_mappings(tmp_path):

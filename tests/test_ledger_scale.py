@@ -47,6 +47,7 @@ READS = {
     "their stumps": store.GENERATION_STUMPS.format(marks="?,?,?"),
     "their posts": store.GENERATION_POSTS.format(marks="?,?,?"),
     "their requests' parts": store.REQUEST_PARTS.format(marks="?,?,?"),
+    "messages a resident answered": store.ANSWERED.format(marks="?,?,?"),
     "latest generation": store.LATEST_GENERATION.format(channel=""),
     "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=?"),
     "live messages in progress": live.IN_PROGRESS,
@@ -66,6 +67,7 @@ USES = {
     "generations without posts": "generations_unplanned",
     "latest generation in a channel": "generations_channel",
     "live messages in progress": "live_messages_live",
+    "messages a resident answered": "generations_trigger",
     # covering: the kind is tested in the index, never by reading each entry of the record
     "a record's latest entry of a kind": "COVERING INDEX chain_record_kind",
     "a later entry of a record": "COVERING INDEX chain_record_kind",

@@ -126,6 +126,9 @@ class ResidentBot(commands.Bot):
             return
         log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))
         self.settled.set()
+        # discord.py calls on_ready for every new gateway session (the first, and each IDENTIFY after a
+        # RESUME was refused), never after a successful RESUME: the resident cog catches up on what it missed.
+        self.dispatch("new_session")
 
     def listens_in(self, channel: discord.abc.Messageable) -> bool:
         settings = self.residence.discord

@@ -497,6 +497,16 @@ DROP INDEX chain_record;
 )
 
 
+# Which of a channel's messages a resident has already answered (`Ledger.answered`, asked when it catches up
+# on mentions missed across a new gateway session): one seek per message id, not a walk of its generations.
+step(
+    "m044_generations_trigger",
+    """
+CREATE INDEX generations_trigger ON generations(trigger, residence) WHERE trigger IS NOT NULL;
+""",
+)
+
+
 async def apply(db: Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""
     await db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")

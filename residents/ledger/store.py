@@ -739,6 +739,15 @@ class Ledger:
                 out[p.message_id or ""] = p
         return out
 
+    async def answered(self, residence: str, message_ids: Iterable[str]) -> set[str]:
+        """The messages among `message_ids` that a generation of `residence` was started by (its trigger)."""
+        ids, out = list(message_ids), set[str]()
+        for i in range(0, len(ids), 500):
+            part = ids[i : i + 500]
+            sql = ANSWERED.format(marks=",".join("?" * len(part)))
+            out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
+        return out
+
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
         """Generations with attempts and stumps, for the context compiler (no posts or requests needed)."""
         return await self._generations(list(dict.fromkeys(ids)), brief=True)
@@ -881,6 +890,7 @@ def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> d
 
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
+ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=?"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
 

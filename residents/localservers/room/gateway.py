@@ -142,6 +142,17 @@ class Gateway:
         log.info("dropped %d gateway connection(s) with close code %s", len(conns), code)
         return len(conns)
 
+    async def invalidate(self, *, hold: bool = False) -> int:
+        """End every bot's session and close its socket with a resumable code, as when Discord invalidates
+        sessions: the bot's RESUME is answered INVALID_SESSION (not resumable) and it must IDENTIFY anew.
+        Events meanwhile are kept for no one: what was said in between reaches the bot only through history."""
+        ended = list(self.sessions.values())
+        for session in ended:
+            session.valid = False
+        self.sessions.clear()
+        log.info("invalidated %d gateway session(s)", len(ended))
+        return await self.drop(hold=hold)
+
     def release(self) -> None:
         self._open.set()
 

@@ -399,6 +399,11 @@ class RoomServer:
         """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
         return await self.gateway.drop(hold=hold)
 
+    async def invalidate_sessions(self, *, hold: bool = False) -> int:
+        """End every bot's gateway session (its RESUME gets INVALID_SESSION, so it identifies anew and misses
+        what was said meanwhile); `hold` keeps them out until release_gateway()."""
+        return await self.gateway.invalidate(hold=hold)
+
     def release_gateway(self) -> None:
         self.gateway.release()
 
