@@ -13,7 +13,9 @@ the worker first looks for it among the resident's recent messages (`resume.resu
 and records it instead of sending it again — Discord's nonce check alone lasts only minutes.
 
 The outbox knows nothing of Discord: each resident registers its room (`ResumeRoom`: send a post,
-read its own recent messages), and every room failure arrives as `RoomUnavailable`.
+read its own recent messages), and every room failure arrives as `RoomUnavailable`. Every process
+delivers through one: `residents run` shares one among its residents (the demo too); replay and the
+tests give theirs a room of their own and no backoff (`Outbox.of_room`).
 """
 
 from __future__ import annotations
@@ -47,12 +49,15 @@ class Backoff:
         return min(self.cap, self.base * 2 ** max(0, failures - 1))
 
 
+NO_BACKOFF = Backoff(base=0.0, cap=0.0)  # a room of one's own (replay, tests): a failed post is tried again at once
+
+
 @dataclass
 class _Entry:
     residence: str
     post: Post
     fresh: bool  # never tried in this process: it cannot be in the room already
-    done: asyncio.Future[bool]
+    done: asyncio.Future[bool]  # True once delivered; False when the outbox closed first
 
     @property
     def reply(self) -> str:
@@ -80,6 +85,13 @@ class Outbox:
         self.rooms: dict[str, ResumeRoom] = {}
         self.channels: dict[str, _Channel] = {}
         self.closed = False
+
+    @classmethod
+    def of_room(cls, ledger: Ledger, residence: str, room: ResumeRoom) -> Outbox:
+        """An outbox with a room of its own for one resident and no backoff: replay's, a script's, a test's."""
+        outbox = cls(ledger, NO_BACKOFF)
+        outbox.register(residence, room)
+        return outbox
 
     def register(self, residence: str, room: ResumeRoom) -> None:
         """The room through which `residence` sends (its bot); its posts wait until it is registered."""
@@ -114,9 +126,12 @@ class Outbox:
         return await self.wait(self.enqueue(residence, posts))
 
     @staticmethod
-    async def wait(futures: list[asyncio.Future[bool]]) -> bool:
-        results = await asyncio.gather(*futures)
-        return all(results)
+    async def wait(futures: list[asyncio.Future[bool]], timeout: float | None = None) -> bool:
+        """Whether every post is delivered: False if the outbox closed first or `timeout` s passed."""
+        if not futures:
+            return True
+        done, waiting = await asyncio.wait(futures, timeout=timeout)
+        return not waiting and all(f.result() for f in done)
 
     async def resume(self, residence: str) -> int:
         """At start-up: put what a stopped process left undelivered in front, and wait for one try.

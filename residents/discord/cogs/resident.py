@@ -129,8 +129,7 @@ class ResidentCog(commands.Cog):
 
     @property
     def backoff(self) -> Backoff:
-        outbox = self.bot.resident.outbox
-        return outbox.backoff if outbox is not None else Backoff()
+        return self.bot.resident.outbox.backoff
 
     async def _history(self, channel: discord.abc.Messageable, limit: int) -> list[discord.Message] | None:
         """The channel's recent messages, oldest first, waiting with backoff while Discord cannot be reached."""
@@ -190,7 +189,7 @@ class ResidentCog(commands.Cog):
         def moving() -> tuple[frozenset[int], frozenset[str]]:
             return (
                 frozenset(shared.generating[ch] - {me}),
-                frozenset(outbox.pending(str(ch)) if outbox is not None else ()),
+                frozenset(outbox.pending(str(ch))),
             )
 
         claims: set[int] = set()
