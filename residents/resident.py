@@ -277,7 +277,7 @@ class Resident:
     async def _delivered(self, reply: Reply, waiting: list[asyncio.Future[bool]], within: float | None = None) -> Reply:
         """`reply` once its posts are in the room or set aside, or after `within` seconds (then `waiting` > 0)."""
         if not await self.outbox.wait(waiting, timeout=within):
-            reply.waiting = sum(1 for p in reply.posts if p.message_id is None)
+            reply.waiting = sum(1 for p in reply.posts if p.message_id is None and p.refused is None)
             if self.outbox.closed:
                 log.warning(
                     "%s: %d post(s) not delivered before the outbox closed; delivered at the next start",

@@ -224,6 +224,7 @@ E2E_MODULES = frozenset(
         "test_packaging",
         "test_provenance",
         "test_provider_key",
+        "test_refused_posts",
         "test_room_input",
         "test_room_layout",
         "test_room_uploads",

@@ -497,6 +497,19 @@ DROP INDEX chain_record;
 )
 
 
+# A post the room refused try after try (HTTP 400, 403, 404) is set aside, never delivered: `refused` is the
+# refusal as the room gave it ("403 Forbidden (error code: 50013): Missing Permissions"), `refused_at` when.
+# Few posts are: `verify` and the chain read them on their own partial index.
+step(
+    "m043_refused_posts",
+    """
+ALTER TABLE posts ADD COLUMN refused TEXT;
+ALTER TABLE posts ADD COLUMN refused_at REAL;
+CREATE INDEX posts_refused ON posts(id) WHERE refused IS NOT NULL;
+""",
+)
+
+
 async def apply(db: aiosqlite.Connection) -> list[str]:
     """Apply every step not yet recorded; returns the names applied now."""
     await db.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
