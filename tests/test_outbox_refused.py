@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import Room, residence
 
-from residents.delivery.outbox import NO_BACKOFF, REFUSED_TRIES, Outbox
+from residents.delivery.outbox import NO_BACKOFF, REFUSED_TRIES, Backoff, Outbox
 from residents.delivery.resume import RoomRefused, RoomUnavailable
 from residents.ledger import chain, views
 from residents.ledger.verify import verify
@@ -133,3 +133,9 @@ async def test_verify_holds_a_refused_post_against_its_chain_entry(pipeline) -> 
     await pipeline.ledger.db.execute("UPDATE posts SET refused = ? WHERE id = ?", ("404 Not Found", second.id))
     await pipeline.ledger.db.commit()
     assert any(f"refused {second.id}: not in the chain" in p for p in await verify(pipeline.ledger))
+
+
+def test_the_backoff_stays_at_its_cap_however_long_the_room_fails() -> None:
+    """After 1,025 failures in a row (about three hours at the 10 s cap) the doubling overflowed a float."""
+    assert Backoff().delay(1) == 1.0 and Backoff().delay(5) == 10.0
+    assert Backoff().delay(1_100) == 10.0 and NO_BACKOFF.delay(10**6) == 0.0

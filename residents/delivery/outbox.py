@@ -51,7 +51,8 @@ class Backoff:
     alarm: float = 600.0
 
     def delay(self, failures: int) -> float:
-        return min(self.cap, self.base * 2 ** max(0, failures - 1))
+        # The doubling stops once past any cap: 2 ** 1024 is more than a float holds (after ~3 hours at 10 s).
+        return min(self.cap, self.base * 2 ** min(64, max(0, failures - 1)))
 
 
 NO_BACKOFF = Backoff(base=0.0, cap=0.0)  # a room of one's own (replay, tests): a failed post is tried again at once
