@@ -3,7 +3,8 @@
 `residents run`'s own bots (real discord.py, the local room over sockets, the real SDK and ledger),
 the room answering a bot's message POSTs with the status asked for. A refused post is recorded with
 the refusal as Discord gave it and shown by `/generation show` and `ledger show`; `ledger verify`
-holds; a 429 or a 5xx is retried however often it comes.
+holds; a 429 or a 5xx is retried however often it comes; a /continue while the channel's outbox is
+held by the room is answered within seconds, its posts delivered in order once the room takes them.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import residence
-from discordkit import Deployed, deployed, sub
+from conftest import residence, specimen
+from discordkit import Deployed, deployed, opts, sub
 
 from residents.cli import main as cli_main
 from residents.delivery.outbox import Backoff
+from residents.discord.cogs.moderation import CONTINUE_DELIVERY_WAIT
 from residents.localservers import sse
 from residents.localservers.provider import Call
 
@@ -128,3 +130,51 @@ async def test_a_room_that_fails_more_than_three_times_is_not_a_refusal(tmp_path
         assert d.room.faults.hits == 5
         assert all(p.message_id and p.refused is None for p in posts)
         assert [m["id"] for m in d.bot_messages()] == [p.message_id for p in posts]
+
+
+async def test_a_continue_behind_a_held_outbox_is_answered_within_seconds(tmp_path: Path) -> None:
+    """The room fails every post in the channel (503s); a /continue asked meanwhile is answered at once and
+    within `CONTINUE_DELIVERY_WAIT` after its continuation is made, saying its posts wait; they go out in
+    order once the room takes posts again."""
+    policy = {
+        "continuation": {
+            "standing": "on-request",
+            "max_segments": 2,
+            "max_output_tokens": 12288,
+            "min_progress_chars": 16,
+            "similarity_abort": 0.92,
+        }
+    }
+    calls = [Call(sse=specimen("cont-first.sse"))]
+    async with deployed(tmp_path, [cairn(600, **policy)], calls=calls, backoff=FAST) as d:
+        d.room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+        await d.wait_receipt()
+        [first] = await d.generations()
+        await settled_posts(d, first.id)
+        # the room stops taking posts; a turn's reply is held in the outbox
+        d.room.fail_message_posts(503, times=10_000)
+        d.provider.enqueue([Call(sse=sse.stream("Held reply.", "end_turn", 3, model=MODEL))])
+        d.room.post("general", "bob", "Still there, @cairn?", mentions=["cairn"])
+        await asyncio.wait_for(_until(lambda: d.room.faults.hits >= 2), 10)
+        d.provider.enqueue([Call(sse=specimen("cont-rest-with-overlap.sse"))])  # what the /continue is given
+        started = time.monotonic()
+        out = await d.command("moddy", "continue", opts(generation=first.id))
+        took = time.monotonic() - started
+        assert out["responses"][0]["type"] == 5  # deferred at once
+        answer = out["responses"][-1]["content"]
+        assert answer.startswith(f"Continued {first.id}: now completed") and "wait for the room" in answer, answer
+        assert took < CONTINUE_DELIVERY_WAIT + 5, took
+        assert not any(m["content"] == "Held reply." for m in d.bot_messages())
+        # the room takes posts again: the held reply, then the continuation, in order
+        d.room.faults.clear()
+        await d.room.wait_for_message(lambda m: m["content"].startswith("-# Output assembled"), timeout=15)
+        [_, held] = sorted(await d.generations(), key=lambda g: g.created_at)
+        [cont] = [g for g in await d.generations() if g.id == first.id]
+        later = [p for p in cont.posts if p.seq > len(first.posts)]
+        order = [m["id"] for m in d.bot_messages()][-(len(held.posts) + len(later)) :]
+        assert order == [p.message_id for p in held.posts] + [p.message_id for p in later]
+
+
+async def _until(check: Any) -> None:
+    while not check():
+        await asyncio.sleep(0.02)
