@@ -28,6 +28,7 @@ import anthropic
 
 from residents.config import Residence
 from residents.delivery import plan
+from residents.delivery.outbox import NO_BACKOFF, Outbox
 from residents.generation.attempts import AttemptRunner, LedgerSink
 from residents.generation.run import Generator
 from residents.ledger import Ledger
@@ -64,6 +65,7 @@ async def pipeline(resident: Resident) -> str:
     """One whole resident turn, the room a collecting one: compile the request from the room's
     history, generate, plan, record the posts, deliver each and mark it delivered."""
     room = CollectingRoom(resident.name)
+    resident.outbox.register(resident.name, room)  # each run's posts to its own room
     room.say("ana", "Write at length.")
     reply = await resident.respond(room, "bench", list(room.history))
     assert reply.generation is not None and len(room.sent) == len(reply.posts)
@@ -161,7 +163,9 @@ async def in_process(sizes: dict[str, tuple[int, int, bool]]) -> dict[str, Any]:
             await ledger.create_generation(holder)  # the attempts of the sink-only layers hang off this one
             for label, (tokens, rounds, breakdown) in sizes.items():
                 # The resident's request asks for `tokens`, which is what picks the server's stream.
-                resident = Resident(Residence(name="bench", model=MODEL, max_tokens=tokens), gen, ledger)
+                resident = Resident(
+                    Residence(name="bench", model=MODEL, max_tokens=tokens), gen, ledger, Outbox(ledger, NO_BACKOFF)
+                )
                 req = request(tokens)
                 expect = streams.text(tokens * streams.CHARS_PER_TOKEN)
                 paths = list(_variants(sdk, client, resident, req, holder, breakdown).items())

@@ -351,6 +351,9 @@ class Post:
     )
     # Why the post exists. A text post or a receipt says so by its kind; a notice must be told why.
     reason: PostReason | None = None
+    # The room refused it (400, 403, 404) try after try: set aside, never delivered (`Refusal.text`).
+    refused: str | None = None
+    refused_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.reason is None:
@@ -368,7 +371,20 @@ class Post:
             "content": self.content,
             "message_id": self.message_id,
             "replacements": self.replacements,
+            **({"refused": self.refused} if self.refused is not None else {}),
         }
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The room's answer to a post it will not take, whatever the try (HTTP 400, 403 or 404).
+
+    Not an outage: after a few such answers the post is set aside (`Post.refused`), so one post no room
+    accepts does not hold its channel's outbox for ever."""
+
+    status: int  # the HTTP status
+    code: int | None  # Discord's JSON error code (50013: Missing Permissions), where it gave one
+    text: str  # as Discord gave it: "403 Forbidden (error code: 50013): Missing Permissions"
 
 
 _REASON_OF_KIND = {

@@ -1,11 +1,14 @@
 """A resident's turn, end to end: room → context → generation → ledger → delivery plan → room.
 
-The Discord cog and `residents replay` both call this; the only thing that differs between them is
-the Room adapter that sends a post — and, under `residents run`, the process's outbox, through which
-every post goes out in per-channel order whatever room a caller names.
+The Discord cog and `residents replay` both call this, and every post goes out the same way: through
+the resident's outbox, in per-channel order. What differs is the room the outbox sends to — the
+process's bots under `residents run`, a room of their own for replay and the tests (`Outbox.of_room`)
+— and the room a caller names, which only a live view writes to.
 
-Work on one resident in one channel is serialised here (a turn, a /continue, a declined /continue):
-two requests never number posts of one generation at once, and their posts never interleave.
+Work on one resident in one channel is serialised here (a turn, a /continue, a declined /continue) up
+to handing its posts to the outbox: two requests never number posts of one generation at once, and
+their posts never interleave. Waiting for the room comes after, so a /continue is never held behind
+another reply's posts that the room has not taken yet.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
 from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.plan import plan_recovered
-from .delivery.send import Room, deliver
+from .delivery.send import Room
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
@@ -44,6 +47,7 @@ class Reply:
     posts: list[Post]
     declined: str | None = None  # the reason a /continue was declined, as `residents.truth` words it
     decline: truth.Declined | None = None  # ... and as facts
+    waiting: int = 0  # posts of it not in the room yet when the call returned (an outbox held by the room)
 
 
 class Resident:
@@ -52,7 +56,7 @@ class Resident:
         residence: Residence,
         generator: Generator,
         ledger: Ledger,
-        outbox: Outbox | None = None,
+        outbox: Outbox,
         key_rejections: KeyRejections | None = None,
     ) -> None:
         self.residence = residence
@@ -64,7 +68,7 @@ class Resident:
         self.board: LiveBoard = shared_board()  # live messages in progress, across the process
 
     def busy(self, channel: str) -> asyncio.Lock:
-        """Held while this resident works in `channel`: generating, recording or delivering a reply."""
+        """Held while this resident works in `channel`: generating or recording a reply, up to its enqueue."""
         lock = self._busy.get(channel)
         if lock is None:
             lock = self._busy[channel] = asyncio.Lock()
@@ -98,13 +102,11 @@ class Resident:
             return None
 
         async def publish(meta: dict[str, Any], text: str, g: Generation) -> dict[str, Any]:
-            return await self._publish(room, channel, g, meta, text)
+            return await self._publish(channel, g, meta, text)
 
         return StumpsTool(self.ledger, self.residence, channel, publish)
 
-    async def _publish(
-        self, room: Room, channel: str, g: Generation, meta: dict[str, Any], text: str
-    ) -> dict[str, Any]:
+    async def _publish(self, channel: str, g: Generation, meta: dict[str, Any], text: str) -> dict[str, Any]:
         """A stump's text into its channel at the resident's request, as posts of the generation asking.
 
         Recorded before they are sent; a room that fails now leaves them undelivered, in order, for the
@@ -118,15 +120,8 @@ class Resident:
         )
         await until_written(f"stump {meta['id']} published", self.ledger.add_posts, posts)
         g.posts += posts
-        if self.outbox is not None:  # in the channel's order; an outage leaves them queued, not lost
-            waiting = self.outbox.enqueue(self.name, posts)
-            if waiting:
-                await asyncio.wait(waiting, timeout=PUBLISH_WAIT)
-        else:
-            try:
-                await deliver(self.ledger, room, posts)
-            except Exception as e:  # the room's failure, not the tool's: the posts wait for redelivery
-                log.warning("%s: stump %s published but not yet delivered: %s", self.name, meta["id"], e)
+        # In the channel's order; an outage leaves them queued, not lost.
+        await self.outbox.wait(self.outbox.enqueue(self.name, posts), timeout=PUBLISH_WAIT)
         delivered = all(p.message_id is not None for p in posts)
         return {"posts": len(posts), "delivered": delivered}
 
@@ -139,9 +134,12 @@ class Resident:
         superseded: Callable[[], bool] = never,
         queued: Callable[[list[Post]], None] | None = None,
     ) -> Reply:
-        """One turn. `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
+        """One turn, returned once its posts are in the room (or set aside).
+
+        `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
         async with self.busy(channel):
-            return await self._respond(room, channel, history, trigger, superseded, queued)
+            reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued)
+        return await self._delivered(reply, waiting)
 
     async def _respond(
         self,
@@ -151,7 +149,7 @@ class Resident:
         trigger: str | None,
         superseded: Callable[[], bool],
         queued: Callable[[list[Post]], None] | None,
-    ) -> Reply:
+    ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         request, files = await self.compile_with_files(history)
         view = self._live_view(room, channel)
         try:
@@ -186,12 +184,8 @@ class Resident:
         if view is not None:
             final = next((a for a in g.attempts if g.segments and a.id == g.segments[0].attempt_id), None)
             await view.settle(final, posts)
-        # A publication its tool made that the room refused goes first (the outbox keeps that order itself).
-        # By id: `p not in posts` compared every post with every other (quadratic in a long reply's posts).
-        ours = {p.id for p in posts}
-        pending = [p for p in g.posts if p.message_id is None and p.id not in ours] if self.outbox is None else []
-        await self._deliver(room, pending + posts, queued)
-        return Reply(g, posts)
+        # A publication its tool made that the room has not taken yet goes first: the outbox keeps that order.
+        return Reply(g, posts), self._enqueue(posts, queued)
 
     def _live_view(self, room: Room, channel: str) -> LiveView | None:
         """A live view of the reply, where the policy asks for one and the room can edit its messages."""
@@ -205,11 +199,11 @@ class Resident:
             self.ledger,
             live_room,
             self.board,
-            lambda gid, line: self._notice(room, gid, line, channel),
-            pending=(lambda ch: bool(outbox.pending(ch))) if outbox is not None else (lambda _ch: False),
+            lambda gid, line: self._notice(gid, line, channel),
+            pending=lambda ch: bool(outbox.pending(ch)),
         )
 
-    async def _notice(self, room: Room, generation_id: str, line: str, channel: str) -> None:
+    async def _notice(self, generation_id: str, line: str, channel: str) -> None:
         """One notice post of a generation still being written (an attempt shown live was set aside)."""
         posts = numbered(
             [notice_post(line, PostReason.LIVE_SET_ASIDE)],
@@ -218,22 +212,30 @@ class Resident:
             await self.ledger.next_post_seq(generation_id),
         )
         await until_written(f"notice of generation {generation_id}", self.ledger.add_posts, posts)
-        await self._deliver(room, posts)
+        await self._delivered(Reply(None, posts), self._enqueue(posts))
 
     async def continue_generation(
-        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool] = never
+        self,
+        room: Room,
+        channel: str,
+        generation_id: str | None,
+        superseded: Callable[[], bool] = never,
+        within: float | None = None,
     ) -> Reply:
         """A moderator asked for more of a cut output: one segment at most, under the standing.
 
-        Waits for any turn or continuation of this resident in `channel`, then reads the generation
-        afresh: a second /continue on one generation runs after the first, or is declined with the reason.
+        Waits for any turn or continuation of this resident in `channel` still being generated (not for
+        their posts to reach the room), then reads the generation afresh: a second /continue on one
+        generation runs after the first, or is declined with the reason. Returns once its posts are in
+        the room, or after `within` seconds with `Reply.waiting` saying how many are not yet.
         """
         async with self.busy(channel):
-            return await self._continue(room, channel, generation_id, superseded)
+            reply, waiting = await self._continue(channel, generation_id, superseded)
+        return await self._delivered(reply, waiting, within)
 
     async def _continue(
-        self, room: Room, channel: str, generation_id: str | None, superseded: Callable[[], bool]
-    ) -> Reply:
+        self, channel: str, generation_id: str | None, superseded: Callable[[], bool]
+    ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         g = (
             await self.ledger.get_generation(generation_id)
             if generation_id
@@ -241,7 +243,6 @@ class Resident:
         )
         if g is None or g.residence != self.name:
             return await self._decline(
-                room,
                 channel,
                 None,
                 truth.Declined(
@@ -250,37 +251,41 @@ class Resident:
             )
         result = await self.generator.continue_on_request(g, self.residence, superseded)
         if result.refused:
-            return await self._decline(room, channel, g, result.refused)
+            return await self._decline(channel, g, result.refused)
         planned = plan_continuation(g.ending(), result.added)
         if self.key_rejections is not None:
             planned = self.key_rejections.review(g, channel, planned, added=result.added)
         posts = await self._record(g, planned, channel)
-        await self._deliver(room, posts)
-        return Reply(g, posts)
+        return Reply(g, posts), self._enqueue(posts)
 
-    async def _decline(self, room: Room, channel: str, g: Generation | None, why: truth.Declined) -> Reply:
+    async def _decline(
+        self, channel: str, g: Generation | None, why: truth.Declined
+    ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         posts = await self._record(
             g, [notice_post(truth.declined_continue(why), PostReason.DECLINED_CONTINUE)], channel
         )
-        await self._deliver(room, posts)
-        return Reply(g, posts, declined=truth.declined_reason(why), decline=why)
+        return Reply(g, posts, declined=truth.declined_reason(why), decline=why), self._enqueue(posts)
 
-    async def _deliver(self, room: Room, posts: list[Post], queued: Callable[[list[Post]], None] | None = None) -> None:
-        """Through the outbox when the process has one (in order behind anything still waiting), else directly."""
-        if self.outbox is None:
-            if queued is not None:
-                queued(posts)
-            await deliver(self.ledger, room, posts)
-            return
+    def _enqueue(
+        self, posts: list[Post], queued: Callable[[list[Post]], None] | None = None
+    ) -> list[asyncio.Future[bool]]:
+        """Hand recorded posts to the outbox, behind anything still waiting in their channel."""
         waiting = self.outbox.enqueue(self.name, posts)
         if queued is not None:
             queued(posts)  # in the same step as the enqueue: floor control never sees the reply in neither place
-        if not await self.outbox.wait(waiting):
-            log.warning(
-                "%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
-                self.name,
-                sum(1 for p in posts if p.message_id is None),
-            )
+        return waiting
+
+    async def _delivered(self, reply: Reply, waiting: list[asyncio.Future[bool]], within: float | None = None) -> Reply:
+        """`reply` once its posts are in the room or set aside, or after `within` seconds (then `waiting` > 0)."""
+        if not await self.outbox.wait(waiting, timeout=within):
+            reply.waiting = sum(1 for p in reply.posts if p.message_id is None and p.refused is None)
+            if self.outbox.closed:
+                log.warning(
+                    "%s: %d post(s) not delivered before the outbox closed; delivered at the next start",
+                    self.name,
+                    reply.waiting,
+                )
+        return reply
 
     async def _record(self, g: Generation | None, planned: list[Planned], channel: str) -> list[Post]:
         start = await self.ledger.next_post_seq(g.id) if g is not None else 1

@@ -14,6 +14,8 @@ import pytest
 
 from residents.config import Residence, build_residence
 from residents.context import RoomMessage
+from residents.delivery.outbox import NO_BACKOFF, Outbox
+from residents.delivery.resume import Seen
 from residents.generation.attempts import AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger import Ledger
@@ -64,21 +66,37 @@ class Room:
         self.sent.append(post)
         return mid
 
+    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
+        """What the outbox reads before sending a post again after a failure: the resident's messages."""
+        ids = [m.id for m in self.history]
+        start = ids.index(after_id) + 1 if after_id in ids else 0
+        return [Seen(m.id, m.content) for m in self.history[start:] if m.is_self]
+
 
 class Pipeline:
     def __init__(self, server: ProviderServer, ledger: Ledger, sleeps: list[float]) -> None:
         self.server, self.ledger, self.sleeps = server, ledger, sleeps
         self.client = make_client(server.url, "test-key", timeout=5)
 
-    def resident(self, res: Residence) -> Resident:
+    def resident(self, res: Residence, room: Room | None = None) -> Resident:
+        """A resident delivering through an outbox of its own with no backoff, to `room` (or to the room
+        `turn` is given: registered there)."""
+
         async def fake_sleep(s: float) -> None:
             self.sleeps.append(s)
 
+        outbox = Outbox(self.ledger, NO_BACKOFF)
+        if room is not None:
+            outbox.register(res.name, room)
         return Resident(
-            res, Generator(AttemptRunner(AnthropicProvider(self.client), self.ledger, sleep=fake_sleep)), self.ledger
+            res,
+            Generator(AttemptRunner(AnthropicProvider(self.client), self.ledger, sleep=fake_sleep)),
+            self.ledger,
+            outbox,
         )
 
     async def turn(self, res: Resident, room: Room, content: str, calls: list[Call], author: str = "alice"):
+        res.outbox.register(res.name, room)
         self.server.reset(calls)
         m = room.say(author, content)
         before = len(room.sent)
@@ -215,6 +233,7 @@ E2E_MODULES = frozenset(
         "test_packaging",
         "test_provenance",
         "test_provider_key",
+        "test_refused_posts",
         "test_room_input",
         "test_room_layout",
         "test_room_uploads",

@@ -62,13 +62,14 @@ def f(name: str, data: bytes, declared: str | None = None) -> Fetched:
 
 async def one_turn(pipeline, res, history: list[RoomMessage]):
     pipeline.server.reset([sse_reply()])
-    r = pipeline.resident(res)
 
     class Room:
         async def send(self, post) -> str:
             return "m-reply"
 
-    reply = await r.respond(Room(), "room", history, trigger=history[-1].id)
+    room = Room()
+    r = pipeline.resident(res, room)
+    reply = await r.respond(room, "room", history, trigger=history[-1].id)
     [body] = pipeline.server.requests
     return reply.generation, body
 
@@ -311,7 +312,6 @@ async def test_a_continue_read_from_the_ledger_names_each_image_it_cannot_resend
         }
     }
     image = png()
-    r = pipeline.resident(residence(max_tokens=600, policy=policy))
     sent: list = []
 
     class Room:
@@ -319,12 +319,15 @@ async def test_a_continue_read_from_the_ledger_names_each_image_it_cannot_resend
             sent.append(post)
             return f"r{len(sent)}"
 
+    room = Room()
+    r = pipeline.resident(residence(max_tokens=600, policy=policy), room)
+
     history = [said("m1", "describe it at length", f("shot.png", image, "image/png"))]
     pipeline.server.reset([Call(sse=specimen("cont-first.sse"))])
-    first = await r.respond(Room(), "room", history, trigger="m1")
+    first = await r.respond(room, "room", history, trigger="m1")
     assert first.generation.status == "truncated"
     pipeline.server.reset([Call(sse=specimen("cont-rest-with-overlap.sse"))])
-    await r.continue_generation(Room(), "room", first.generation.id)
+    await r.continue_generation(room, "room", first.generation.id)
     [body] = pipeline.server.requests
     user = body["messages"][0]["content"]
     note = truth.image_not_resent("image/png", hashlib.sha256(image).hexdigest())

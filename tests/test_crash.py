@@ -28,6 +28,7 @@ import pytest
 
 from residents import truth
 from residents.config import build_residence
+from residents.delivery.outbox import Outbox
 from residents.delivery.resume import RoomUnavailable, Seen, recover, resume_delivery
 from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
 from residents.generation.run import Generator
@@ -356,7 +357,12 @@ async def test_a_stop_while_the_provider_stalls_keeps_every_block_that_arrived(t
     try:
         room = CollectingRoom("cairn")
         m = room.say("alice", "The whole history, please.")
-        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
+        resident = Resident(
+            res,
+            Generator(AttemptRunner(AnthropicProvider(client), ledger)),
+            ledger,
+            Outbox.of_room(ledger, "cairn", room),
+        )
         task = asyncio.create_task(resident.respond(room, "100", list(room.history), trigger=m.id))
         began, blocks = loop.time(), []
         want = [("thinking", REASONING)] + ([("text", reply)] if reply else [])

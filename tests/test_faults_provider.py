@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from residents import cli, truth
 from residents.config import Residence, build_residence
+from residents.delivery.outbox import Outbox
 from residents.delivery.plan import split_text
 from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
 from residents.generation.run import Generator
@@ -138,6 +139,7 @@ class Session:
             self.res,
             Generator(AttemptRunner(AnthropicProvider(self.client), self.ledger, sleep=fake_sleep)),
             self.ledger,
+            Outbox.of_room(self.ledger, self.res.name, self.room),
         )
         return self
 
@@ -867,8 +869,13 @@ async def test_stalled_stream_is_on_disk_within_the_flush_bound(tmp_path: Path) 
     reader = await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
     try:
-        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom(res.name)
+        resident = Resident(
+            res,
+            Generator(AttemptRunner(AnthropicProvider(client), ledger)),
+            ledger,
+            Outbox.of_room(ledger, res.name, room),
+        )
         m = room.say("alice", "A long one, please.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
         seen, stable, deadline = None, 0, asyncio.get_running_loop().time() + 2.0
@@ -914,8 +921,13 @@ async def test_text_waiting_250_ms_is_on_disk_while_the_provider_stalls(tmp_path
     ledger, reader = await Ledger.open(db), await Ledger.open(db)
     client = make_client(server.url, "test-key", timeout=res.policy.retries.timeout_seconds)
     try:
-        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom(res.name)
+        resident = Resident(
+            res,
+            Generator(AttemptRunner(AnthropicProvider(client), ledger)),
+            ledger,
+            Outbox.of_room(ledger, res.name, room),
+        )
         m = room.say("alice", "Say a little, then wait.")
         task = asyncio.create_task(resident.respond(room, "faults", list(room.history), trigger=m.id))
         samples: list[tuple[float, int]] = []  # (seconds after the server sent the text, characters on disk)

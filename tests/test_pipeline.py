@@ -208,8 +208,8 @@ async def test_segment_and_token_limits_bound_the_provider_calls(pipeline):
 
 
 async def test_continuation_stops_when_the_room_moves_on(pipeline):
-    res = pipeline.resident(residence(max_tokens=600, policy=BOUNDED))
     room = Room()
+    res = pipeline.resident(residence(max_tokens=600, policy=BOUNDED), room)
     pipeline.server.reset([Call(sse=specimen("cont-first.sse")), Call(sse=specimen("cont-rest-with-overlap.sse"))])
     m = room.say("alice", "go")
     reply = await res.respond(room, "room", list(room.history), trigger=m.id, superseded=lambda: True)
@@ -282,7 +282,7 @@ async def test_a_declined_continue_names_its_reason_as_facts_and_truth_words_it(
         "-# Continuation not available: generation " + gid + " is completed, not cut at the output ceiling."
     )
     assert pipeline.server.requests == []
-    empty = pipeline.resident(residence(name="sill", policy=policy))
+    empty = pipeline.resident(residence(name="sill", policy=policy), room)
     reply = await empty.continue_generation(room, "room", None)
     assert reply.decline == truth.Declined("no-generation-here", "sill")
     assert room.sent[-1].content == "-# Continuation not available: sill has no generation here."

@@ -21,6 +21,7 @@ import yaml
 
 from residents import cli
 from residents.config import build_residence
+from residents.delivery.outbox import Outbox
 from residents.generation.attempts import AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger import Ledger
@@ -182,8 +183,13 @@ async def test_pipeline_with_a_real_key_logs_it_nowhere(tmp_path: Path, caplog: 
             None,
             ROOT,
         )
-        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom("cairn")
+        resident = Resident(
+            res,
+            Generator(AttemptRunner(AnthropicProvider(client), ledger)),
+            ledger,
+            Outbox.of_room(ledger, "cairn", room),
+        )
         m = room.say("alice", "hi")
         reply = await asyncio.wait_for(resident.respond(room, "c", list(room.history), trigger=m.id), 20)
         assert reply.generation is not None and reply.generation.status == "completed"
@@ -279,8 +285,13 @@ async def test_hostile_channel_and_trigger_through_the_pipeline(tmp_path: Path) 
         res = build_residence(
             {"name": "cairn", "model": "claude-3-opus-20240229", "max_tokens": 4096}, "<t>", None, ROOT
         )
-        resident = Resident(res, Generator(AttemptRunner(AnthropicProvider(client), ledger)), ledger)
         room = CollectingRoom("cairn")
+        resident = Resident(
+            res,
+            Generator(AttemptRunner(AnthropicProvider(client), ledger)),
+            ledger,
+            Outbox.of_room(ledger, "cairn", room),
+        )
         m = room.say(EVIL, EVIL)
         reply = await asyncio.wait_for(resident.respond(room, EVIL, list(room.history), trigger=EVIL), 20)
         assert reply.generation is not None

@@ -10,6 +10,7 @@ import pytest
 from conftest import Room, residence, specimen
 
 from residents import truth
+from residents.delivery.resume import RoomUnavailable
 from residents.ledger import access
 from residents.ledger.verify import verify
 from residents.localservers import sse
@@ -282,8 +283,9 @@ async def test_a_ceiling_in_a_later_round_is_truncated_and_never_continued(pipel
     assert await verify(pipeline.ledger) == []
     # a moderator's /continue does not mix with the tool loop either
     on_request = {**BOUNDED, "continuation": {**BOUNDED["continuation"], "standing": "on-request"}}
-    cont = await pipeline.resident(residence(max_tokens=1024, policy=on_request)).continue_generation(
-        Room(), "room", g.id
+    room = Room()
+    cont = await pipeline.resident(residence(max_tokens=1024, policy=on_request), room).continue_generation(
+        room, "room", g.id
     )
     assert cont.declined and "tool" in cont.declined and len(pipeline.server.requests) == 2  # no call more
 
@@ -344,7 +346,8 @@ async def test_a_cut_before_any_tool_call_continues_without_tools(pipeline):
 
 
 class FlakyRoom(Room):
-    """A room whose first send of a recovered post fails, as Discord might."""
+    """A room whose first send of a recovered post fails, as Discord might (`RoomUnavailable`: the outbox's rooms
+    say every failure so)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -353,7 +356,7 @@ class FlakyRoom(Room):
     async def send(self, post):
         if post.kind == "recovered" and not self.failed:
             self.failed = True
-            raise ConnectionError("the room did not answer")
+            raise RoomUnavailable("the room did not answer")
         return await super().send(post)
 
 
@@ -363,8 +366,9 @@ async def test_a_publication_the_room_refuses_is_delivered_before_the_reply(pipe
     sid = await a_stump(pipeline, res, room)
     r, sent = await pipeline.turn(res, room, "Publish it.", [use("publish", id=sid), reply("It is above.")])
     result, is_error = result_of(pipeline.server.requests[1])
-    assert not is_error and (result["posts"], result["delivered"]) == (2, False)  # recorded, not yet in the room
-    assert [p.kind for p in sent] == ["recovered", "receipt", "speech"]  # in order, once each
+    # recorded, then in the room once the outbox tried again (at once: the test's outbox has no backoff)
+    assert not is_error and (result["posts"], result["delivered"]) == (2, True)
+    assert room.failed and [p.kind for p in sent] == ["recovered", "receipt", "speech"]  # in order, once each
     assert all(p.message_id for p in r.generation.posts)
     assert await verify(pipeline.ledger) == []
 

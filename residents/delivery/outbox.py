@@ -6,6 +6,11 @@ later in that channel — by any resident of the process — goes out before it;
 backoff (1, 2, 4, 8 s, then every `cap` s), so once the room is back everything pending is out within
 `cap` s plus the time to send it, in order, exactly once.
 
+A room that refuses one post (HTTP 400, 403 or 404: `RoomRefused`) is not down: that post may never be
+taken. After `REFUSED_TRIES` refusals in a row it is set aside in the ledger with the refusal
+(`Ledger.mark_refused`, one ERROR line naming it) and the channel goes on with the next post, the
+rest of the same reply included. A post set aside is never tried again, after a restart either.
+
 So each channel has one queue and one worker. A new reply is appended; posts a stopped process left
 undelivered (start-up) go in front of anything new. A post that was never tried is simply sent; one
 whose send failed may have reached the room anyway (a lost response, a timeout), so after a failure
@@ -13,7 +18,9 @@ the worker first looks for it among the resident's recent messages (`resume.resu
 and records it instead of sending it again — Discord's nonce check alone lasts only minutes.
 
 The outbox knows nothing of Discord: each resident registers its room (`ResumeRoom`: send a post,
-read its own recent messages), and every room failure arrives as `RoomUnavailable`.
+read its own recent messages), and every room failure arrives as `RoomUnavailable`. Every process
+delivers through one: `residents run` shares one among its residents (the demo too); replay and the
+tests give theirs a room of their own and no backoff (`Outbox.of_room`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass, field
 
 from ..ledger import Ledger, LedgerWriteError
 from ..records import Post
-from .resume import ResumeRoom, RoomUnavailable, resume_generation
+from .resume import ResumeRoom, RoomRefused, RoomUnavailable, resume_generation
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +51,15 @@ class Backoff:
     alarm: float = 600.0
 
     def delay(self, failures: int) -> float:
-        return min(self.cap, self.base * 2 ** max(0, failures - 1))
+        # The doubling stops once past any cap: 2 ** 1024 is more than a float holds (after ~3 hours at 10 s).
+        return min(self.cap, self.base * 2 ** min(64, max(0, failures - 1)))
+
+
+NO_BACKOFF = Backoff(base=0.0, cap=0.0)  # a room of one's own (replay, tests): a failed post is tried again at once
+
+# Refusals in a row (HTTP 400, 403, 404) after which a post is set aside: a refusal can be passing (a
+# permission given back a moment later), so it is tried again with the channel's backoff, but not for ever.
+REFUSED_TRIES = 3
 
 
 @dataclass
@@ -52,7 +67,7 @@ class _Entry:
     residence: str
     post: Post
     fresh: bool  # never tried in this process: it cannot be in the room already
-    done: asyncio.Future[bool]
+    done: asyncio.Future[bool]  # True once delivered or set aside; False when the outbox closed first
 
     @property
     def reply(self) -> str:
@@ -68,6 +83,7 @@ class _Channel:
     failing_since: float | None = None
     failures: int = 0
     alarmed: bool = False
+    refused: tuple[str, int] | None = None  # the front post's id and how many refusals in a row it met
     tried: asyncio.Event = field(default_factory=asyncio.Event)  # set after each pass: delivered all, or failed
 
 
@@ -80,6 +96,13 @@ class Outbox:
         self.rooms: dict[str, ResumeRoom] = {}
         self.channels: dict[str, _Channel] = {}
         self.closed = False
+
+    @classmethod
+    def of_room(cls, ledger: Ledger, residence: str, room: ResumeRoom) -> Outbox:
+        """An outbox with a room of its own for one resident and no backoff: replay's, a script's, a test's."""
+        outbox = cls(ledger, NO_BACKOFF)
+        outbox.register(residence, room)
+        return outbox
 
     def register(self, residence: str, room: ResumeRoom) -> None:
         """The room through which `residence` sends (its bot); its posts wait until it is registered."""
@@ -110,13 +133,16 @@ class Outbox:
         return futures
 
     async def deliver(self, residence: str, posts: list[Post]) -> bool:
-        """Enqueue and wait until every one of `posts` is in the room; False if the outbox closed first."""
+        """Enqueue and wait until every one of `posts` is in the room or set aside; False if the outbox closed first."""
         return await self.wait(self.enqueue(residence, posts))
 
     @staticmethod
-    async def wait(futures: list[asyncio.Future[bool]]) -> bool:
-        results = await asyncio.gather(*futures)
-        return all(results)
+    async def wait(futures: list[asyncio.Future[bool]], timeout: float | None = None) -> bool:
+        """Whether every post is delivered or set aside: False if the outbox closed first or `timeout` s passed."""
+        if not futures:
+            return True
+        done, waiting = await asyncio.wait(futures, timeout=timeout)
+        return not waiting and all(f.result() for f in done)
 
     async def resume(self, residence: str) -> int:
         """At start-up: put what a stopped process left undelivered in front, and wait for one try.
@@ -191,6 +217,8 @@ class Outbox:
                     # tried again like a room failure, looking for it in the room before sending it again.
                     failure = e
                 self._pop_delivered(ch)
+                if isinstance(failure, RoomRefused) and ch.queue and await self._refused(channel, ch, failure):
+                    continue  # set aside: the next post goes at once
                 if failure is not None:
                     await self._failed(channel, ch, failure)
                     continue
@@ -237,14 +265,41 @@ class Outbox:
             self._resolve(e)
 
     def _resolve(self, e: _Entry) -> None:
-        if e.post.message_id is not None and not e.done.done():
+        if (e.post.message_id is not None or e.post.refused is not None) and not e.done.done():
             e.done.set_result(True)
 
     def _pop_delivered(self, ch: _Channel) -> None:
-        while ch.queue and ch.queue[0].post.message_id is not None:
+        while ch.queue and (ch.queue[0].post.message_id is not None or ch.queue[0].post.refused is not None):
             self._resolve(ch.queue.pop(0))
             if ch.resumed:
                 ch.resumed -= 1
+
+    async def _refused(self, channel: str, ch: _Channel, e: RoomRefused) -> bool:
+        """Count a refusal of the front post; at `REFUSED_TRIES` in a row, set it aside. True when it was."""
+        head = ch.queue[0]
+        tries = ch.refused[1] + 1 if ch.refused is not None and ch.refused[0] == head.post.id else 1
+        ch.refused = (head.post.id, tries)
+        if tries < REFUSED_TRIES:
+            return False
+        await self.ledger.mark_refused(head.post, e.refusal)
+        log.error(
+            "outbox %s: post %s (%s %d of generation %s) set aside undelivered: the room refused it %d times (%s);"
+            " the channel goes on with the next post",
+            channel,
+            head.post.id,
+            head.post.kind,
+            head.post.seq,
+            head.post.generation_id or "none",
+            tries,
+            e.refusal.text,
+        )
+        for entry in ch.queue:
+            if entry.reply == head.reply:
+                entry.fresh = False  # the rest of its reply: looked for in the room before it is sent again
+        ch.refused = None
+        ch.failing_since, ch.failures, ch.alarmed = None, 0, False
+        self._pop_delivered(ch)
+        return True
 
     async def _failed(self, channel: str, ch: _Channel, e: RoomUnavailable | LedgerWriteError) -> None:
         now = time.monotonic()

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ..generation.recovery import Recovery, settle_interrupted
 from ..ledger import Ledger
-from ..records import Generation, Post, numbered
+from ..records import Generation, Post, Refusal, numbered
 from ..text import outbound
 from .plan import plan
 
@@ -53,6 +53,16 @@ class RoomUnavailable(Exception):
     """The room could not be read or written now (any failure: network, timeout, 5xx, 429, 403).
 
     The posts wait, in order: the outbox retries them with backoff, or the next start does."""
+
+
+class RoomRefused(RoomUnavailable):
+    """The room answered that it will not take this (HTTP 400, 403, 404), not that it is down.
+
+    Retried as any failure, but only a few times for one post: then the outbox sets the post aside."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.text)
+        self.refusal = refusal
 
 
 class ResumeRoom(Protocol):

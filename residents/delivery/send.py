@@ -1,14 +1,14 @@
-"""Sending planned posts to a room, in order, each recorded against its message id.
+"""What a room given to a resident's turn is: the place its posts are meant for.
 
-A post already delivered is skipped, so delivery can be resumed after a crash without posting
-anything twice; the room adapter is the only part that knows Discord, the local room or replay.
+Sending itself is the outbox's (`residents.delivery.outbox`), through the room each resident registered
+there: a post already delivered is never sent again, and one whose send failed is looked for in the room
+before it is sent again. The room adapter is the only part that knows Discord, the local room or replay.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from ..ledger import Ledger
 from ..records import Post
 
 
@@ -16,11 +16,3 @@ class Room(Protocol):
     async def send(self, post: Post) -> str:
         """Deliver one post; returns the room's message id."""
         ...
-
-
-async def deliver(ledger: Ledger, room: Room, posts: list[Post]) -> None:
-    for post in posts:
-        if post.message_id is not None:
-            continue
-        message_id = await room.send(post)
-        await ledger.mark_delivered(post, message_id)

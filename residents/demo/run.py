@@ -166,7 +166,8 @@ async def play(demo: Demo, out: TextIO, pace: Pace | None = None) -> DemoShow:
         raise RuntimeError(f"the demo script stopped: {show.problem}")
     msgs = demo.room.messages("general")
     kinds = await _annotator(demo.ledger)([str(m["id"]) for m in msgs])
-    print("\n".join(transcript_lines(msgs, kinds, show.commands)), file=out)
+    refused = [p for p in await demo.ledger.refused_posts() if p.channel == demo.room.channel_id("general")]
+    print("\n".join(transcript_lines(msgs, kinds, show.commands, refused)), file=out)
     return show
 
 

@@ -19,8 +19,10 @@ from typing import Any
 import aiohttp
 
 from ..ledger import Ledger
+from ..ledger.views import refused_line
 from ..localservers.room.model import ApiError
 from ..localservers.room.server import RoomServer
+from ..records import Post
 from .script import Scripted
 
 log = logging.getLogger(__name__)
@@ -235,14 +237,21 @@ async def _call(http: aiohttp.ClientSession, method: str, path: str, body: dict[
 
 
 def transcript_lines(
-    messages: Sequence[dict[str, Any]], kinds: dict[str, dict[str, Any]], commands: Sequence[Command]
+    messages: Sequence[dict[str, Any]],
+    kinds: dict[str, dict[str, Any]],
+    commands: Sequence[Command],
+    refused: Sequence[Post] = (),
 ) -> list[str]:
-    """The headless demo's printout: the room with each message's kind, then what mo saw."""
+    """The headless demo's printout: the room with each message's kind, the posts the room refused (set
+    aside, so not among its messages), then what mo saw."""
     lines = ["== the room"]
     for m in messages:
         kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
         body = m["content"] if len(m["content"]) <= 300 else m["content"][:280] + f" … [{len(m['content']):,} chars]"
         lines.append(f"[{m['author']} · {kind}] {body}")
+    if refused:
+        lines += ["", "== not in the room: refused by it, set aside"]
+        lines += [refused_line(p) for p in refused]
     lines.append("")
     lines.append("== a moderator looks")
     for c in commands:

@@ -4,7 +4,8 @@ Every post goes out with `AllowedMentions.none()` (an output can never ping anyo
 post id as Discord's nonce, so a retried send after a lost response cannot post it twice.
 
 Whatever stops a send — connection refused or reset, a TLS error or timeout, a 5xx or 429 discord.py
-gave up on, a 403 — becomes one error, `RoomUnavailable`, for the outbox to retry (`ROOM_ERRORS`).
+gave up on, a 403 — becomes one error, `RoomUnavailable`, for the outbox to retry (`ROOM_ERRORS`); a
+400, 403 or 404 is a `RoomRefused`, which the outbox tries only a few times for one post.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import discord
 
 from ..context import RoomMessage
 from ..context.attachments import FETCH_LIMIT, Fetched
-from ..delivery.resume import RoomUnavailable, Seen
-from ..records import Post
+from ..delivery.resume import RoomRefused, RoomUnavailable, Seen
+from ..records import Post, Refusal
 from ..text import outbound
 
 if TYPE_CHECKING:
@@ -44,7 +45,14 @@ ROOM_ERRORS: tuple[type[BaseException], ...] = (
 SEND_TIMEOUT = 15.0
 
 
+# What Discord answers for a request it will never take as it stands (a malformed post, a permission the bot
+# lacks, a channel that is gone): a refusal, not an outage. A 429 and a 5xx are not among them.
+REFUSED_STATUSES = frozenset({400, 403, 404})
+
+
 def unavailable(e: BaseException) -> RoomUnavailable:
+    if isinstance(e, discord.HTTPException) and e.status in REFUSED_STATUSES:
+        return RoomRefused(Refusal(e.status, e.code or None, str(e)))
     return RoomUnavailable(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
 

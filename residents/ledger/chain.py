@@ -13,6 +13,8 @@ An entry is a JSON object of hashes and metadata, never text (an export reveals 
 - `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
   lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
 - `delivered` — the message id a post got;
+- `refused` — a post set aside because the room refused it try after try: the HTTP status, Discord's
+  error code and the SHA-256 of the refusal as the ledger keeps it (`posts.refused`); never delivered after;
 - `genesis` — first on a ledger that had records before the chain: the `backfill` entries after it
   were written from those records when the chain began.
 
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..records import Attempt, Block, Generation, Post, Segment, Stump
+from ..records import Attempt, Block, Generation, Post, Refusal, Segment, Stump
 from ..text import outbound
 from .connection import Connection
 
@@ -57,7 +59,7 @@ log = logging.getLogger(__name__)
 
 GENESIS_PREV = "0" * 64
 Statement = tuple[str, tuple[Any, ...]]
-RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered", "stump-access", "stump-read")
+RECORD_KINDS = ("generation", "attempt", "stump", "post", "delivered", "refused", "stump-access", "stump-read")
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
@@ -204,6 +206,11 @@ def delivered_payload(post_id: str, message_id: str) -> dict[str, Any]:
     return {"id": post_id, "message_id": message_id}
 
 
+def refused_payload(post_id: str, status: int | None, code: int | None, refused: str) -> dict[str, Any]:
+    """A post set aside: the room's status and error code, and the refusal's text by its hash."""
+    return {"id": post_id, "status": status, "code": code, "refused_sha256": sha256_text(refused)}
+
+
 def stump_access_payload(stump_id: str, access: str, set_by: str, generation_id: str | None) -> dict[str, Any]:
     """The resident's choice of who may read a stump's text (its `stumps` tool, `set_access`)."""
     return {"id": stump_id, "access": access, "set_by": set_by, "generation_id": generation_id}
@@ -237,6 +244,10 @@ def posts(items: Iterable[Post]) -> list[Statement]:
 
 def delivered(post_id: str, message_id: str) -> Statement:
     return append("delivered", post_id, delivered_payload(post_id, message_id))
+
+
+def refused(post_id: str, refusal: Refusal) -> Statement:
+    return append("refused", post_id, refused_payload(post_id, refusal.status, refusal.code, refusal.text))
 
 
 def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
@@ -871,7 +882,25 @@ def _access(db: sqlite3.Cursor) -> _Built:
                 "SELECT seq, body FROM chain WHERE record = ? AND kind = ? ORDER BY seq DESC LIMIT 1", (sid, kind)
             ).fetchall()
             out.append((kind, sid, build(*r), got[0][0] if got else None, got[0][1] if got else None))
+    # Posts set aside as refused (few: read on their partial index). The status and code are the room's,
+    # kept by the entry alone; the refusal's text is held against the ledger's by its hash.
+    for pid, text in db.execute("SELECT id, refused FROM posts WHERE refused IS NOT NULL ORDER BY rowid").fetchall():
+        got = db.execute(LATEST_OF, (pid, "refused")).fetchall()
+        stated = _json_object(got[0][1]) if got else {}
+        payload = refused_payload(pid, stated.get("status"), stated.get("code"), _dec(text))
+        out.append(("refused", pid, payload, got[0][0] if got else None, got[0][1] if got else None))
     return out
+
+
+LATEST_OF = "SELECT seq, body FROM chain WHERE record = ? AND kind = ? ORDER BY seq DESC LIMIT 1"
+
+
+def _json_object(body: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 _AT = re.compile(r'[{,]"at":(-?[0-9]+)[,}]')

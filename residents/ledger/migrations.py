@@ -497,6 +497,17 @@ DROP INDEX chain_record;
 )
 
 
+# A post the room refused try after try (HTTP 400, 403, 404) is set aside, never delivered: `refused` is the
+# refusal as the room gave it ("403 Forbidden (error code: 50013): Missing Permissions"), `refused_at` when.
+# Few posts are: `verify` and the chain read them on their own partial index.
+step(
+    "m043_refused_posts",
+    """
+ALTER TABLE posts ADD COLUMN refused TEXT;
+ALTER TABLE posts ADD COLUMN refused_at REAL;
+CREATE INDEX posts_refused ON posts(id) WHERE refused IS NOT NULL;
+""",
+)
 # Which of a channel's messages a resident has already answered (`Ledger.answered`, asked when it catches up
 # on mentions missed across a new gateway session): one seek per message id, not a walk of its generations.
 step(

@@ -29,6 +29,7 @@ from ..records import (
     Post,
     PostKind,
     PostReason,
+    Refusal,
     Segment,
     Status,
     Stump,
@@ -529,6 +530,16 @@ class Ledger:
         )
         post.message_id, post.delivered_at = message_id, at
 
+    async def mark_refused(self, post: Post, refusal: Refusal) -> None:
+        """Set a post aside: the room refused it try after try. It is never delivered afterwards."""
+        post.refused, post.refused_at = refusal.text, time.time()
+        await self._tx(
+            [
+                ("UPDATE posts SET refused=?, refused_at=? WHERE id=?", (post.refused, post.refused_at, post.id)),
+                chain.refused(post.id, refusal),
+            ]
+        )
+
     # ------------------------------------------------------------------ reads
 
     async def get_generation(self, gid: str) -> Generation | None:
@@ -780,6 +791,10 @@ class Ledger:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
         return [_post(r) for r in await self.db.execute_fetchall(UNDELIVERED, (residence,))]
 
+    async def refused_posts(self) -> list[Post]:
+        """Posts set aside because the room refused them, in the order they were recorded (few: a partial index)."""
+        return [_post(r) for r in await self.db.execute_fetchall(REFUSED)]
+
     async def recover_generation(
         self, g: Generation, settled: list[Attempt], new_stumps: list[Stump], posts: list[Post]
     ) -> None:
@@ -851,8 +866,9 @@ WITHOUT_POSTS = (
 )
 UNDELIVERED = (
     "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
-    " WHERE p.message_id IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
 )
+REFUSED = "SELECT * FROM posts WHERE refused IS NOT NULL ORDER BY rowid"
 # Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
 # context compiler), by id: each query a seek per id ({marks}: one `?` each).
 GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
@@ -1060,4 +1076,6 @@ def _post(r: Any) -> Post:
         replacements=outbound(content)[1] if replacements is None else replacements,
         stump_id=p.get("stump_id"),
         reason=PostReason(p["reason"]),
+        refused=p.get("refused"),
+        refused_at=p.get("refused_at"),
     )

@@ -114,7 +114,7 @@ _OF: list[tuple[str, str]] = [
     ),
     (
         "posts",
-        "SELECT id, generation_id, seq, kind, content, message_id, reason, stump_id FROM posts"
+        "SELECT id, generation_id, seq, kind, content, message_id, reason, stump_id, refused FROM posts"
         " WHERE generation_id > ?{upto} ORDER BY generation_id, seq",
     ),
 ]
@@ -460,7 +460,7 @@ def _generations(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelud
                 st["recovered"] = st["id"] in recovered
             own = []
             for p in posts:
-                if p["message_id"] is None:
+                if p["message_id"] is None and p["refused"] is None:  # a refused post is set aside, not waiting
                     out.undelivered += 1
                 if p["stump_id"] is None:
                     own.append(p)

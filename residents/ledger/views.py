@@ -131,8 +131,23 @@ def provenance(g: Generation, calls: list[ToolCall] | None = None) -> list[str]:
     if g.posts:
         lines.append("posts:")
         for p in g.posts:
-            lines.append(f"  {p.seq}. {p.kind:<8} {len(p.content):>5} chars  message {p.message_id or 'not delivered'}")
+            lines.append(f"  {p.seq}. {p.kind:<8} {len(p.content):>5} chars  {delivery(p)}")
     return lines
+
+
+def delivery(p: Post) -> str:
+    """Where a post went: its message, set aside as the room refused it (with the refusal), or still waiting."""
+    if p.message_id is not None:
+        return f"message {p.message_id}"
+    if p.refused is not None:
+        return f"not delivered: refused by the room at {when(p.refused_at)} UTC ({p.refused}); set aside"
+    return "message not delivered"
+
+
+def refused_line(p: Post) -> str:
+    """A transcript's line for a post the room refused: which part of which reply is missing there, and why."""
+    of = f" of generation {p.generation_id}" if p.generation_id else ""
+    return f"{p.kind} post {p.seq}{of}: {delivery(p)}"
 
 
 def show(rec: Generation | Stump, calls: list[ToolCall] | None = None) -> str:

@@ -1,9 +1,9 @@
 """`residents replay`: one residence through a scripted conversation, on the real pipeline.
 
 The real SDK talks to the local provider server (the `anthropic` SDK to its `/v1/messages`, or for a
-residence with `provider: openai-compatible` the `openai` SDK to its `/v1/chat/completions`); generation, ledger and delivery planning are the
-bot's own code. The one difference from production is the room: posts are collected, and the
-room's history is the scenario's turns.
+residence with `provider: openai-compatible` the `openai` SDK to its `/v1/chat/completions`); generation, ledger, delivery planning and
+the outbox are the bot's own code. The one difference from production is the room: posts are
+collected, and the room's history is the scenario's turns.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from typing import Any
 from .. import truth
 from ..context import RoomMessage
 from ..context.compile import notes_after
+from ..delivery.outbox import Outbox
+from ..delivery.resume import Seen
 from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
 from ..ledger import Ledger
@@ -37,6 +39,7 @@ class CollectingRoom:
         self.resident = resident_name
         self.history: list[RoomMessage] = []
         self.sent: list[Post] = []
+        self.nonces: dict[str, str] = {}  # message id → the post id it was sent with
         self._n = 0
 
     def _id(self) -> str:
@@ -52,7 +55,14 @@ class CollectingRoom:
         mid = self._id()
         self.history.append(RoomMessage(mid, self.resident, True, post.content, is_bot=True))
         self.sent.append(post)
+        self.nonces[mid] = post.id
         return mid
+
+    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
+        """The resident's messages after `after_id` (every one when None: a replay's room keeps no times)."""
+        ids = [m.id for m in self.history]
+        start = ids.index(after_id) + 1 if after_id in ids else 0
+        return [Seen(m.id, m.content, self.nonces.get(m.id)) for m in self.history[start:] if m.is_self]
 
 
 async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
@@ -71,8 +81,13 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
             local = Endpoint(server.url + reg.base_path, "replay-local", "replay")
             provider = connect(sc.residence.provider, local)
             try:
-                resident = Resident(sc.residence, Generator(AttemptRunner(provider, ledger)), ledger)
                 room = CollectingRoom(sc.residence.name)
+                resident = Resident(
+                    sc.residence,
+                    Generator(AttemptRunner(provider, ledger)),
+                    ledger,
+                    Outbox.of_room(ledger, sc.residence.name, room),
+                )
                 turns = []
                 made: set[str] = set()  # attempts of earlier turns: a continuation's generation carries them too
                 for t in sc.turns:

@@ -31,6 +31,10 @@ from ..room import DiscordRoom
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
+# How long a /continue's answer waits for the continuation's posts to reach the room: an outbox held by
+# earlier posts the room does not take yet must not keep the moderator waiting (Discord lets a deferred
+# interaction be answered for 15 minutes only); the posts still go out, in order, when it can.
+CONTINUE_DELIVERY_WAIT = 5.0
 STUMPS_PER_PAGE = 20
 
 
@@ -220,14 +224,25 @@ class Moderation(commands.Cog):
             await self._say(interaction, f"The channel of {g.id} is not reachable.")
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
-        reply = await owner.continue_generation(DiscordRoom(channel), g.channel, g.id)  # type: ignore[arg-type]
+        reply = await owner.continue_generation(
+            DiscordRoom(channel),  # type: ignore[arg-type]
+            g.channel,
+            g.id,
+            within=CONTINUE_DELIVERY_WAIT,
+        )
         if reply.decline:
             await interaction.followup.send(truth.not_continued(reply.decline), ephemeral=True)
             return
         assert reply.generation is not None
         await interaction.followup.send(
             f"Continued {g.id}: now {reply.generation.status}, {len(reply.generation.segments)} segment(s), "
-            f"continuation {reply.generation.continuation_ended}.",
+            f"continuation {reply.generation.continuation_ended}."
+            + (
+                f" {reply.waiting} post(s) of it wait for the room, behind earlier posts it has not taken yet;"
+                " they go out in order."
+                if reply.waiting
+                else ""
+            ),
             ephemeral=True,
         )
 

@@ -150,8 +150,7 @@ class ResidentCog(commands.Cog):
 
     @property
     def backoff(self) -> Backoff:
-        outbox = self.bot.resident.outbox
-        return outbox.backoff if outbox is not None else Backoff()
+        return self.bot.resident.outbox.backoff
 
     @commands.Cog.listener()
     async def on_disconnect(self) -> None:
@@ -336,7 +335,7 @@ class ResidentCog(commands.Cog):
         def moving() -> tuple[frozenset[int], frozenset[str]]:
             return (
                 frozenset(shared.generating[ch] - {me}),
-                frozenset(outbox.pending(str(ch)) if outbox is not None else ()),
+                frozenset(outbox.pending(str(ch))),
             )
 
         claims: set[int] = set()

@@ -1,4 +1,4 @@
-"""Fault injection: message POSTs answered with 500s, 429s and 403s, and the API refusing connections."""
+"""Fault injection: message POSTs answered with 500s, 429s, 400s, 403s and 404s, and the API refusing connections."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ from .jsonhttp import Handler, json_response
 from .state import ApiError
 
 log = logging.getLogger(__name__)
+
+
+# What Discord answers when it will not take a post as it stands: (its JSON error code, message).
+REFUSALS: dict[int, tuple[int, str]] = {
+    400: (50035, "Invalid Form Body"),  # a post Discord finds malformed
+    403: (50013, "Missing Permissions"),  # the bot lost Send Messages in the channel
+    404: (10003, "Unknown Channel"),  # the channel was deleted
+}
 
 
 @dataclass
@@ -50,8 +58,9 @@ class MessageFault:
     def response(self) -> web.Response:
         if self.status == 429:
             return rate_limited(self.retry_after, self.is_global)
-        if self.status == 403:  # what Discord answers when a bot lost Send Messages in a channel
-            return json_response({"message": "Missing Permissions", "code": 50013}, status=403)
+        refusal = REFUSALS.get(self.status)
+        if refusal is not None:
+            return json_response({"message": refusal[1], "code": refusal[0]}, status=self.status)
         return json_response({"message": "500: Internal Server Error", "code": 0}, status=self.status)
 
 
@@ -76,8 +85,8 @@ class FaultPlan:
             if not 0 < refuse_seconds <= 600:
                 raise ApiError(400, 50035, "refuse_seconds must be between 0 and 600")
             times = 1
-        elif status not in (403, 429, 500, 502, 503, 504):
-            raise ApiError(400, 50035, "fault status must be 403, 429 or 5xx")
+        elif status not in (*REFUSALS, 429, 500, 502, 503, 504):
+            raise ApiError(400, 50035, "fault status must be 400, 403, 404, 429 or 5xx")
         if nth < 1 or times < 1:
             raise ApiError(400, 50035, "nth and times must be at least 1")
         if after_create and status == 429 and refuse_seconds is None:
