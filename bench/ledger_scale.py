@@ -191,7 +191,8 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
                         text=g.text,
                         output_tokens=g.output_tokens,
                         scope="output",
-                        published=True,
+                        # published when a text post of it is delivered: m008's trigger marks it, as for
+                        # the ledger (the last few posts stay undelivered, and so may their stump)
                         created_at=at + 9,
                         residence=residence,
                     )
