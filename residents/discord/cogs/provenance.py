@@ -70,7 +70,7 @@ class Provenance(commands.Cog):
             e = await chain.latest(ledger.db, kind, record)
             if e is not None:
                 entries[(kind, record)] = e
-        lines = views.post_provenance(message_id, post, g, closes, entries, await chain.head(ledger.db))
+        lines = views.post_provenance(message_id, post, g, closes, entries, await chain.current_head(ledger.db))
         pages = [f"```\n{chunk}\n```" for chunk in split_text("\n".join(lines), PAGE)]  # hashes copy cleanly
         await self._say(interaction, *pages)
 
