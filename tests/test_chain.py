@@ -511,7 +511,7 @@ def test_a_block_equal_to_its_text_only_by_a_collation_is_named(tmp_path, capsys
 async def _verify(db: Path) -> list[str]:
     """The chain's own verdicts (the generation made by hand above is not a whole turn)."""
     async with Ledger.open(db) as lg:
-        return (await check(lg)).chain
+        return (await check(lg)).chain_lines
 
 
 def test_a_record_and_its_entry_rewritten_together_still_fail_the_entry_hash(tmp_path, capsys, monkeypatch):

@@ -40,7 +40,7 @@ class Report:
     undelivered: int = 0  # posts recorded but not (yet) delivered: resumable, so not a violation
     chain_entries: int = 0
     chain_head: str = chain.GENESIS_PREV  # the last entry's hash: what a witness compares an export with
-    chain: list[str] = field(default_factory=list)  # the chain's own lines (first in `violations` too)
+    chain_lines: list[str] = field(default_factory=list)  # the chain's own lines (first in `violations` too)
     first_broken: int | None = None  # the first chain entry a line names
     saved_head: str | None = None  # with `head`: whether a saved head is in the chain, in one line
     head_holds: bool = False  # ... and it is, with every entry after it consistent
@@ -95,12 +95,13 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         for part in parts:
             held.add(part.held)
             chain.mark(confirmed, part.confirmed)
+            part.confirmed = b""  # (a range's entries, marked: not held until the end)
         links = chain.finish(db, top, walked, held, confirmed)
         rep = _assemble(pre, parts, orphans)
         if head is not None:
             rep.head_holds, rep.saved_head = _saved_head(db, head, links)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
-    rep.chain, rep.first_broken = links.violations, links.first_broken
+    rep.chain_lines, rep.first_broken = links.violations, links.first_broken
     rep.chain_entries, rep.chain_head = links.entries, links.head
     return rep
 
