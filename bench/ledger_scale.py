@@ -191,7 +191,8 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
                         text=g.text,
                         output_tokens=g.output_tokens,
                         scope="output",
-                        published=True,
+                        # published when a text post of it is delivered: m008's trigger marks it, as for
+                        # the ledger (the last few posts stay undelivered, and so may their stump)
                         created_at=at + 9,
                         residence=residence,
                     )
@@ -375,6 +376,7 @@ def _children(pid: int) -> list[int]:
 
 
 VERIFY_RUNS = 5
+TARGET = 10_000  # generations checked a second at 1,000,000 on 2 cores (issue 26)
 
 
 def run(path: str, n: int, rounds: int = 9, check: bool = True, runs: int = VERIFY_RUNS) -> dict[str, Any]:
@@ -476,12 +478,13 @@ def verify_line(v: dict[str, Any]) -> str:
     rate = v["generations_per_s"]
     checked = (
         f"{rate:,.0f} generations/s checked ({low}–{high}; {v['generations_per_s_whole']:,.0f}/s whole process);"
-        f" target 20,000/s {'met' if rate >= 20_000 else 'MISSED'}"
+        f" target {TARGET:,}/s {'met' if rate >= TARGET else 'MISSED'}"
         if rate is not None
         else f"too short beside start-up for a rate of its own ({v['generations_per_s_whole']:,.0f}/s whole process)"
     )
     return (
-        f"   ledger verify: {'ok' if v['ok'] else 'FAILED: ' + ' '.join(v['output'])}; median of {v['runs']} runs"
+        f"   ledger verify: {'ok, the ledger verifies clean' if v['ok'] else 'FAILED: ' + ' '.join(v['output'])};"
+        f" median of {v['runs']} runs"
         f" {v['wall_s']:.1f} s (range {v['wall_min_s']:.1f}–{v['wall_max_s']:.1f}), of which start-up"
         f" {v['start_s']:.2f} s (an empty ledger's run): {checked};"
         f" CPU {v['cpu_s']:.1f} s ({v['generations_per_cpu_s']:,.0f}/s of CPU); peak RSS {v['peak_rss_mib']:.0f} MiB"
@@ -513,7 +516,7 @@ def main(argv: list[str]) -> int:
             n = conn.execute("SELECT count(*) FROM generations").fetchone()[0]
         v = verify_runs(a.db, n, a.runs)
         print(json.dumps(v, indent=1) if a.json else verify_line(v))
-        return 0
+        return 0 if v["ok"] else 1
     r = run(a.db, a.generations, check=not a.no_verify, runs=a.runs)
     print(json.dumps(r, indent=1) if a.json else table(r))
-    return 0
+    return 0 if r.get("verify", {"ok": True})["ok"] else 1  # a ledger that fails verify is no measure

@@ -22,7 +22,8 @@ import pytest
 
 from residents import cli
 from residents.ledger import Ledger, chain
-from residents.ledger.verify import verify
+from residents.ledger.export import check_export
+from residents.ledger.verify import check, verify
 from residents.records import Generation, Stump
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -201,7 +202,7 @@ def test_an_export_verifies_offline_and_fails_after_any_one_byte_changes(tmp_pat
     checked = 0
     for i in range(len(data)):  # every single byte, changed: never accepted
         changed = data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :]
-        assert not chain.check_export(changed, "bad.jsonl").ok, f"a change of byte {i} was accepted"
+        assert not check_export(changed, "bad.jsonl").ok, f"a change of byte {i} was accepted"
         checked += 1
     assert checked == len(data) > 4000
 
@@ -410,33 +411,36 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
     assert code == 1 and in_workers == one_pass
 
 
-def held(db: Path, kind: str) -> tuple[int, list[str]]:
-    """How many records of `kind` SQLite confirmed (`chain._held`), and the ids of those built in Python."""
+def confirmed(db: Path) -> tuple[int, list[str]]:
+    """How many records' latest entries their builders confirm byte for byte (`chain.confirms`), and the
+    lines holding every record against its entries gives."""
+    from residents.ledger import verify as verifying
+
     con = sqlite3.connect(db)
     try:
-        chain._install_sql(con)
-        i = [k for k, _ in chain.RECORDS].index(kind)
-        got = list(chain._held(con.cursor(), i))
-        return sum(len(c) for c, _ in got), [t[1] for _, built in got for t in built if t[0] == kind]
+        part = verifying._range(con, "", None, verifying._prelude(con), 1000)
     finally:
         con.close()
+    return len(part.confirmed) // 8, [line for _, _, line in part.held.lines] + part.held.unchained
 
 
-def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys):
-    """`chain.confirmed` renders each record's entry in SQLite; it must agree with the builders for every
-    kind and field (blocks of every type, several segments, retries, cuts, continuations, tool rounds,
-    deliveries), so on a whole ledger every record is confirmed there and none is built in Python. A
-    string SQLite writes unescaped (outside ASCII) goes to the builders and still holds; a changed record
-    goes to them and they name what differs."""
+def test_the_builders_confirm_every_entry_of_every_kind_of_record(tmp_path, capsys):
+    """Each record's latest entry is, byte for byte, what its builder gives now, for every kind and field
+    (blocks of every type, several segments, retries, cuts, continuations, tool rounds, deliveries): on
+    a whole ledger every one is confirmed and none is left to a second look. A string outside ASCII
+    still holds; a changed record is named with what differs."""
     everything = (
         "retry", "ceiling", "thinking-cut", "continuation", "on-request", "tool-cut", "tool-list",
         "tool-retry", "unknown-block", "lookalike", "refusal", "openai-reasoning", "openai-tool-calls",
     )  # fmt: skip
     db = replayed(tmp_path, capsys, everything)
+    [(latest,)] = sql(
+        db,
+        "SELECT count(*) FROM (SELECT DISTINCT kind, record FROM chain WHERE kind IN"
+        " ('attempt', 'generation', 'stump', 'post', 'delivered'))",
+    )
     assert sql(db, "SELECT count(*) FROM chain WHERE kind = 'delivered'")[0][0] > 0
-    for kind in ("attempt", "generation", "stump", "post", "delivered"):
-        confirmed, built = held(db, kind)
-        assert confirmed > 0 and built == [], (kind, built)
+    assert confirmed(db) == (latest, [])
 
     async def add() -> None:
         async with Ledger.open(db) as lg:
@@ -446,43 +450,21 @@ def test_sqlite_confirms_exactly_the_entries_the_builders_give(tmp_path, capsys)
             await lg.finish_generation(g, [])
 
     asyncio.run(add())
-    # its batch is built in Python (the builders name what differs, or confirm it holds)
-    assert "g-outside-ascii" in held(db, "generation")[1]
+    assert confirmed(db) == (latest + 1, [])
     assert asyncio.run(_verify(db)) == []
     script(db, "UPDATE generations SET model = 'other' WHERE id = 'g-outside-ascii'")
     assert [line.split(": ", 2)[-1] for line in asyncio.run(_verify(db))] == ["model (entry m, ledger other)"]
 
 
-@pytest.mark.parametrize(
-    ("declared", "text"),
-    [("TEXT", True), ("varchar(20)", True), ("CLOB", True), ("CHARINT", False), ("INTEGER", False),
-     ("BLOB", False), ("", False), ("REAL", False), ("NUMERIC", False), ("TEXẗ", False), ("text int", False)],
-)  # fmt: skip
-def test_a_column_is_left_unguarded_only_where_sqlite_gives_it_text_affinity(declared: str, text: bool) -> None:
-    assert chain._text_affinity(declared) is text
-
-
-def test_a_number_in_a_text_column_is_stored_as_text_and_never_confirmed(tmp_path, capsys):
-    """The guard against a REAL is left off the text columns because SQLite stores a number given to them
-    as text: such a change is named like any other. A schema declaring the column otherwise keeps it."""
+def test_a_number_in_a_text_column_is_named_like_any_other_change(tmp_path, capsys):
+    """SQLite stores a number given to a text column as text: such a change is named like any other."""
     db = replayed(tmp_path, capsys)
     [(gid, model)] = sql(db, "SELECT id, model FROM generations WHERE status = 'completed' LIMIT 1")
-    con = sqlite3.connect(db)
-    try:
-        ours = chain.confirmed(con)["generation"]
-    finally:
-        con.close()
-    assert "typeof(x.model)" not in ours and "typeof(x.output_tokens)" in ours
     sql(db, "UPDATE generations SET model = ? WHERE id = ?", (0.3, gid))
     assert sql(db, "SELECT typeof(model) FROM generations WHERE id = ?", (gid,)) == [("text",)]
-    assert gid in held(db, "generation")[1]  # built by the builders, not confirmed
     assert [line.split(": ", 2)[-1] for line in asyncio.run(_verify(db))] == [
         f"model (entry {chain._short(model)}, ledger 0.3)"
     ]
-    other = sqlite3.connect(":memory:")
-    other.execute("CREATE TABLE generations (id TEXT, model NUMERIC, output_tokens INTEGER)")
-    assert "typeof(x.model)" in chain.confirmed(other)["generation"]
-    assert "typeof(x.id)" not in chain.confirmed(other)["generation"]
 
 
 def test_blocks_put_in_another_order_are_named_whatever_order_a_plan_reads_them_in(tmp_path, capsys):
@@ -537,7 +519,7 @@ def test_a_block_equal_to_its_text_only_by_a_collation_is_named(tmp_path, capsys
 async def _verify(db: Path) -> list[str]:
     """The chain's own verdicts (the generation made by hand above is not a whole turn)."""
     async with Ledger.open(db) as lg:
-        return (await chain.check(lg.db)).violations
+        return (await check(lg)).chain_lines
 
 
 def test_a_record_and_its_entry_rewritten_together_still_fail_the_entry_hash(tmp_path, capsys, monkeypatch):

@@ -30,8 +30,10 @@ from residents.delivery.plan import split_text
 from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger import Ledger
+from residents.ledger.invariants import cover as _cover
+from residents.ledger.invariants import cover_by_reading as _cover_by_reading
 from residents.ledger.store import enc
-from residents.ledger.verify import _cover, _cover_by_reading, check, verify
+from residents.ledger.verify import check, verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
 from residents.provider.anthropic_messages import AnthropicProvider, make_client

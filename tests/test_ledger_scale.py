@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import random
 import re
 import sqlite3
@@ -279,7 +280,7 @@ def test_verify_reads_a_batch_at_a_time_with_the_same_verdicts_in_the_same_order
     named = [line.split()[1].rstrip(":") for line in whole if line.startswith("generation ")]
     assert list(dict.fromkeys(named)) == [f"g-batch{i}" for i in range(6, -1, -1)]
     monkeypatch.setattr(verify, "BATCH", 2)
-    monkeypatch.setattr(chain, "BATCH", 2)
+    monkeypatch.setattr(chain, "BATCH", 2)  # the walk's
     assert violations(tmp_path / "l.db") == whole
 
 
@@ -348,30 +349,28 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 4)
     monkeypatch.setattr(verify, "CHUNK", 2)
-    spans: list[tuple[str, str | None] | None] = []
-    workers: list[object] = []
-    next_span, run_worker = verify._Ranges.next, verify._Worker.run
-
+    spans: list[tuple[str, str | None]] = []
+    pools: list[int] = []
+    make_spans, make_pool = verify._spans, verify._pool
     before, switches = sys.getswitchinterval(), set()
 
-    def spy_next(self: Any) -> Any:
-        spans.append(next_span(self))
+    def spy_spans(bounds: list[str]) -> Any:
+        spans.extend(make_spans(bounds))
         switches.add(sys.getswitchinterval())
-        return spans[-1]
+        return spans
 
-    async def spy_run(self: Any, ranges: Any) -> Any:
-        workers.append(self)
-        return await run_worker(self, ranges)
+    def spy_pool(procs: int) -> Any:
+        pools.append(procs)
+        return make_pool(procs)
 
-    monkeypatch.setattr(verify._Ranges, "next", spy_next)
-    monkeypatch.setattr(verify._Worker, "run", spy_run)
+    monkeypatch.setattr(verify, "_spans", spy_spans)
+    monkeypatch.setattr(verify, "_pool", spy_pool)
     assert asyncio.run(run()) == one_pass
-    assert len(workers) == 3  # beside this process, one per core
-    handed = [s for s in spans if s is not None]
-    assert len(handed) == 5 and handed[0][0] == "" and handed[-1][1] is None  # 9 generations, 2 a range
-    assert all(a[1] == b[0] for a, b in zip(handed, handed[1:], strict=False))  # the ranges tile the ids
-    # a worker waits at most 0.5 ms for its next range while the shares run; the interval is as it was after
-    assert switches == {min(before, 0.0005)} and sys.getswitchinterval() == before
+    assert pools == [4]  # worker processes, one per core
+    assert len(spans) == 5 and spans[0][0] == "" and spans[-1][1] is None  # 9 generations, 2 a range
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))  # the ranges tile the ids
+    # no process-wide switch is touched: the interval is as it was, during the check and after
+    assert switches == {before} and sys.getswitchinterval() == before
 
 
 def test_worker_processes_import_the_package_not_a_module_of_the_working_folder(tmp_path, monkeypatch, capsys):
@@ -392,21 +391,22 @@ def test_worker_processes_import_the_package_not_a_module_of_the_working_folder(
     monkeypatch.setattr(verify, "BATCH", 2)
     monkeypatch.setattr(verify, "CHUNK", 2)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
-    started: list[object] = []
-    run_worker = verify._Worker.run
+    started: list[int] = []
+    make_pool = verify._pool
 
-    async def spy_run(self: Any, ranges: Any) -> Any:
-        started.append(self)
-        return await run_worker(self, ranges)
+    def spy_pool(procs: int) -> Any:
+        started.append(procs)
+        return make_pool(procs)
 
-    monkeypatch.setattr(verify._Worker, "run", spy_run)
+    monkeypatch.setattr(verify, "_pool", spy_pool)
     assert (cli.main(argv), capsys.readouterr()) == one_pass  # the same verdicts, a worker's share among them
-    assert len(started) == 1 and "working folder" not in one_pass[1].err
+    assert started == [2] and "working folder" not in one_pass[1].err
 
 
 def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys):
-    """A worker process that dies (here: one that cannot even start Python) ends `verify` with one line
-    naming the ledger and the failure, exit 1, no traceback, and no process or share left running."""
+    """A worker process that dies (here: one that cannot even start Python, its standard library nowhere)
+    ends `verify` with one line naming the ledger and the failure, exit 1, no traceback, and no process
+    or share left running."""
     from residents import cli
     from residents.ledger import verify
 
@@ -419,12 +419,13 @@ def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monk
     asyncio.run(build())
     monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(verify.sys, "executable", "/bin/false")
+    monkeypatch.setenv("PYTHONHOME", str(tmp_path / "nowhere"))
     assert cli.main(["ledger", "verify", "--db", str(tmp_path / "l.db")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        f"residents: {tmp_path / 'l.db'}: a worker process checking the ledger failed: it ended with status 1 and said nothing"
+        f"residents: {tmp_path / 'l.db'}: a worker process checking the ledger failed: it ended before it answered"
     ]
+    assert not multiprocessing.active_children()
 
 
 def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_lot(tmp_path, monkeypatch):

@@ -21,7 +21,8 @@ from residents import cli, truth
 from residents.delivery import plan, split_text
 from residents.delivery.resume import Seen, recover, resume_delivery
 from residents.ledger import Ledger
-from residents.ledger.verify import _cover, verify
+from residents.ledger.invariants import cover as _cover
+from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.records import Attempt, Generation, new_id
 from residents.replay.run import replay

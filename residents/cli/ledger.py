@@ -24,7 +24,8 @@ from .. import truth
 from ..ledger import Ledger, chain, views
 from ..ledger.access import tool_calls_of
 from ..ledger.checkpoints import chain_head
-from ..ledger.verify import Report, check, few_collections
+from ..ledger.export import verify_export
+from ..ledger.verify import Report, check
 from ..records import Generation, Stump, ToolCall
 from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_ledger
 
@@ -183,7 +184,13 @@ def stumps(
     type=click.Path(dir_okay=False, path_type=Path),
     help="Check an export of the chain instead, offline: no ledger is opened.",
 )
-def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
+@click.option(
+    "--head",
+    "saved",
+    metavar="N:SHA256",
+    help="A head a witness saved (entry N's seq and hash): say whether it is in this chain, all after it holding.",
+)
+def verify(db: str | None, strict: bool, export_file: Path | None, saved: str | None) -> int:
     """Check every invariant of the ledger, and its hash chain.
 
     Texts kept exactly, one receipt per cut, posts covering each text once, no speech for a
@@ -196,16 +203,22 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
     Example:
       residents ledger verify --db data/ledger.db --strict
       residents ledger verify --export chain.jsonl
+      residents ledger verify --head 1200:3f5a…(64 hex digits)
     """
+    head = _head(saved) if saved is not None else None
     if export_file is not None:
+        if head is not None:
+            raise UsageError("--head checks a ledger's chain; an export is checked alone (drop one of them)")
         if strict:
             raise UsageError("--strict checks a ledger's pending generations; an export has none (drop one of them)")
         return _verify_export(export_file)
 
-    rep = checked(ledger_path(db))
+    rep = checked(ledger_path(db), head=head)
     lines = list(rep.violations)
     if strict:
         lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]
+    if rep.saved_head is not None and (lines or not rep.head_holds):
+        lines.insert(0, rep.saved_head)
     if lines:
         for line in lines:
             emit(line)
@@ -218,21 +231,23 @@ def verify(db: str | None, strict: bool, export_file: Path | None) -> int:
             file=sys.stderr,
         )
     print(verify_line(rep))
+    if rep.saved_head is not None:
+        print(rep.saved_head)
     return 0
 
 
-def checked(path: str, writer: bool = False) -> Report:
-    """The ledger at `path` checked whole (`verify`, and the end of `residents demo --headless`).
+def checked(path: str, writer: bool = False, head: tuple[int, str] | None = None) -> Report:
+    """The ledger at `path` checked whole (`verify`, and the end of `residents demo --headless`), and
+    `head`, a head a witness saved, looked for in its chain.
 
     `writer`: this process holds the ledger's lock (the demo), so it opens it as its writer, whose
     close folds the WAL back in; a read-only reader leaves `-wal` and `-shm` beside the file."""
 
     async def go() -> Report:
         async with Ledger.open(path) if writer else open_ledger(path) as lg:
-            return await check(lg)
+            return await check(lg, head)
 
-    with few_collections():  # while this process only checks, as its workers do
-        return asyncio.run(go())
+    return asyncio.run(go())
 
 
 def verify_line(rep: Report) -> str:
@@ -246,9 +261,21 @@ def verify_line(rep: Report) -> str:
     )
 
 
+def _head(saved: str) -> tuple[int, str]:
+    """`N:SHA256` as a witness saves a head: N an entry's seq, SHA256 its hash in lowercase hex."""
+    seq, _, digest = saved.partition(":")
+    if not (seq.isascii() and seq.isdigit() and int(seq) > 0 and len(digest) == 64):
+        digest = ""
+    if not digest or any(c not in "0123456789abcdef" for c in digest):
+        raise UsageError(
+            f"--head {saved}: not a head; give N:SHA256, N an entry's number and SHA256 its hash (64 lowercase hex digits)"
+        )
+    return int(seq), digest
+
+
 def _verify_export(path: Path) -> int:
     try:
-        rep = chain.verify_export(path)
+        rep = verify_export(path)
     except OSError as e:
         raise UsageError(f"{path}: cannot read the export: {e.strerror or e}") from None
     if rep.problem is not None:

@@ -498,13 +498,16 @@ DROP INDEX chain_record;
 
 
 # A post the room refused try after try (HTTP 400, 403, 404) is set aside, never delivered: `refused` is the
-# refusal as the room gave it ("403 Forbidden (error code: 50013): Missing Permissions"), `refused_at` when.
+# refusal as the room gave it ("403 Forbidden (error code: 50013): Missing Permissions"), `refused_at` when,
+# `refused_status` and `refused_code` the HTTP status and Discord's error code (what its chain entry states).
 # Few posts are: `verify` and the chain read them on their own partial index.
 step(
     "m043_refused_posts",
     """
 ALTER TABLE posts ADD COLUMN refused TEXT;
 ALTER TABLE posts ADD COLUMN refused_at REAL;
+ALTER TABLE posts ADD COLUMN refused_status INTEGER;
+ALTER TABLE posts ADD COLUMN refused_code INTEGER;
 CREATE INDEX posts_refused ON posts(id) WHERE refused IS NOT NULL;
 """,
 )

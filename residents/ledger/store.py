@@ -23,22 +23,20 @@ from typing import Any
 from ..records import (
     Attempt,
     Block,
-    ContinuationEnd,
     Generation,
-    Outcome,
     Post,
-    PostKind,
-    PostReason,
     Refusal,
-    Segment,
-    Status,
     Stump,
-    StumpScope,
     join_text,
 )
 from ..text import outbound
 from . import attachments, chain, lock, migrations, requests
+from . import rows as read
 from .connection import Connection
+from .rows import cols as _cols
+from .rows import dec
+from .rows import post as _post
+from .rows import stump as _stump
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +110,16 @@ async def _read_migrations(uri: str, path: str) -> tuple[Connection, set[str]]:
         raise
 
 
+def read_only_uri(path: str) -> str:
+    """The URI that reads the ledger at `path` and can write nothing: SQLite's `mode=ro`; on read-only
+    media with no write-ahead log beside the file (so the file holds everything, and nothing can change
+    it), `immutable=1` too, which needs no -shm file (none can be made there). `verify`'s workers use it."""
+    where = "file:" + urllib.parse.quote(os.path.abspath(path))
+    if _read_only_medium(path) and not _nonempty(path + "-wal"):
+        return where + "?mode=ro&immutable=1"
+    return where + "?mode=ro"
+
+
 def _read_only_medium(path: str) -> bool:
     try:
         return bool(os.statvfs(os.path.dirname(os.path.abspath(path))).f_flag & os.ST_RDONLY)
@@ -128,17 +136,6 @@ def _nonempty(path: str) -> bool:
 
 def enc(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
-
-
-def dec(blob: bytes | str | None) -> str:
-    """A text column as stored (UTF-8 bytes, lone surrogates passed through) read back exactly."""
-    if type(blob) is bytes:  # the usual case first: `verify` reads every text of the ledger through here
-        return blob.decode("utf-8", "surrogatepass")
-    if blob is None:
-        return ""
-    if isinstance(blob, str):
-        return blob
-    return bytes(blob).decode("utf-8", "surrogatepass")
 
 
 class Ledger:
@@ -204,13 +201,10 @@ class Ledger:
             return await cls._connect(path)
         if not Path(path).is_file():
             raise LedgerError(f"{path}: no ledger there")
-        where = "file:" + urllib.parse.quote(os.path.abspath(path))
         try:
-            db, done = await _read_migrations(where + "?mode=ro", path)
+            db, done = await _read_migrations(read_only_uri(path), path)
         except sqlite3.OperationalError as e:
-            if not (_read_only_medium(path) and not _nonempty(path + "-wal")):
-                raise LedgerError(f"{path}: cannot read the ledger: {e}") from None
-            db, done = await _read_migrations(where + "?mode=ro&immutable=1", path)
+            raise LedgerError(f"{path}: cannot read the ledger: {e}") from None
         pending = [name for name, _ in migrations.MIGRATIONS if name not in done]
         if pending:
             await db.close()
@@ -535,7 +529,10 @@ class Ledger:
         post.refused, post.refused_at = refusal.text, time.time()
         await self._tx(
             [
-                ("UPDATE posts SET refused=?, refused_at=? WHERE id=?", (post.refused, post.refused_at, post.id)),
+                (
+                    "UPDATE posts SET refused=?, refused_at=?, refused_status=?, refused_code=? WHERE id=?",
+                    (post.refused, post.refused_at, refusal.status, refusal.code, post.id),
+                ),
                 chain.refused(post.id, refusal),
             ]
         )
@@ -551,84 +548,25 @@ class Ledger:
         rows = await self.db.run(_generation_rows, ids, brief)
         out: dict[str, Generation] = {}
         for r in rows["generations"]:
-            cols = _cols(r)
-            out[cols["id"]] = Generation(
-                id=cols["id"],
-                residence=cols["residence"],
-                channel=cols["channel"],
-                model=cols["model"],
-                status=Status(cols["status"]),
-                stop_reason=cols["stop_reason"],
-                text=dec(cols["text"]),
-                output_tokens=cols["output_tokens"],
-                standing=cols["standing"],
-                continuation_ended=ContinuationEnd(cols["continuation_ended"]),
-                trigger=cols["trigger"],
-                seen_upto=cols["seen_upto"],
-                request=None if brief else await self._request(cols),
-                created_at=cols["created_at"],
-                finished_at=cols["finished_at"],
-            )
+            g = _cols(r)
+            out[g["id"]] = read.generation(g, None if brief else await self._request(g))
         blocks: dict[str, list[Block]] = {}
         for r in rows["blocks"]:
-            b = _cols(r)
-            blocks.setdefault(b["attempt_id"], []).append(
-                Block(
-                    b["idx"],
-                    b["type"],
-                    dec(b["content"]),
-                    json.loads(b["start"]) if b["start"] else None,
-                    json.loads(b["extras"]) if b["extras"] else [],
-                    b["text_offset"],
-                )
-            )
+            blocks.setdefault(r["attempt_id"], []).append(read.block(r))
         for r in rows["attempts"]:
-            a = _cols(r)
-            text = dec(a["text"])
-            own = blocks.get(a["id"], [])
-            if a["outcome"] == "streaming":  # not yet settled: what reached disk so far
-                own = await self.streamed_blocks(a["id"])
-                text = join_text(own)
-            out[a["generation_id"]].attempts.append(
-                Attempt(
-                    id=a["id"],
-                    generation_id=a["generation_id"],
-                    segment=a["segment"],
-                    index=a["idx"],
-                    text=text,
-                    outcome=Outcome(a["outcome"]),
-                    stop_reason=a["stop_reason"],
-                    discard_reason=a["discard_reason"],
-                    error=a["error"],
-                    output_tokens=a["output_tokens"],
-                    request_id=a["request_id"],
-                    replaced_by=a["replaced_by"],
-                    started_at=a["started_at"],
-                    ended_at=a["ended_at"],
-                    stop_details=json.loads(a["stop_details"]) if a["stop_details"] else None,
-                    blocks=own,
-                    request_replacements=a["request_replacements"],
-                )
-            )
+            a = read.attempt(r, blocks.get(r["id"], []))
+            if a.outcome == "streaming":  # not yet settled: what reached disk so far
+                a.blocks = await self.streamed_blocks(a.id)
+                a.text = join_text(a.blocks)
+            out[a.generation_id].attempts.append(a)
         for r in rows["segments"]:
-            s = _cols(r)
-            out[s["generation_id"]].segments.append(
-                Segment(
-                    index=s["idx"],
-                    attempt_id=s["attempt_id"],
-                    stop_reason=s["stop_reason"],
-                    chars=s["chars"],
-                    output_tokens=s["output_tokens"],
-                    overlap_removed=s["overlap_removed"],
-                )
-            )
+            out[r["generation_id"]].segments.append(read.segment(r))
         for r in rows["stumps"]:
             out[r["generation_id"]].stumps.append(_stump(r))
         for r in rows["posts"]:
             out[r["generation_id"]].posts.append(_post(r))
         for r in rows["attachments"]:
-            a = _cols(r)
-            out[a["generation_id"]].attachments.append(attachments.from_row(a))
+            out[r["generation_id"]].attachments.append(attachments.from_row(_cols(r)))
         return out
 
     async def _request(self, cols: dict[str, Any]) -> dict[str, Any] | None:
@@ -1029,53 +967,6 @@ class _Opening:
             await self.ledger.close()
 
 
-def _cols(r: Any) -> dict[str, Any]:
-    return dict(r) if not isinstance(r, dict) else r
-
-
 def _stored(stumps: Iterable[Stump]) -> None:
     for s in stumps:
         s.stored = True
-
-
-def _stump(r: Any) -> Stump:
-    """A stump from its row; a row without `text` (a metadata listing) keeps its stored chars."""
-    s = _cols(r)
-    return Stump(
-        id=s["id"],
-        generation_id=s["generation_id"],
-        attempt_id=s["attempt_id"],
-        cause=s["cause"],
-        text=dec(s.get("text")),
-        output_tokens=s["output_tokens"],
-        scope=StumpScope(s["scope"]),
-        published=bool(s["published"]),
-        replaced_by=s["replaced_by"],
-        created_at=s["created_at"],
-        residence=s["residence"],
-        stored=True,
-        known_chars=None if "text" in s else s["chars"],
-        block=s.get("block"),
-        block_type=s.get("block_type"),
-    )
-
-
-def _post(r: Any) -> Post:
-    p = _cols(r)
-    content = dec(p["content"])
-    replacements = p.get("replacements")
-    return Post(
-        id=p["id"],
-        generation_id=p["generation_id"],
-        seq=p["seq"],
-        kind=PostKind(p["kind"]),
-        content=content,
-        channel=p["channel"],
-        message_id=p["message_id"],
-        delivered_at=p["delivered_at"],
-        replacements=outbound(content)[1] if replacements is None else replacements,
-        stump_id=p.get("stump_id"),
-        reason=PostReason(p["reason"]),
-        refused=p.get("refused"),
-        refused_at=p.get("refused_at"),
-    )

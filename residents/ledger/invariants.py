@@ -1,0 +1,470 @@
+"""The ledger's promises about its records, checked on raw rows (dicts) one generation at a time: every
+emitted text kept exactly, every cut surfaced once, posts covering each text exactly once, nothing
+uncompleted posted as speech. `verify` reads the rows and puts the lines in order."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import defaultdict
+from typing import Any
+
+from .. import truth
+from ..records import Block, PostReason, join_text
+from ..text import FENCE_LINE
+from ..truth import LIMIT, RECEIPT_PREFIX
+from .rows import dec
+from .verify_tools import joined_upto
+
+CUT = frozenset({"truncated", "failed", "incomplete"})
+SETTLED = frozenset({"completed", "truncated", "refused", "failed", "incomplete"})
+TEXT_KINDS = frozenset({"speech", "partial"})
+_SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
+
+
+# Room lines that are not a generation's boundary line: the optional retry notice, a declined
+# /continue, a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A post records why it exists (`posts.reason`); its wording is never parsed here.
+_SIDE_NOTICES = frozenset(
+    {PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE, PostReason.KEY_REJECTED}
+)
+# The kinds each reason may be posted as.
+_REASON_KINDS: dict[str, frozenset[str]] = {
+    PostReason.TEXT: TEXT_KINDS,
+    PostReason.RECEIPT: frozenset({"receipt"}),
+    PostReason.NO_TEXT: frozenset({"receipt", "notice"}),
+    PostReason.REFUSAL: frozenset({"notice"}),
+    PostReason.DECLINED_CONTINUE: frozenset({"notice"}),
+    PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
+    PostReason.KEY_REJECTED: frozenset({"notice"}),
+    PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
+    PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
+}
+
+
+@functools.cache
+def _status_by_rule(stop_reason: str | None) -> str:
+    """residents.truth's rule from a stop reason to a status (the same few answers for every generation)."""
+    return truth.status_of_outcome(truth.outcome_of_stop(stop_reason))
+
+
+def check_generation(
+    v: list[str],
+    unsettled: list[str],
+    g: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
+    chunks: dict[str, int],
+    rounds: list[str] | None = None,
+) -> None:
+    """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
+    gid, status = g["id"], g["status"]
+    text = dec(g["text"])
+    where = f"generation {gid}"
+    for a in attempts:
+        a["text"] = dec(a["text"])
+        if a["outcome"] != "streaming":
+            if chunks.get(a["id"]):
+                v.append(
+                    f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
+                    "chunk(s) left in attempt_chunks"
+                )
+            if a["chars"] != len(a["text"]):
+                v.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
+    for s in stumps:
+        s["text"] = dec(s["text"])
+        if s["chars"] != len(s["text"]):
+            v.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
+    for p in posts:
+        p["content"] = dec(p["content"])
+    if status == "pending":
+        unsettled.append(gid)
+        return
+    if status not in SETTLED:
+        v.append(f"{where}: unknown status {status!r}")
+        return
+    if g["chars"] != len(text):
+        v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
+    # The status follows from the stop reason by bot.truth's rule (a tool stop the loop did not go on
+    # from, or the tool round limit, is incomplete); a failed generation stopped for no reason of the model's.
+    expected = "failed" if status == "failed" and g["stop_reason"] is None else _status_by_rule(g["stop_reason"])
+    if status != expected:
+        v.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
+    for a in attempts:
+        if a["outcome"] == "streaming":
+            v.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
+    _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
+    _check_output_stump(v, where, g, text, stumps, posts)
+    _check_posts(v, where, g, text, attempts, segments, stumps, posts, rounds)
+
+
+def check_blocks(
+    v: list[str],
+    g: dict[str, Any],
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    blocks: dict[str, list[dict[str, Any]]],
+) -> None:
+    """An attempt's text is its text blocks joined; a block stump is its block's content; the non-text
+    block a cut attempt stopped in is kept as a stump."""
+    where = f"generation {g['id']}"
+    final = segments[-1]["attempt_id"] if segments else None
+    for a in attempts:
+        own = blocks.get(a["id"], [])
+        if a["outcome"] == "streaming" or not own:
+            continue  # a ledger from before blocks were kept has none
+        recs = [Block(b["idx"], b["type"], dec(b["content"])) for b in own]
+        for b, rec in zip(own, recs, strict=False):
+            if b["chars"] != rec.chars:
+                v.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
+        if join_text(recs) != a["text"]:
+            v.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
+        for b, rec in zip(own, recs, strict=False):
+            if rec.is_text and b["text_offset"] != rec.offset:
+                v.append(
+                    f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
+                    f"not {rec.offset}"
+                )
+        cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
+        due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
+        held = [s for s in stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
+        for s in held:
+            match = [r for r in recs if r.index == s["block"]]
+            if not match or match[0].content != s["text"]:
+                v.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
+        if cut is not None and due and not any(s["block"] == cut.index for s in held):
+            v.append(
+                f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
+                f"({cut.chars} characters), which is kept as no stump"
+            )
+
+
+def _check_texts_kept(
+    v: list[str],
+    where: str,
+    text: str,
+    g_stop: str | None,
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    rounds: list[str] | None = None,
+) -> None:
+    """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly.
+
+    With tool `rounds`, the one segment is the rounds' text joined, up to its attempt's round."""
+    by_id = {a["id"]: a for a in attempts}
+    in_segment: set[str] = set()
+    offset = 0
+    for s in segments:
+        a = by_id.get(s["attempt_id"])
+        if a is None:
+            v.append(f"{where}: segment {s['idx']} names unknown attempt {s['attempt_id']}")
+            continue
+        in_segment.add(a["id"])
+        added = a["text"][s["overlap_removed"] :]
+        if rounds and s["idx"] == 1:
+            added, used = joined_upto(attempts, rounds, a["id"])
+            in_segment |= used
+        if s["chars"] != len(added) or text[offset : offset + s["chars"]] != added:
+            v.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
+        offset += s["chars"]
+    if segments and offset != len(text):
+        v.append(f"{where}: segments add up to {offset} characters, text has {len(text)}")
+    if not segments and text:
+        v.append(f"{where}: {len(text)} characters of text but no segment")
+    for a in attempts:
+        if a["outcome"] == "abandoned":
+            if a["discard_reason"] != truth.RETRY_ABANDONED:
+                v.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
+            if a["replaced_by"] is None and g_stop != truth.INTERRUPTED:  # a stop may come before the retry
+                v.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
+            if a["id"] in in_segment:
+                v.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
+        if not a["text"] or a["outcome"] == "streaming":
+            continue
+        own = [s for s in stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
+        if a["outcome"] == "abandoned":
+            match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
+            if len(match) != 1:
+                v.append(
+                    f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
+                    f"{len(match)} retry-abandoned stumps"
+                )
+            for s in match:
+                if s["text"] != a["text"]:
+                    v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
+                if (
+                    s["published"] and not s.get("recovered") and not s.get("shown_live")
+                ):  # published only at its resident's request, or shown live
+                    v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
+                if s.get("shown_live") and not s["published"]:
+                    v.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
+        elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
+            v.append(
+                f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
+                "nor kept as a stump"
+            )
+
+
+def _check_output_stump(
+    v: list[str], where: str, g: dict[str, Any], text: str, stumps: list[dict[str, Any]], posts: list[dict[str, Any]]
+) -> None:
+    """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
+    standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
+    cause = truth.stump_cause(g["status"], g["stop_reason"])
+    if cause is None or not text:
+        if standing:
+            v.append(
+                f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
+                f"{len(standing)} standing output stump(s)"
+            )
+        return
+    if len(standing) != 1:
+        v.append(f"{where}: {g['status']} text of {len(text)} characters has {len(standing)} standing output stumps")
+        return
+    s = standing[0]
+    if s["text"] != text:
+        v.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
+    if s["cause"] != cause:
+        v.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
+    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    some = any(p["message_id"] is not None for p in text_posts)
+    every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
+    if s["published"] and not some:
+        v.append(f"stump {s['id']} ({where}): marked published but no text post of it was delivered")
+    if every and not s["published"]:
+        v.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
+
+
+def _check_posts(
+    v: list[str],
+    where: str,
+    g: dict[str, Any],
+    text: str,
+    attempts: list[dict[str, Any]],
+    segments: list[dict[str, Any]],
+    stumps: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
+    rounds: list[str] | None = None,
+) -> None:
+    status = g["status"]
+    # Each /continue that reached the provider is one more settlement with its own posts and receipt;
+    # bounded continuation happens inside the first settlement. Tool rounds are never continued.
+    calls = (
+        sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1)
+        if g["standing"] == "on-request" and not rounds
+        else 0
+    )
+    if len({p["seq"] for p in posts}) != len(posts):
+        v.append(f"{where}: duplicate post seq numbers")
+    text_posts, receipts, boundary_notices, kinds = [], [], [], set()
+    for p in posts:
+        check_line(v, p, where)
+        kind = p["kind"]
+        kinds.add(kind)
+        if kind in TEXT_KINDS:
+            text_posts.append(p)
+        elif kind == "receipt":
+            receipts.append(p)
+        elif kind == "notice" and p["reason"] not in _SIDE_NOTICES:
+            boundary_notices.append(p)
+    if status != "completed" and "speech" in kinds:
+        v.append(f"{where}: speech post for a {status} generation")
+    if status == "completed" and calls == 0 and "partial" in kinds:
+        v.append(f"{where}: partial post for a generation completed in one settlement")
+    if status == "refused":
+        if text_posts:
+            v.append(f"{where}: refused text posted ({len(text_posts)} {text_posts[0]['kind']} post(s))")
+        if receipts:
+            v.append(f"{where}: refused generation has {len(receipts)} receipt(s)")
+        if len(boundary_notices) != 1:
+            v.append(f"{where}: refused generation has {len(boundary_notices)} notices of the refusal, expected 1")
+        return
+    problem = cover(text, [p["content"] for p in text_posts])
+    if problem:
+        v.append(f"{where}: text posts do not cover the text exactly once: {problem}")
+    # The first settlement's boundary line: a receipt after posted text; where no text could be posted
+    # (none, or only whitespace) the line still stands, alone. Each /continue adds one receipt.
+    first_text = text[: segments[0]["chars"]] if calls and segments else text
+    first_status = "truncated" if calls else status
+    due = first_status in CUT or (first_status == "completed" and len(segments) > 1)
+    visible = bool(first_text.strip())
+    want = (1 if due else 0) + calls
+    found = len(receipts) + len(boundary_notices)
+    # A refused provider key: the room hears of it at most once per channel per window (delivery.keys),
+    # so such a failure with nothing to post may stand with no line at all.
+    withheld = (
+        status == "failed"
+        and not visible
+        and not calls
+        and not receipts
+        and not boundary_notices
+        and bool(attempts)
+        and truth.key_rejected(attempts[-1]["error"])
+    )
+    # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
+    keyless = (
+        sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed" and truth.key_rejected(a["error"]))
+        if calls
+        else 0
+    )
+    if not want - keyless <= found <= want and not withheld:
+        what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
+        v.append(
+            f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
+            f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)"
+        )
+    elif visible and boundary_notices:
+        v.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
+
+
+def check_line(v: list[str], p: dict[str, Any], about: str | None = None) -> None:
+    """Posts fit a Discord message; receipts and notices are compact and never in the second person.
+    Lines name the post (and `about`: its generation or stump), named only when one is found."""
+    content = p["content"] if isinstance(p["content"], str) else dec(p["content"])
+    kind = p["kind"]
+    found = []
+    if len(content) > LIMIT:
+        found.append(f"{len(content)} characters, over the {LIMIT:,} limit")
+    if kind in ("receipt", "notice"):
+        line = content[len(RECEIPT_PREFIX) :] if content.startswith(RECEIPT_PREFIX) else content
+        if len(line) > truth.MAX_LINE:
+            found.append(f"{kind} of {len(line)} characters, over {truth.MAX_LINE}")
+        if _SECOND_PERSON.search(line):
+            found.append(f"{kind} addresses someone in the second person")
+    elif kind not in TEXT_KINDS and kind != "recovered":
+        found.append(f"unknown post kind {kind!r}")
+    reason = p.get("reason")
+    if reason is not None and kind not in _REASON_KINDS.get(reason, ()):
+        found.append(f"a {kind} post with reason {reason!r}")
+    if found:
+        who = f"post {p['id']}" + (f" ({about})" if about else "")
+        v += [f"{who}: {what}" for what in found]
+
+
+def cover(text: str, contents: list[str]) -> str | None:
+    """None when the contents, in order, are the text's pieces with only whitespace between and around.
+
+    A piece may carry one added fence line at its start (reopening a block a split cut) and/or one at
+    its end (closing it), and a `\\` before a line's leading `-# `, as the delivery planner writes
+    them. Where a fence line could be either the text's own or an added one, both readings are
+    followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
+    """
+    if "".join(contents) == text:
+        for c in contents:
+            if not c or "\\-# " in c or len(_bodies(c)) > 1:
+                break
+        else:  # the pieces end to end, none of them empty or readable another way (the usual case):
+            return None  # every position the reading reaches is at or past the exact one, which it ends at
+    return cover_by_reading(text, contents)
+
+
+def cover_by_reading(text: str, contents: list[str]) -> str | None:
+    """`cover` by following every reading of every piece."""
+    reach = {0}
+    for i, c in enumerate(contents, 1):
+        nxt: set[int] = set()
+        for pos in reach:
+            start = pos
+            while start < len(text) and text[start].isspace():
+                start += 1
+            nxt |= _matches(text, pos, start, c)
+        if not nxt:
+            return f"text post {i} is not the next piece of the text (at character {min(reach)})"
+        reach = set(sorted(nxt)[:64])
+    if not any(not text[pos:].strip() for pos in reach):
+        pos = max(reach)
+        return f"characters {pos}..{len(text)} were never posted"
+    return None
+
+
+def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
+    """Where the text may continue after `content`, placed anywhere in the whitespace run pos..start."""
+    out = set()
+    for body, added in _bodies(content):
+        if not (body or added):
+            continue
+        for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
+            if text.startswith(body, j):
+                out.add(j + len(body))
+            elif "\\-# " in body:
+                end = _escaped_at(text, j, body)
+                if end is not None:
+                    out.add(end)
+    return out
+
+
+def _escaped_at(text: str, j: int, body: str) -> int | None:
+    """Where `body` ends in the text at `j`, reading a `\\` before a line's leading `-# ` as added.
+
+    The planner escapes such lines so only receipts and notices render as subtext
+    (`residents.text.escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
+    has the `\\`, it matches as text, and an added one can only stand before a `-#` of the text.
+    """
+    i, n = j, len(text)
+    for k, ch in enumerate(body):
+        if i < n and text[i] == ch:
+            i += 1
+        elif (
+            ch == "\\"
+            and (k == 0 or body[k - 1] == "\n")
+            and body.startswith("-# ", k + 1)
+            and text.startswith("-# ", i)
+        ):
+            continue
+        else:
+            return None
+    return i
+
+
+def _bodies(content: str) -> list[tuple[str, bool]]:
+    """The content as posted, then with an added reopening and/or closing fence line taken off (each
+    line looked at is sliced off alone: the usual post, with neither, is not copied)."""
+    out = [(content, False)]
+    head = None
+    if "\n" in content and FENCE_LINE.match(content[: content.index("\n")]):
+        head = content[content.index("\n") + 1 :]
+        out.append((head, True))
+    for c in (content, head):
+        if c is not None and "\n" in c and FENCE_LINE.match(c[c.rindex("\n") + 1 :]):
+            out.append((c[: c.rindex("\n")], True))
+    if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
+        out.append(("", True))
+    return out
+
+
+def check_recovered(v: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
+    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing else."""
+    by_stump: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in posts:
+        by_stump[p["stump_id"]].append(p)
+    published = set()
+    for sid, ps in by_stump.items():
+        ps.sort(key=lambda p: (p["generation_id"] or "", p["seq"]))
+        who = f"stump {sid}"
+        for p in ps:
+            p["content"] = dec(p["content"])
+            check_line(v, p, who)
+        s = stumps.get(sid)
+        if s is None:
+            v.append(f"{who}: published by {len(ps)} post(s) but no such stump")
+            continue
+        if s["scope"] != "attempt":
+            v.append(f"{who}: a {s['scope']} stump published as recovered text; only set-aside text is")
+        kinds = [p["kind"] for p in ps]
+        if kinds.count("receipt") != 1 or kinds[-1] != "receipt" or set(kinds[:-1]) != {"recovered"}:
+            v.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
+        if len({p["generation_id"] for p in ps}) != 1:
+            v.append(f"{who}: published by posts of more than one generation")
+        problem = cover(dec(s["text"]), [p["content"] for p in ps if p["kind"] == "recovered"])
+        if problem:
+            v.append(f"{who}: recovered posts are not its text exactly once: {problem}")
+        delivered = [p for p in ps if p["kind"] == "recovered" and p["message_id"] is not None]
+        if delivered:
+            published.add(sid)
+        if delivered and not s["published"]:
+            v.append(f"{who}: its recovered posts were delivered but it is not marked published")
+    for sid, s in stumps.items():
+        s["recovered"] = sid in published
