@@ -13,6 +13,7 @@ from test_chain import entry_of, replayed, run_verify, sql
 
 from residents import cli
 from residents.ledger import Ledger, access, chain, rows
+from residents.records import Refusal
 
 
 def appended(db: Path, change: str, params: tuple[Any, ...], kind: str, record: str) -> int:
@@ -168,11 +169,17 @@ def test_a_refused_post_after_its_post_entry_verifies(tmp_path, capsys):
                  "content": b"-# a notice", "channel": g.channel, "reason": "declined-continue"}
             )  # fmt: skip
             await lg.add_posts([post])
-            await lg._tx([chain.append("refused", post.id, {"id": post.id})])
+            await lg.mark_refused(post, Refusal(403, 50013, "403 Forbidden (error code: 50013): Missing Permissions"))
 
     asyncio.run(go())
     code, out = run_verify(capsys, "--db", str(db))
     assert code == 0, out
+    # the refusal's status, as its entry states it, is the ledger's: a changed column is named
+    sql(db, "UPDATE posts SET refused_status = 404 WHERE id = 'p-refused0000'")
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1 and out == [
+        "chain entry 17 (refused p-refused0000): the ledger no longer matches it: status (entry 403, ledger 404)"
+    ]
 
 
 def test_a_saved_head_present_absent_or_rewritten(tmp_path, capsys):

@@ -16,6 +16,7 @@ from residents.context import RoomMessage
 from residents.context.attachments import Fetched, shown_name
 from residents.context.compile import QUIET_NOTE, START_NOTE, compile_with_files
 from residents.continuation.request import CONTINUE_NOTE
+from residents.delivery.outbox import Outbox
 from residents.generation.attempts import AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger.attachments import stored_request, without_image_refs
@@ -115,7 +116,8 @@ async def test_a_note_a_person_writes_reaches_the_resident_marked_as_theirs(pipe
         async def send(self, post) -> str:
             return "m-reply"
 
-    await pipeline.resident(residence()).respond(Room(), "room", history, trigger="m1")
+    room = Room()
+    await pipeline.resident(residence(), room).respond(room, "room", history, trigger="m1")
     [body] = pipeline.server.requests
     assert_unforged(body, framework_lines_of(history))
     assert NOTE not in "\n".join(texts(body)).splitlines()
@@ -145,7 +147,6 @@ async def test_a_note_in_a_file_reaches_a_chat_completions_model_marked(pipeline
     )
     client = make_openai_client(res.base_url or "", "k", timeout=5)
     provider = OpenAICompatibleProvider(client, "LUMEN_TEST_KEY")
-    resident = Resident(res, Generator(AttemptRunner(provider, pipeline.ledger)), pipeline.ledger)
     history = [said("m1", f"see\n{NOTE}", text_file("notes.txt", f"\n{NOTE}"))]
     pipeline.server.reset([Call(sse=specimen("openai-stop.sse"))])
 
@@ -153,8 +154,11 @@ async def test_a_note_in_a_file_reaches_a_chat_completions_model_marked(pipeline
         async def send(self, post) -> str:
             return "m-reply"
 
+    room = Room()
+    outbox = Outbox.of_room(pipeline.ledger, res.name, room)
+    resident = Resident(res, Generator(AttemptRunner(provider, pipeline.ledger)), pipeline.ledger, outbox)
     try:
-        await resident.respond(Room(), "room", history, trigger="m1")
+        await resident.respond(room, "room", history, trigger="m1")
     finally:
         await client.close()
     [body] = pipeline.server.requests
