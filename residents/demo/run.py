@@ -50,7 +50,7 @@ def residences(provider: str, model: str | None) -> list[Residence]:
         from .. import models
         from ..config import Residence as R
 
-        m = model or "claude-sonnet-4-5"
+        m = model or "claude-sonnet-5"
         ceiling = models.caps(m).max_output_tokens
         # On the real API the ceiling is shown with a small max_tokens, so a cut still happens quickly.
         found = [
