@@ -24,6 +24,8 @@ import click
 from ..ledger import Ledger
 
 DEFAULT_DB = "data/ledger.db"
+# The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
+DEMO_DB = str(Path("data") / "demo.db")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -66,7 +68,8 @@ def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
     """An existing ledger, for `async with`; a missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
         raise UsageError(
-            f"{db}: no ledger there (`residents run` and `residents demo` write one; a replay writes one only with --db PATH; or pass --db)"
+            f"{db}: no ledger there (`residents run` writes {in_config(DEFAULT_DB)}; the demo's ledger is "
+            f"{in_config(DEMO_DB)}, read with --db {in_config(DEMO_DB)}; a replay writes one only with --db PATH)"
         )
     return Ledger.open(db)
 

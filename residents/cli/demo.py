@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import click
 
 from .. import models
-from .common import UsageError, in_config
-
-# The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
-DEMO_DB = str(Path("data") / "demo.db")
+from .common import DEMO_DB, UsageError, in_config
 
 
 @click.command()
@@ -30,7 +26,10 @@ DEMO_DB = str(Path("data") / "demo.db")
 @click.option(
     "--db",
     metavar="PATH",
-    help=f"The ledger, added to  [default: {DEMO_DB} in the configuration folder, started afresh each run]",
+    help=(
+        f"The ledger the demo writes. Without it, the demo writes {DEMO_DB} in the configuration folder "
+        "and replaces it on each run; a ledger named here is kept and each run is added to it."
+    ),
 )
 def demo(host: str, port: int, headless: bool, provider: str, model: str | None, db: str | None) -> int:
     """The offline room with scripted residents and a web view.
