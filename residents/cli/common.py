@@ -11,6 +11,7 @@ surrogate exactly, JSON output escapes it (`\\ud83d` is valid JSON), readable ou
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -32,6 +33,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 class UsageError(Exception):
     """A command that cannot run as asked; exit 2 with its message."""
+
+
+def cannot_serve(host: str, port: int, e: OSError) -> UsageError:
+    """A port that cannot be bound, named with the option that chooses another."""
+    if e.errno == errno.EADDRINUSE:
+        return UsageError(f"port {port} on {host} is already in use: pass --port with another (0: any free port)")
+    return UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}")
 
 
 @dataclass

@@ -8,7 +8,7 @@ import os
 import click
 
 from .. import models
-from .common import DEMO_DB, UsageError, in_config
+from .common import DEMO_DB, UsageError, cannot_serve, in_config
 
 
 @click.command()
@@ -69,7 +69,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     try:
         return asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
     except OSError as e:
-        raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+        raise cannot_serve(host, port, e) from None
     except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
         raise UsageError(str(e)) from None
     except KeyboardInterrupt:

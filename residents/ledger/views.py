@@ -146,9 +146,14 @@ def show(
         if access is not None:
             head.append(f"access: {access}")
         if reads is not None:
-            head.append("text read by: " + ("nobody yet" if not reads else ", ".join(
-                f"{r['reader']} ({r['kind']}) at {when(r['at'])}" for r in reads
-            )))
+            head.append(
+                "text read by: "
+                + (
+                    "nobody yet"
+                    if not reads
+                    else ", ".join(f"{r['reader']} ({r['kind']}) at {when(r['at'])}" for r in reads)
+                )
+            )
         return "\n".join([*head, "", rec.text])
     return "\n".join(provenance(rec, calls) + ["", "text:", rec.text])
 
