@@ -138,3 +138,21 @@ def test_a_port_in_use_is_one_line_naming_port(
     assert (
         err == f"residents: port {port} on 127.0.0.1 is already in use: pass --port with another (0: any free port)\n"
     )
+
+
+@pytest.mark.parametrize(
+    "token, name",
+    [
+        ("local-cairn", "cairn"),
+        ("local-Sill", "sill"),
+        ("cairn", "cairn"),
+        ("x", "bot-2d711642"),
+        ("local-x", "bot-dd3c0347"),
+    ],
+)
+def test_the_local_rooms_bot_names_follow_the_readmes_token_rule(token: str, name: str) -> None:
+    """README, "The local room": a token `local-NAME` (2-32 letters, digits, `_`, `.`, `-`) logs in as
+    NAME, so the bot can be mentioned as @NAME; any other token gets `bot-` and 8 hex digits."""
+    from residents.localservers.room.state import bot_name_for_token
+
+    assert bot_name_for_token(token) == name
