@@ -93,7 +93,19 @@ class DemoShow:
             "runs": self.runs,
             "channel": CHANNEL,
             "replay": "clears the channel",
+            "commands": [self._answer(i, c) for i, c in enumerate(self.commands)],  # what mo saw, for any page
             **({"problem": self.problem} if self.problem else {}),
+        }
+
+    def _answer(self, index: int, command: Command) -> dict[str, Any]:
+        """One of mo's commands and the answer mo saw, as the page's moderator panel shows it."""
+        return {
+            "run": self.runs,
+            "index": index,
+            "label": command.label,
+            "bot": command.bot,
+            "member": MODERATOR,
+            "responses": command.responses,
         }
 
     # ----- starting ---------------------------------------------------------------------------
@@ -158,15 +170,7 @@ class DemoShow:
                     )
                     command.responses = list(out["responses"])
                     self.commands.append(command)
-                    self.room.publish(
-                        {
-                            "type": "show_command",
-                            "label": command.label,
-                            "bot": command.bot,
-                            "member": MODERATOR,
-                            "responses": command.responses,
-                        }
-                    )
+                    self.room.publish({"type": "show_command", **self._answer(len(self.commands) - 1, command)})
                     self._advance()
             self.state = "done"
         except asyncio.CancelledError:
