@@ -45,3 +45,10 @@ def test_the_moderator_section_uses_the_marked_cut():
     looked = lines[lines.index("== a moderator looks") :]
     assert looked[1] == "> /generation show ref:g-1"
     assert looked[-2:] == ["  ```", "  [… 18 more lines not shown]"]
+
+
+def test_the_real_api_transcript_promises_no_scripted_failure():
+    from residents.demo.show import REAL_API_INTRO
+
+    lines = transcript_lines([], {}, [], REAL_API_INTRO)
+    assert lines[0].startswith("What to look for: ") and "fails mid-stream" not in " ".join(lines)

@@ -156,3 +156,13 @@ def test_the_local_rooms_bot_names_follow_the_readmes_token_rule(token: str, nam
     from residents.localservers.room.state import bot_name_for_token
 
     assert bot_name_for_token(token) == name
+
+
+def test_demo_on_the_real_api_refuses_a_retired_model_naming_its_replacement(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-not-used")
+    assert cli.main(["demo", "--provider", "anthropic", "--model", "claude-3-opus-20240229", "--headless"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("residents: --model claude-3-opus-20240229: Claude 3 Opus was retired on 2026-01-05")
+    assert "use 'claude-opus-5-5' instead" in err and err.count("\n") == 1

@@ -53,6 +53,9 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     if model is not None and not models.known(model):
         hint = models.nearest(model)
         raise UsageError(f"--model {model}: not in the model table" + (f" (did you mean {hint}?)" if hint else ""))
+    lifecycle = models.lifecycle_problem(model) if model is not None else None
+    if lifecycle is not None and lifecycle[0]:  # retired: its requests would fail
+        raise UsageError(f"--model {model}: {lifecycle[1]}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--host {host}: the demo serves on loopback only")
     if db is None:

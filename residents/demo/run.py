@@ -25,7 +25,7 @@ from ..ledger import live as live_ledger
 from ..localservers.provider import ProviderServer
 from ..localservers.room.server import RoomServer
 from .script import Scripted, demo_responder
-from .show import BROWSER_PACE, DemoShow, Pace, settled, transcript_lines
+from .show import BROWSER_PACE, REAL_API_INTRO, TRANSCRIPT_INTRO, DemoShow, Pace, settled, transcript_lines
 
 HERE = Path(__file__).resolve().parent
 
@@ -168,7 +168,8 @@ async def play(demo: Demo, out: TextIO, pace: Pace | None = None) -> DemoShow:
         raise RuntimeError(f"the demo script stopped: {show.problem}")
     msgs = demo.room.messages("general")
     kinds = await _annotator(demo.ledger)([str(m["id"]) for m in msgs])
-    print("\n".join(transcript_lines(msgs, kinds, show.commands)), file=out)
+    intro = TRANSCRIPT_INTRO if demo.provider is not None else REAL_API_INTRO  # scripted, or the real API
+    print("\n".join(transcript_lines(msgs, kinds, show.commands, intro)), file=out)
     return show
 
 

@@ -247,15 +247,24 @@ TRANSCRIPT_INTRO = [
     "receipt line saying so; Sill's first attempt fails mid-stream and is retried, its text kept as a stump",
     "with a notice; then mo, a moderator, opens the cut generation and the stump as the ledger holds them.",
 ]
+# On the real API nothing is scripted to fail: only the cut, which a small max_tokens makes likely.
+REAL_API_INTRO = [
+    "What to look for: Cairn's answer is limited by a small max_tokens; if it reaches it, it is posted as",
+    "partials and one receipt line saying so. Then mo, a moderator, opens that generation and lists the",
+    "stumps the ledger holds (a failed and retried attempt would leave one).",
+]
 
 
 def transcript_lines(
-    messages: Sequence[dict[str, Any]], kinds: dict[str, dict[str, Any]], commands: Sequence[Command]
+    messages: Sequence[dict[str, Any]],
+    kinds: dict[str, dict[str, Any]],
+    commands: Sequence[Command],
+    intro: Sequence[str] = TRANSCRIPT_INTRO,
 ) -> list[str]:
     """The headless demo's printout: what to look for, the room with each message's kind (mentions
     shown as @name), then what mo saw, every cut of it marked with what was left out."""
     names = _names(messages)
-    lines = [*TRANSCRIPT_INTRO, "", "== the room"]
+    lines = [*intro, "", "== the room"]
     for m in messages:
         kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
         content = USER_MENTION.sub(lambda found: "@" + names.get(found.group(1), found.group(1)), m["content"])
