@@ -11,7 +11,7 @@ import re
 import types
 import typing
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -210,72 +210,118 @@ class Residence(Strict):
     api_key_env: str | None = None
 
     @model_validator(mode="after")
-    def _provider_settings(self) -> Residence:
-        """A registered provider; `base_url` and `api_key_env` belong to one configured in the residence,
-        which needs both; the key itself never sits in a residence file, only the name of the variable."""
-        reg = REGISTRY.get(self.provider)
-        if reg is None:
-            raise _KeyError("provider", f"{self.provider!r} is not a provider (one of: {', '.join(sorted(REGISTRY))})")
-        in_residence = sorted(n for n, r in REGISTRY.items() if r.configured_in_residence)
-        if not reg.configured_in_residence:
-            extra = [k for k in ("base_url", "api_key_env") if getattr(self, k) is not None]
-            if extra:
-                raise _KeyError(
-                    extra[0],
-                    f"only with `provider: {' or '.join(in_residence)}` (the {self.provider} provider reads "
-                    f"{reg.key_env} and {reg.base_url_env})",
-                    tuple(extra[1:]),
-                )
-            return self
-        missing = [k for k in ("base_url", "api_key_env") if getattr(self, k) is None]
-        if missing:
-            raise _KeyError(missing[0], f"required with `provider: {self.provider}`", tuple(missing[1:]))
-        assert self.base_url is not None and self.api_key_env is not None
-        if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", self.base_url):
-            raise _KeyError("base_url", f"{self.base_url!r} is not an http(s) URL (e.g. https://api.openai.com/v1)")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
-            raise _KeyError(
-                "api_key_env",
-                "the NAME of the environment variable holding the key (letters, digits and '_', "
-                "e.g. OPENAI_API_KEY), never the key itself",
-            )
+    def _cross_field_rules(self) -> Residence:
+        problems = residence_rules(self.__dict__)
+        if problems:
+            first, *rest = problems
+            first.also = tuple(rest)
+            raise first
         return self
 
-    @model_validator(mode="after")
-    def _within_model_ceiling(self) -> Residence:
-        """max_tokens within the model's ceiling, which the table knows or the residence states."""
-        if not models.known(self.model):
-            if self.output_ceiling is None:
-                hint = models.nearest(self.model)
-                raise _KeyError(
-                    "model",
-                    f"{self.model!r} is not in the model table"
-                    + (f" (did you mean {hint!r}?)" if hint else "")
-                    + f"; a model the table does not know needs `output_ceiling` in the residence"
-                    f" (or a row under `models:` in {PROJECT_FILE})",
-                )
-            ceiling, whose = self.output_ceiling, "the stated output_ceiling"
-        else:
-            ceiling, whose = models.caps(self.model).max_output_tokens, f"{self.model}'s output ceiling"
-            if self.output_ceiling is not None and self.output_ceiling > ceiling:
-                raise _KeyError("output_ceiling", f"{self.output_ceiling} is above {whose} of {ceiling}")
-            ceiling = self.output_ceiling or ceiling
-        if self.max_tokens > ceiling:
-            raise _KeyError("max_tokens", f"{self.max_tokens} is above {whose} of {ceiling}")
-        return self
+    @classmethod
+    def cross_field_problems(cls, data: Mapping[str, Any], invalid: set[str]) -> list[_KeyError]:
+        """The cross-field rules over the keys that passed their own checks, so a file with a bad
+        value elsewhere still hears about an unknown model or a max_tokens above its ceiling."""
+        values = {n: data.get(n, f.default) for n, f in cls.model_fields.items() if n not in invalid}
+        return residence_rules(values)
 
-    @model_validator(mode="after")
-    def _budget_within_context_window(self) -> Residence:
-        """A file budget the model's context window cannot hold would have every request with files refused."""
-        budget = self.policy.attachments.request_budget_tokens
-        window = models.caps(self.model).context_window
-        if budget is not None and budget > window:
-            raise _KeyError(
-                "policy.attachments.request_budget_tokens",
-                f"{budget:,} is above {self.model}'s context window of {window:,} tokens"
-                f" (`context_window` of its row in the model table, or under `models:` in {PROJECT_FILE})",
+
+def residence_rules(v: Mapping[str, Any]) -> list[_KeyError]:
+    """Every rule that ties a residence's keys together; each looks only at keys present in `v`."""
+    rules = (_provider_settings, _provider_of_model, _within_model_ceiling, _budget_within_context_window)
+    return [p for p in (rule(v) for rule in rules) if p is not None]
+
+
+def _provider_settings(v: Mapping[str, Any]) -> _KeyError | None:
+    """A registered provider; `base_url` and `api_key_env` belong to one configured in the residence,
+    which needs both; the key itself never sits in a residence file, only the name of the variable."""
+    if "provider" not in v:
+        return None
+    reg = REGISTRY.get(v["provider"])
+    if reg is None:
+        return _KeyError("provider", f"{v['provider']!r} is not a provider (one of: {', '.join(sorted(REGISTRY))})")
+    given = {k: v.get(k) for k in ("base_url", "api_key_env") if k in v}
+    if not reg.configured_in_residence:
+        extra = [k for k, x in given.items() if x is not None]
+        if extra:
+            in_residence = " or ".join(sorted(n for n, r in REGISTRY.items() if r.configured_in_residence))
+            return _KeyError(
+                extra[0],
+                f"only with `provider: {in_residence}` (the {v['provider']} provider reads "
+                f"{reg.key_env} and {reg.base_url_env})",
+                tuple(extra[1:]),
             )
-        return self
+        return None
+    missing = [k for k, x in given.items() if x is None]
+    if missing:
+        return _KeyError(missing[0], f"required with `provider: {v['provider']}`", tuple(missing[1:]))
+    base_url, api_key_env = given.get("base_url"), given.get("api_key_env")
+    if base_url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", base_url):
+        return _KeyError("base_url", f"{base_url!r} is not an http(s) URL (e.g. https://api.openai.com/v1)")
+    if api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
+        return _KeyError(
+            "api_key_env",
+            "the NAME of the environment variable holding the key (letters, digits and '_', "
+            "e.g. OPENAI_API_KEY), never the key itself",
+        )
+    return None
+
+
+def _provider_of_model(v: Mapping[str, Any]) -> _KeyError | None:
+    """A model the table places with another provider, sent to Anthropic's API (no `provider:`),
+    would only fail at the first request: say so now, naming the provider it belongs to."""
+    if "model" not in v or v.get("provider") not in REGISTRY or not models.known(v["model"]):
+        return None
+    c = models.caps(v["model"])
+    # A provider configured in the residence (a gateway, a compatible server) may serve any maker's models.
+    if c.provider == v["provider"] or REGISTRY[v["provider"]].configured_in_residence:
+        return None
+    return _KeyError(
+        "model",
+        f"{v['model']!r} is {c.maker}'s model, but without `provider:` a residence is sent to Anthropic's API; "
+        f"add `provider: {c.provider}` with `base_url` and `api_key_env`",
+    )
+
+
+def _budget_within_context_window(v: Mapping[str, Any]) -> _KeyError | None:
+    """A file budget the model's context window cannot hold would have every request with files refused."""
+    if "model" not in v or "policy" not in v:
+        return None
+    budget = v["policy"].attachments.request_budget_tokens
+    window = models.caps(v["model"]).context_window
+    if budget is not None and budget > window:
+        return _KeyError(
+            "policy.attachments.request_budget_tokens",
+            f"{budget:,} is above {v['model']}'s context window of {window:,} tokens"
+            f" (`context_window` of its row in the model table, or under `models:` in {PROJECT_FILE})",
+        )
+    return None
+
+
+def _within_model_ceiling(v: Mapping[str, Any]) -> _KeyError | None:
+    """max_tokens within the model's ceiling, which the table knows or the residence states."""
+    if "model" not in v or "output_ceiling" not in v:
+        return None
+    model, stated = v["model"], v["output_ceiling"]
+    if not models.known(model):
+        if stated is None:
+            hint = models.nearest(model)
+            return _KeyError(
+                "model",
+                f"{model!r} is not in the model table"
+                + (f" (did you mean {hint!r}?)" if hint else "")
+                + f"; a model the table does not know needs `output_ceiling` in the residence"
+                f" (or a row under `models:` in {PROJECT_FILE})",
+            )
+        ceiling, whose = stated, "the stated output_ceiling"
+    else:
+        ceiling, whose = models.caps(model).max_output_tokens, f"{model}'s output ceiling"
+        if stated is not None and stated > ceiling:
+            return _KeyError("output_ceiling", f"{stated} is above {whose} of {ceiling}")
+        ceiling = stated or ceiling
+    if "max_tokens" in v and v["max_tokens"] > ceiling:
+        return _KeyError("max_tokens", f"{v['max_tokens']} is above {whose} of {ceiling}")
+    return None
 
 
 class ModelRow(Strict):
@@ -342,6 +388,7 @@ class _KeyError(ValueError):
     def __init__(self, key: str, message: str, more: tuple[str, ...] = ()) -> None:
         super().__init__(f"{key}: {message}")
         self.key, self.message, self.more = key, message, more
+        self.also: tuple[_KeyError, ...] = ()  # further problems of the same mapping, raised together
 
 
 # ---------------------------------------------------------------- loading with line numbers
@@ -410,7 +457,24 @@ def first_error(
                 errors.append(
                     _one_error({**err, "ctx": {"error": _KeyError(key, ctx_err.message)}}, path, node, prefix, model)
                 )
+            errors += _rule_errors(err, list(ctx_err.also), path, node, prefix, model)
     return ConfigError.combined(errors)
+
+
+def _rule_errors(
+    err: Any,
+    rules: list[_KeyError],
+    path: Path | str,
+    node: yaml.Node | None,
+    prefix: tuple[str | int, ...],
+    model: type[BaseModel] | None,
+) -> list[ConfigError]:
+    """The lines for cross-field problems found alongside `err` (each at its key, and its `more` keys)."""
+    out = []
+    for rule in rules:
+        for key in (rule.key, *rule.more):
+            out.append(_one_error({**err, "ctx": {"error": _KeyError(key, rule.message)}}, path, node, prefix, model))
+    return out
 
 
 def _one_error(
@@ -535,7 +599,9 @@ def read_project(path: Path) -> models.ModelTable:
     rows = []
     for model_id, r in project.models.items():
         try:
-            rows.append(models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images, r.context_window))
+            rows.append(
+                models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images, context_window=r.context_window)
+            )
         except ValueError as e:
             raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
     return models.BUILTIN.with_overrides(rows)
@@ -609,7 +675,14 @@ def validate(model: type[M], data: Any, path: Path | str, node: yaml.Node | None
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise first_error(e, path, node, prefix, model) from None
+        found = first_error(e, path, node, prefix, model)
+        rules = getattr(model, "cross_field_problems", None)
+        if rules is not None and isinstance(data, dict):
+            invalid = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+            anchor = {"loc": (), "type": "value_error", "msg": ""}
+            more = _rule_errors(anchor, rules(data, invalid), path, node, prefix, model)
+            found = ConfigError.combined([found, *more])
+        raise found from None
 
 
 def load_residence(name_or_path: str, base: Path) -> Residence:

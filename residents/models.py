@@ -11,12 +11,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import date
 from functools import cached_property
 from importlib import resources
 from typing import Any
 
 import yaml
 from rapidfuzz import fuzz, process
+
+from .records import ModelStatus
 
 DEFAULT_CONTEXT_WINDOW = 128_000  # tokens, of a row that states none and of a model the table does not know
 
@@ -27,7 +30,16 @@ class ModelCaps:
     max_output_tokens: int
     accepts_prefill: bool
     accepts_images: bool = False  # image content blocks (PNG, JPEG, GIF, WebP); without it they are described
-    context_window: int = DEFAULT_CONTEXT_WINDOW  # tokens of request and output together: sets the file budget
+    context_window: int = DEFAULT_CONTEXT_WINDOW  # tokens one request may hold, as published: sets the file budget
+    input_per_mtok: float | None = None  # US dollars per million input tokens
+    output_per_mtok: float | None = None
+    status: ModelStatus = ModelStatus.ACTIVE
+    released: date | None = None
+    deprecated: date | None = None
+    retirement: date | None = None  # announced (deprecated), happened (retired) or earliest (legacy)
+    replacement: str | None = None  # the id the provider recommends instead
+    provider: str = "anthropic"  # the residence `provider:` that serves it
+    maker: str = "Anthropic"
 
 
 # An id the table does not know: assume the newest behaviour (no prefill), which is the one that
@@ -88,22 +100,19 @@ class Row:
         return segments[: len(fixed)] == fixed and bool(rest) and None not in numbers and (numbers[0] or 0) >= at_least
 
 
-def row(
-    model_id: str,
-    family: str,
-    output_ceiling: int,
-    prefill: bool,
-    images: bool = False,
-    context_window: int | None = None,
-) -> Row:
-    """A checked row; ValueError says what is wrong with the id."""
+def row(model_id: str, family: str, output_ceiling: int, prefill: bool, images: bool = False, **published: Any) -> Row:
+    """A checked row; ValueError says what is wrong with the id. `published` holds the other ModelCaps
+    fields (context window, prices, lifecycle) as the table states them."""
     if not model_id or model_id != model_id.strip() or any(c.isspace() for c in model_id):
         raise ValueError("a model id is one word, without spaces")
     segs = base_id(model_id).split("-")
     if not all(segs) or any("+" in s for s in segs[:-1]) or ("+" in segs[-1] and not _OPEN_END.match(segs[-1])):
         raise ValueError("a model id is segments joined by '-', and only the last may be `N+` (a number and up)")
-    window = context_window or DEFAULT_CONTEXT_WINDOW
-    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill, images, window))
+    if "status" in published:
+        published["status"] = ModelStatus(published["status"])
+    if published.get("context_window") is None:  # a row that states none (an operator's, often)
+        published.pop("context_window", None)
+    return Row(model_id, ModelCaps(family or model_id, output_ceiling, prefill, images, **published))
 
 
 class ModelTable:
@@ -132,6 +141,7 @@ class ModelTable:
 
 def rows_from(data: Mapping[str, Any]) -> list[Row]:
     """Rows from a `models:` mapping whose values are already checked (config validates the operator's)."""
+    fixed = ("family", "output_ceiling", "prefill", "images")
     return [
         row(
             k,
@@ -139,7 +149,7 @@ def rows_from(data: Mapping[str, Any]) -> list[Row]:
             v["output_ceiling"],
             v.get("prefill", False),
             v.get("images", False),
-            v.get("context_window"),
+            **{f: x for f, x in v.items() if f not in fixed},
         )
         for k, v in data.items()
     ]
@@ -174,3 +184,30 @@ def known(model: str) -> bool:
 
 def nearest(model: str) -> str | None:
     return _active.nearest(model)
+
+
+def lifecycle_problem(model: str) -> tuple[bool, str] | None:
+    """(refused, why) for a deprecated or retired model, naming the date and the replacement to use
+    (followed past replacements that are themselves retired); None for an active or legacy one."""
+    c = _active.lookup(model)
+    if c is None or c.status not in (ModelStatus.DEPRECATED, ModelStatus.RETIRED):
+        return None
+    retired = c.status is ModelStatus.RETIRED
+    when = f" on {c.retirement.isoformat()}" if c.retirement else ""
+    why = (
+        f"{c.family} was retired{when}: requests to it fail"
+        if retired
+        else (f"{c.family} is deprecated and retires{when}")
+    )
+    chain: list[str] = []  # the replacements named, followed until one is current
+    use = c.replacement
+    while use is not None and use not in chain and base_id(use) != base_id(model):
+        chain.append(use)
+        nxt = _active.lookup(use)
+        if nxt is None or nxt.status is ModelStatus.ACTIVE or nxt.replacement is None:
+            break
+        use = nxt.replacement
+    if not chain:
+        return retired, why
+    via = f" (by the replacements named: {' -> '.join(chain)})" if len(chain) > 1 else ""
+    return retired, f"{why}; use {chain[-1]!r} instead{via}"

@@ -17,6 +17,16 @@ from enum import StrEnum
 from typing import Any, Literal
 
 
+class ModelStatus(StrEnum):
+    """A model's lifecycle as its provider publishes it: legacy still answers but gets no updates,
+    deprecated answers until its retirement date, retired is refused."""
+
+    ACTIVE = "active"
+    LEGACY = "legacy"
+    DEPRECATED = "deprecated"
+    RETIRED = "retired"
+
+
 class Status(StrEnum):
     """A generation's status: `pending` until settled, then how its output ended."""
 

@@ -6,10 +6,13 @@ Any error logged by a background task, or left unretrieved on the loop, fails th
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import tempfile
 from pathlib import Path
 
+import hypothesis.configuration
 import pytest
 
 from residents.config import Residence, build_residence
@@ -26,6 +29,13 @@ from residents.resident import Resident
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIMENS = ROOT / "scenarios" / "specimens"
+
+# pytest's and hypothesis's caches go under the system's temporary folder, one per checkout, never
+# beside the code: pytest reads `cache_dir = "$RESIDENTS_TEST_CACHE/pytest"` (pyproject.toml) after
+# this module is imported, and hypothesis keeps its example database under the folder set here.
+CACHE = Path(tempfile.gettempdir()) / f"residents-tests-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+os.environ.setdefault("RESIDENTS_TEST_CACHE", str(CACHE))
+hypothesis.configuration.set_hypothesis_home_dir(Path(os.environ["RESIDENTS_TEST_CACHE"]) / "hypothesis")
 
 
 def specimen(name: str) -> bytes:
@@ -156,8 +166,9 @@ async def fail_on_background_errors(expected_errors):
 
 # ------------------------------------------------------------------ the source tree stays as the tests found it
 
-# What pytest, pip and hypothesis keep beside the code: not the tests' own output.
-_TOOLING = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", "build", "node_modules"}
+# What git, pip and Python keep beside the code: not the tests' own output. pytest's and hypothesis's
+# caches are not among them: they go to a temporary folder (above), and one in the tree fails the run.
+_TOOLING = {".git", ".venv", "venv", "__pycache__", "build", "node_modules", ".mypy_cache", ".ruff_cache"}
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -238,6 +249,7 @@ E2E_MODULES = frozenset(
         "test_room_layout",
         "test_room_uploads",
         "test_run_start",
+        "test_tooling",
     }
 )
 

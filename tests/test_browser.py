@@ -407,6 +407,20 @@ async def test_the_demo_plays_itself_where_people_look(browser: BrowserContext, 
     again = page.locator("#play-again")
     await expect(again).to_be_enabled(timeout=PLAY_MS)
     await expect(page.locator("#show-status")).to_have_text("demo played · the room is yours")
+    await expect(page.locator("#mod-out .ephemeral.shown")).to_have_count(3)  # each once: event and status
+
+    # a page opened after the script finished shows what mo saw all the same, and every kind settled
+    later = await browser.new_page()
+    later.on("pageerror", lambda exc: errors.append(str(exc)))
+    await later.goto(demo.url)
+    await later.wait_for_selector("body[data-ready='1']")
+    await expect(later.locator("#mod")).to_be_visible()
+    await expect(later.locator("#mod-out .ephemeral.shown")).to_have_count(3)
+    await expect(
+        later.locator("#mod-out .ephemeral.shown", has_text=f"/stumps show id:{stump_id}").locator(".answer")
+    ).to_contain_text(" ".join(text.split()[:12]))
+    await later.close()
+    await expect(page.locator("#messages li.msg[data-kind='live']")).to_have_count(0)  # none left labelled live
 
     await receipt.evaluate("el => el.scrollIntoView({block: 'center'})")
     path = save_screenshot(await page.screenshot(), demo.folder, "demo.png", docs=True)
@@ -502,6 +516,30 @@ async def test_each_kind_but_speech_shows_without_hovering(browser: BrowserConte
             await expect(marks.nth(i)).to_have_css("opacity", opacity)
         colours = await marks.evaluate_all("els => els.map(e => getComputedStyle(e).color)")
         assert len(set(colours[1:5])) >= 3, colours  # partial, notice and recovered each in their colour
+
+
+async def test_a_live_message_shows_its_settled_kind_without_an_edit_or_a_reload(browser: BrowserContext) -> None:
+    """A partial that filled up while live is not edited when its generation settles: the page still
+    learns its settled kind, by asking again while it is live."""
+    kinds: dict[str, dict[str, Any]] = {}
+
+    async def annotator(ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {i: kinds[i] for i in ids if i in kinds}
+
+    async with running_room(["general"]) as room, running_bot(room.url, "local-cairn") as bot:
+        room.set_annotator(annotator)
+        channel = bot.get_channel(int(room.channel_id("general")))
+        assert isinstance(channel, discord.TextChannel)
+        page = await browser.new_page()
+        await page.goto(room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        first = await channel.send("the first part, still being written")
+        kinds[str(first.id)] = {"kind": "live", "generation_id": "g-0a1b2c3d4e5f"}
+        item = page.locator(f"#messages li.msg[data-id='{first.id}']")
+        await expect(item).to_have_attribute("data-kind", "live")
+        kinds[str(first.id)] = {"kind": "partial", "generation_id": "g-0a1b2c3d4e5f", "seq": 0}  # settled, no edit
+        await expect(item).to_have_attribute("data-kind", "partial")
+        await expect(item.locator(".kind-mark")).to_have_text("partial")
 
 
 async def many_messages(room: Any, n: int, start: int = 0) -> None:

@@ -20,7 +20,7 @@ def write(tmp: Path, rel: str, text: str) -> Path:
 
 
 RES = """name: cairn
-model: claude-3-opus-20240229
+model: claude-haiku-4-5
 max_tokens: 4096
 system: hi
 policy: default
@@ -78,7 +78,7 @@ def test_policy_errors_name_file_key_and_line(tmp_path, policy, key, line):
 @pytest.mark.parametrize(
     "text, key",
     [
-        (RES.replace("max_tokens: 4096", "max_tokens: 5000"), "max_tokens"),  # above Opus's ceiling
+        (RES.replace("max_tokens: 4096", "max_tokens: 65000"), "max_tokens"),  # above Haiku 4.5's ceiling
         (RES.replace("max_tokens: 4096", "max_tokens: '4096'"), "max_tokens"),
         (RES + "colour: red\n", "colour"),
         (RES.replace("name: cairn\n", ""), "name"),
@@ -363,3 +363,31 @@ def test_a_bad_checkpoint_setting_is_one_line_naming_file_key_and_line(tmp_path,
     monkeypatch.setenv("ANTHROPIC_API_KEY", "k")
     assert cli.main(["run", "--discord-api", "http://127.0.0.1:9"]) == 2  # start-up stops before connecting
     assert capsys.readouterr().err.splitlines() == [f"{tmp_path}/{expected}"]
+
+
+def test_check_reports_a_range_error_and_an_unknown_model_of_one_file_both(tmp_path, monkeypatch, capsys):
+    """Field errors no longer hide the cross-field rules: every problem of the file is listed."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "residences/r.yaml", "name: r\nmodel: claude-fabel-5\nmax_tokens: 0\ntemperature: 3\n")
+    assert cli.main(["check", "residences/r.yaml"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(": ")[0:2] for line in err] == [
+        ["residences/r.yaml:2", "model"],
+        ["residences/r.yaml:3", "max_tokens"],
+        ["residences/r.yaml:4", "temperature"],
+    ]
+    assert "did you mean 'claude-fable-5'?" in err[0]
+
+
+def test_check_reports_several_cross_field_rules_of_one_file(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    write(
+        tmp_path,
+        "residences/r.yaml",
+        "name: r\nmodel: claude-haiku-4-5\nmax_tokens: 100000\nbase_url: http://x\ntemperature: 2\n",
+    )
+    assert cli.main(["check", "residences/r.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert "r.yaml:3: max_tokens: 100000 is above claude-haiku-4-5's output ceiling of 64000" in err
+    assert "r.yaml:4: base_url: only with `provider: openai-compatible`" in err
+    assert "r.yaml:5: temperature:" in err

@@ -48,6 +48,12 @@ def test_headless_demo_shows_a_cut_a_receipt_a_stump_and_a_moderator_look(tmp_pa
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.strip() == lines[-1]
+    assert lines[1].startswith("What to look for: ") and "== the room" in lines[:6]  # after the ledger line
+    assert "[alice · person] @cairn Tell us about the harbour" in out and "<@" not in out  # names, not ids
+    looked = lines[lines.index("== a moderator looks") :]
+    assert sum(ln.strip() == "```" for ln in looked) % 2 == 0, "a code fence left open"
+    assert any(re.fullmatch(r"  \[… \d+ more lines? not shown\]", ln) for ln in looked)
+    assert not any(ln.endswith(" …") for ln in looked)  # no bare, unmarked cut
     con = sqlite3.connect(db)
     try:
         statuses = sorted(r[0] for r in con.execute("SELECT status FROM generations"))

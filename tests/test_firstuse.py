@@ -105,3 +105,64 @@ def test_an_on_request_output_nobody_continued_reads_as_not_requested_and_keeps_
     assert g.as_json()["continuation"] == {"standing": "on-request", "ended": "disabled"}
     g.standing = "none"
     assert "continuation: standing none, ended disabled" in "\n".join(views.provenance(g))
+
+
+def test_run_in_a_folder_without_residences_says_so_and_points_to_init(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"residents: no {tmp_path}/residences folder: `residents init` writes a starter set (or pass --config DIR)\n"
+    )
+    (tmp_path / "residences").mkdir()
+    assert cli.main(["run"]) == 2
+    assert f"no residences in {tmp_path}/residences: `residents init`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("verb", [["room"], ["demo", "--headless"]])
+def test_a_port_in_use_is_one_line_naming_port(
+    verb: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main([*verb, "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"residents: port {port} on 127.0.0.1 is already in use: pass --port with another (0: any free port)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "token, name",
+    [
+        ("local-cairn", "cairn"),
+        ("local-Sill", "sill"),
+        ("cairn", "cairn"),
+        ("x", "bot-2d711642"),
+        ("local-x", "bot-dd3c0347"),
+    ],
+)
+def test_the_local_rooms_bot_names_follow_the_readmes_token_rule(token: str, name: str) -> None:
+    """README, "The local room": a token `local-NAME` (2-32 letters, digits, `_`, `.`, `-`) logs in as
+    NAME, so the bot can be mentioned as @NAME; any other token gets `bot-` and 8 hex digits."""
+    from residents.localservers.room.state import bot_name_for_token
+
+    assert bot_name_for_token(token) == name
+
+
+def test_demo_on_the_real_api_refuses_a_retired_model_naming_its_replacement(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-not-used")
+    assert cli.main(["demo", "--provider", "anthropic", "--model", "claude-3-opus-20240229", "--headless"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("residents: --model claude-3-opus-20240229: Claude 3 Opus was retired on 2026-01-05")
+    assert "use 'claude-opus-5-5' instead" in err and err.count("\n") == 1

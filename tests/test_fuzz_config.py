@@ -375,6 +375,11 @@ class Layout:
         self.root = root
         for d in ("residences", "policies"):
             (root / d).mkdir(exist_ok=True)
+        # The bounds above are written against Claude 3 Opus's 4,096 ceiling; the model is retired, so
+        # `check` would refuse it: an operator row (no lifecycle) keeps the ceiling and lets it pass.
+        (root / "residents.yaml").write_text(
+            "models:\n  claude-3-opus: {family: Claude 3 Opus, output_ceiling: 4096, prefill: true}\n"
+        )
         (root / "ok.sse").write_bytes(sse.stream("Rivers run to the sea.", "end_turn", 6))
         self.n = 0
 

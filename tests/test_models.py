@@ -89,10 +89,13 @@ def test_a_prefix_of_another_shape_is_not_taken_for_a_bedrock_region(model):
         ("claude-sonnet-4-20250514", "Claude Sonnet 4", 64000, True),
         ("claude-sonnet-4-5-20250929", "Claude Sonnet 4.5", 64000, True),
         ("claude-haiku-4-5", "Claude Haiku 4.5", 64000, True),
-        ("claude-opus-4-6", "Claude Opus 4.6 and later", 128000, False),
-        ("claude-sonnet-4-6", "Claude Sonnet 4.6 and later", 128000, False),
-        ("claude-opus-4-10", "Claude Opus 4.6 and later", 128000, False),  # 4.10, never 4.1 by a prefix
-        ("claude-opus-5", "Claude 5 and later", 128000, False),
+        ("claude-opus-4-6", "Claude Opus 4.6", 128000, False),
+        ("claude-sonnet-4-6", "Claude Sonnet 4.6", 64000, False),
+        ("claude-opus-5", "Claude Opus 5", 128000, False),
+        ("claude-opus-5-5", "Claude Opus 5.5", 128000, False),
+        ("claude-fable-5-1", "Claude Fable 5.1", 128000, False),
+        ("claude-mythos-5", "Claude Mythos 5", 128000, False),
+        ("claude-haiku-5-5", "Claude Haiku 5.5", 128000, False),
     ],
 )
 def test_ids_match_on_whole_segments(model, family, ceiling, prefill):
@@ -110,6 +113,7 @@ def test_ids_match_on_whole_segments(model, family, ceiling, prefill):
         ("claude-3-opus-2024", None),
         ("claude", None),
         ("claude-opus-4-1-extended", None),
+        ("claude-opus-4-10", None),  # 4.10, never 4.1 by a prefix, and no row guesses it
     ],
 )
 def test_unknown_ids_are_unknown_with_the_nearest_known_one(model, nearest):
@@ -120,7 +124,8 @@ def test_unknown_ids_are_unknown_with_the_nearest_known_one(model, nearest):
 
 def test_the_table_is_the_shipped_data_file():
     rows = {r.id for r in models.BUILTIN.rows}
-    assert "claude-opus-4-1" in rows and "claude-opus-4-6+" in rows
+    assert "claude-opus-4-1" in rows and "claude-fable-5-1" in rows
+    assert not any(r.endswith("+") for r in rows)  # every built-in row is a published model, none a guess
     text = (ROOT / "residents" / "models.yaml").read_text(encoding="utf-8")
     assert all(f"\n  {r}:" in text for r in rows)
 
@@ -214,3 +219,78 @@ def test_an_unknown_model_stops_a_replay_with_one_line_through_the_console_scrip
     assert p.returncode == 2 and p.stdout == "" and p.stderr.count("\n") == 1, p.stderr
     assert "typo.yaml" in p.stderr and "residence.model" in p.stderr and "did you mean 'claude-sonnet-4-5'" in p.stderr
     assert not (tmp_path / "l.db").exists()
+
+
+@pytest.mark.parametrize("model", ["claude-fable-5-1", "claude-mythos-5", "claude-opus-5-5", "claude-sonnet-5"])
+def test_todays_models_pass_check_without_an_output_ceiling(work, capsys, model):
+    """The table names today's models, so a residence with one needs no `output_ceiling` of its own."""
+    write_residence(work, model, 4096)
+    assert cli.main(["check"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    "model, context, prices, status, replacement",
+    [
+        ("claude-opus-5-5", 1_000_000, (4, 20), "active", None),
+        ("claude-fable-5-1", 1_000_000, (10, 50), "active", None),
+        ("claude-haiku-4-5-20251001", 200_000, (1, 5), "active", None),
+        ("claude-opus-5", 1_000_000, (5, 25), "legacy", "claude-opus-5-5"),
+        ("claude-opus-4-8", 1_000_000, (5, 25), "legacy", "claude-opus-5-5"),
+        ("claude-opus-4-5-20251101", 200_000, (5, 25), "deprecated", "claude-opus-5-5"),
+        ("claude-3-opus-20240229", 200_000, (15, 75), "retired", "claude-opus-4-1"),
+    ],
+)
+def test_each_row_carries_its_published_window_prices_and_lifecycle(model, context, prices, status, replacement):
+    c = models.caps(model)
+    assert (c.context_window, (c.input_per_mtok, c.output_per_mtok)) == (context, prices)
+    assert (c.status, c.replacement) == (status, replacement)
+
+
+def test_the_table_says_which_pages_and_which_day_it_was_read_from():
+    text = (ROOT / "residents" / "models.yaml").read_text(encoding="utf-8")
+    header = text[: text.index("\nmodels:")]
+    assert "Read on 2026-12-04" in header
+    assert "https://platform.claude.com/docs/en/models" in header
+    assert "https://platform.claude.com/docs/en/about-claude/model-deprecations" in header
+
+
+def test_check_warns_on_a_deprecated_model_and_refuses_a_retired_one_naming_the_replacement(work, capsys):
+    write_residence(work, "claude-opus-4-5-20251101", 4096, name="a")
+    assert cli.main(["check"]) == 0
+    err = capsys.readouterr().err
+    assert err == (
+        f"{work}/residences/a.yaml:2: model: warning: Claude Opus 4.5 is deprecated and retires on 2027-01-22; "
+        "use 'claude-opus-5-5' instead\n"
+    )
+    write_residence(work, "claude-3-opus-20240229", 4096, name="b")
+    assert cli.main(["check"]) == 2
+    warning, refusal = capsys.readouterr().err.splitlines()
+    assert warning.startswith(f"{work}/residences/a.yaml:2: model: warning: ")
+    assert refusal.startswith(
+        f"{work}/residences/b.yaml:2: model: Claude 3 Opus was retired on 2026-01-05: requests to it fail; "
+        "use 'claude-opus-5-5' instead"
+    )
+    assert "claude-opus-4-1 -> claude-opus-4-8 -> claude-opus-5-5" in refusal  # the replacements, followed
+
+
+def test_a_retired_model_in_a_scenario_still_replays_and_checks(tmp_path, capsys):
+    """A scenario replays a recording: what became of its model since does not stop it."""
+    assert cli.main(["check", str(ROOT / "scenarios" / "ceiling.yaml")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_an_operator_row_may_still_be_open_ended(work, capsys):
+    (work / "residents.yaml").write_text("models:\n  claude-opus-9+: {family: Opus 9 on, output_ceiling: 200000}\n")
+    write_residence(work, "claude-opus-9-1", 150000)
+    assert cli.main(["check"]) == 0, capsys.readouterr().err
+    assert models.caps("claude-opus-12").family == "Opus 9 on" and not models.known("claude-opus-8")
+
+
+def test_an_openai_model_without_provider_names_the_provider_it_belongs_to(work, capsys):
+    write_residence(work, "gpt-4o", 1024)
+    assert cli.main(["check"]) == 2
+    assert capsys.readouterr().err == (
+        f"{work}/residences/r.yaml:2: model: 'gpt-4o' is OpenAI's model, but without `provider:` a residence is "
+        "sent to Anthropic's API; add `provider: openai-compatible` with `base_url` and `api_key_env`\n"
+    )

@@ -18,8 +18,9 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import yaml
 
-from residents import cli
+from residents import cli, models
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "residents", "residences", "policies", "scenarios")
@@ -81,14 +82,32 @@ def test_init_writes_the_starter_folder_and_never_overwrites(elsewhere, capsys):
     assert all(ln.endswith("=") for ln in env.splitlines() if "=" in ln and not ln.startswith("#"))  # no values
 
     edited = elsewhere / "bots" / "residences" / "cairn.yaml"
-    edited.write_text(edited.read_text().replace("max_tokens: 4096", "max_tokens: 2048"))
+    edited.write_text(edited.read_text().replace("max_tokens: 1024", "max_tokens: 2048"))
     (elsewhere / "bots" / ".env.example").unlink()
     assert cli.main(["init", "bots"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "residences/cairn.yaml" in err and "--force" in err
     assert "max_tokens: 2048" in edited.read_text() and not (elsewhere / "bots" / ".env.example").exists()
     assert cli.main(["init", "bots", "--force"]) == 0
-    assert "max_tokens: 4096" in edited.read_text() and (elsewhere / "bots" / ".env.example").exists()
+    assert "max_tokens: 1024" in edited.read_text() and (elsewhere / "bots" / ".env.example").exists()
+
+
+def test_init_starts_on_current_models_with_the_cut_in_view_and_says_how_to_make_env(elsewhere, capsys):
+    """The starter residences use models Anthropic still serves as current (no retired Claude 3 Opus),
+    one with a max_tokens far below its ceiling so its cut is seen early; init's advice on .env is one
+    sentence."""
+    assert cli.main(["init", "bots"]) == 0
+    out = capsys.readouterr().out
+    assert f"next: copy {Path('bots') / '.env.example'} to {Path('bots') / '.env'} and fill in its values" in out
+    assert cli.main(["--config", "bots", "check"]) == 0
+    assert capsys.readouterr().err == ""  # nothing deprecated, nothing retired
+    limits = []
+    for path in sorted((elsewhere / "bots" / "residences").glob("*.yaml")):
+        res = yaml.safe_load(path.read_text())
+        caps = models.caps(res["model"])
+        assert caps.status == "active" and models.known(res["model"]), path
+        limits.append(res["max_tokens"] / caps.max_output_tokens)
+    assert min(limits) < 0.05  # a small max_tokens: a long answer is cut, and the cut is seen
 
 
 def test_config_folder_is_where_residences_policies_and_the_default_ledger_resolve(elsewhere, capsys):

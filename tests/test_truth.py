@@ -250,7 +250,7 @@ def test_context_notes_state_the_cut_without_second_person():
         ("claude-sonnet-4-20250514", 64000, True),
         ("claude-sonnet-4-5", 64000, True),
         ("claude-opus-4-6", 128000, False),
-        ("claude-sonnet-4-6", 128000, False),
+        ("claude-sonnet-4-6", 64000, False),
         ("claude-opus-4-7", 128000, False),
     ],
 )

@@ -9,7 +9,17 @@ import click
 import yaml
 
 from .. import models
-from ..config import PROJECT_FILE, ConfigError, Residence, load_policy, load_residence, read_project
+from ..config import (
+    PROJECT_FILE,
+    ConfigError,
+    Residence,
+    dotted,
+    line_of,
+    load_policy,
+    load_residence,
+    read_project,
+    read_yaml,
+)
 from .common import UsageError, config_dir
 
 
@@ -24,7 +34,8 @@ def check(paths: tuple[Path, ...]) -> int:
     problem is one line naming the file, the key and the line, and an unknown key names the key
     it probably meant; any problem exits 2. A model the table does not know is a warning (with
     the nearest known id) where the residence states its output_ceiling, and an error where it
-    does not.
+    does not. In a residence, a deprecated model is a warning and a retired one an error, each
+    naming the model to use instead (a scenario replays a recording, whatever became of its model).
 
     \b
     Example:
@@ -93,7 +104,10 @@ def check_files(files: list[tuple[Path, Path]]) -> tuple[list[str], list[str]]:
             elif kind == "scenario":
                 warnings += _model_warnings(p, "residence.model", load_scenario(p, base).residence)
             else:
-                warnings += _model_warnings(p, "model", load_residence(str(p), base))
+                res = load_residence(str(p), base)
+                warnings += _model_warnings(p, "model", res)
+                retired, lines = _lifecycle(p, ("model",), res)
+                (problems if retired else warnings).extend(lines)
         except ConfigError as e:
             named = list(dict.fromkeys(q.file for q in e.problems))  # each file's problems in line order
             problems += [str(q) for q in sorted(e.problems, key=lambda q: (named.index(q.file), q.line or 0))]
@@ -109,6 +123,19 @@ def _model_warnings(path: Path, key: str, res: Residence) -> list[str]:
         + (f" (did you mean {hint!r}?)" if hint else "")
         + f"; its stated output_ceiling {res.output_ceiling} is taken as given"
     ]
+
+
+def _lifecycle(path: Path, key: tuple[str, ...], res: Residence) -> tuple[bool, list[str]]:
+    """(refused, lines): a deprecated model is a warning, a retired one an error (its requests would
+    fail). Scenarios are not asked: they replay a recording, whatever became of its model."""
+    found = models.lifecycle_problem(res.model)
+    if found is None:
+        return False, []
+    retired, why = found
+    _, node = read_yaml(path)
+    line = line_of(node, key)
+    where = f"{path}:{line}" if line else str(path)
+    return retired, [f"{where}: {dotted(key)}: {'' if retired else 'warning: '}{why}"]
 
 
 def _kind_of(p: Path) -> str:

@@ -11,6 +11,7 @@ surrogate exactly, JSON output escapes it (`\\ud83d` is valid JSON), readable ou
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -24,12 +25,21 @@ import click
 from ..ledger import Ledger
 
 DEFAULT_DB = "data/ledger.db"
+# The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
+DEMO_DB = str(Path("data") / "demo.db")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class UsageError(Exception):
     """A command that cannot run as asked; exit 2 with its message."""
+
+
+def cannot_serve(host: str, port: int, e: OSError) -> UsageError:
+    """A port that cannot be bound, named with the option that chooses another."""
+    if e.errno == errno.EADDRINUSE:
+        return UsageError(f"port {port} on {host} is already in use: pass --port with another (0: any free port)")
+    return UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}")
 
 
 @dataclass
@@ -67,7 +77,8 @@ def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
     missing file is a usage error, never a new empty ledger."""
     if db != ":memory:" and not Path(db).exists():
         raise UsageError(
-            f"{db}: no ledger there (`residents run` and `residents demo` write one; a replay writes one only with --db PATH; or pass --db)"
+            f"{db}: no ledger there (`residents run` writes {in_config(DEFAULT_DB)}; the demo's ledger is "
+            f"{in_config(DEMO_DB)}, read with --db {in_config(DEMO_DB)}; a replay writes one only with --db PATH)"
         )
     return Ledger.open(db, read_only=True)
 

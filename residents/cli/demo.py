@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import click
 
 from .. import models
-from .common import UsageError, in_config
-
-# The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
-DEMO_DB = str(Path("data") / "demo.db")
+from .common import DEMO_DB, UsageError, cannot_serve, in_config
 
 
 @click.command()
@@ -30,7 +26,10 @@ DEMO_DB = str(Path("data") / "demo.db")
 @click.option(
     "--db",
     metavar="PATH",
-    help=f"The ledger, added to  [default: {DEMO_DB} in the configuration folder, started afresh each run]",
+    help=(
+        f"The ledger the demo writes. Without it, the demo writes {DEMO_DB} in the configuration folder "
+        "and replaces it on each run; a ledger named here is kept and each run is added to it."
+    ),
 )
 def demo(host: str, port: int, headless: bool, provider: str, model: str | None, db: str | None) -> int:
     """The offline room with scripted residents and a web view.
@@ -55,6 +54,9 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
     if model is not None and not models.known(model):
         hint = models.nearest(model)
         raise UsageError(f"--model {model}: not in the model table" + (f" (did you mean {hint}?)" if hint else ""))
+    lifecycle = models.lifecycle_problem(model) if model is not None else None
+    if lifecycle is not None and lifecycle[0]:  # retired: its requests would fail
+        raise UsageError(f"--model {model}: {lifecycle[1]}")
     if host not in ("127.0.0.1", "localhost", "::1"):
         raise UsageError(f"--host {host}: the demo serves on loopback only")
     fresh = db is None  # the demo's own ledger, replaced at each start
@@ -77,7 +79,7 @@ def demo(host: str, port: int, headless: bool, provider: str, model: str | None,
         try:
             code = asyncio.run(main_async(db, host, port, headless, provider, model, ledger_line=line))
         except OSError as e:
-            raise UsageError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+            raise cannot_serve(host, port, e) from None
         except StartupError as e:  # e.g. --provider anthropic with a key the API refuses
             raise UsageError(str(e)) from None
         except KeyboardInterrupt:

@@ -30,8 +30,7 @@ def init(directory: Path | None, force: bool) -> int:
     for rel in written:
         print(dest / rel)
     shown = "" if dest.resolve() == Path.cwd().resolve() else f" --config {shlex.quote(str(dest))}"
-    print(
-        f"next: fill in {dest / bundled.ENV_EXAMPLE} (copy it to .env and fill that in; never commit .env), edit the residences, then "
-        f"`residents{shown} check` and `residents{shown} run`"
-    )
+    env, example = dest / ".env", dest / bundled.ENV_EXAMPLE
+    print(f"next: copy {example} to {env} and fill in its values (never commit .env).")
+    print(f"then: edit the residences, and run `residents{shown} check` and `residents{shown} run`.")
     return 0

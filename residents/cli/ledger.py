@@ -22,7 +22,7 @@ import click
 
 from .. import truth
 from ..ledger import Ledger, chain, views
-from ..ledger.access import tool_calls_of
+from ..ledger.access import access_of, reads_of, tool_calls_of
 from ..ledger.checkpoints import chain_head
 from ..ledger.export import verify_export
 from ..ledger.verify import Report, check
@@ -32,16 +32,22 @@ from .common import DEFAULT_DB, UsageError, emit, emit_json, ledger_path, open_l
 T = TypeVar("T")
 
 
-@click.group()
-def ledger() -> None:
+@click.group(invoke_without_command=True)
+@click.pass_context
+def ledger(ctx: click.Context) -> None:
     """Read the ledger back and check its invariants.
 
-    Generations, stumps and their provenance, as the pipeline recorded them.
+    Generations, stumps and their provenance, as the pipeline recorded them. Without a command,
+    this help.
 
     \b
     Example:
       residents ledger list --db data/ledger.db
+      residents ledger list --db data/demo.db     (the demo's ledger)
     """
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+        ctx.exit(0)
 
 
 @ledger.command("list")
@@ -84,7 +90,8 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
     """One generation or stump: its provenance and exact text.
 
     ID is a generation id (g-…), a stump id (s-…), or a message (its id, or a link to it, as
-    Discord's "Copy Message Link" gives): the generation that posted it.
+    Discord's "Copy Message Link" gives): the generation that posted it. A stump also shows its
+    access (who may read its text) and every read of its text: who, as what, and when.
 
     \b
     Example:
@@ -93,11 +100,15 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
     """
     path = ledger_path(db)
     calls: list[ToolCall] = []
+    reads: list[dict[str, Any]] = []
+    access: list[str | None] = [None]
     message = views.message_id_of(record_id)
 
     async def go() -> Generation | Stump | None:
         async with open_ledger(path) as lg:
             if record_id.startswith("s-"):
+                access[0] = await access_of(lg, record_id)
+                reads.extend((await reads_of(lg, [record_id]))[record_id])
                 return await lg.get_stump(record_id)
             gid: str | None = record_id
             if message is not None:
@@ -113,9 +124,9 @@ def show(record_id: str, db: str | None, as_json: bool) -> int:
         what = f"no generation posted message {message}" if message else "no such generation or stump"
         raise UsageError(f"{record_id}: {what} in {path}")
     if not as_json:
-        emit(views.show(rec, calls))
+        emit(views.show(rec, calls, access[0], reads) if isinstance(rec, Stump) else views.show(rec, calls))
     elif isinstance(rec, Stump):
-        emit_json({**rec.meta(), "text": rec.text})
+        emit_json({**rec.meta(), "access": access[0], "reads": reads, "text": rec.text})
     else:
         emit_json(
             {

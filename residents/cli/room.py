@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from ..config import ConfigError, load_all_residences
-from .common import UsageError, config_dir
+from .common import UsageError, cannot_serve, config_dir
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to serve on.")
-@click.option("--port", type=int, default=8765, show_default=True, help="The port to serve on.")
+@click.option("--port", type=int, default=8765, show_default=True, help="The port to serve on (0: any free port).")
 @click.option(
     "--channel",
     "channels",
@@ -57,7 +57,12 @@ def room(host: str, port: int, channels: tuple[str, ...], layout: str | None) ->
         print(f"local room on {server.url} ({where}); bots: residents run --discord-api {server.url}", flush=True)
 
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(host, port, list(channels) or room_channels(config_dir()), layout=built, announce=announce))
+        try:
+            asyncio.run(
+                serve(host, port, list(channels) or room_channels(config_dir()), layout=built, announce=announce)
+            )
+        except OSError as e:
+            raise cannot_serve(host, port, e) from None
     return 0
 
 

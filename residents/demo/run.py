@@ -25,7 +25,7 @@ from ..ledger import live as live_ledger
 from ..localservers.provider import ProviderServer
 from ..localservers.room.server import RoomServer
 from .script import Scripted, demo_responder
-from .show import BROWSER_PACE, DemoShow, Pace, settled, transcript_lines
+from .show import BROWSER_PACE, REAL_API_INTRO, TRANSCRIPT_INTRO, DemoShow, Pace, settled, transcript_lines
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,7 +50,7 @@ def residences(provider: str, model: str | None) -> list[Residence]:
         from .. import models
         from ..config import Residence as R
 
-        m = model or "claude-sonnet-4-5"
+        m = model or "claude-sonnet-5"
         ceiling = models.caps(m).max_output_tokens
         # On the real API the ceiling is shown with a small max_tokens, so a cut still happens quickly.
         found = [
@@ -167,7 +167,8 @@ async def play(demo: Demo, out: TextIO, pace: Pace | None = None) -> DemoShow:
     msgs = demo.room.messages("general")
     kinds = await _annotator(demo.ledger)([str(m["id"]) for m in msgs])
     refused = [p for p in await demo.ledger.refused_posts() if p.channel == demo.room.channel_id("general")]
-    print("\n".join(transcript_lines(msgs, kinds, show.commands, refused)), file=out)
+    intro = TRANSCRIPT_INTRO if demo.provider is not None else REAL_API_INTRO  # scripted, or the real API
+    print("\n".join(transcript_lines(msgs, kinds, show.commands, intro, refused)), file=out)
     return show
 
 

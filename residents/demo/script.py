@@ -1,6 +1,6 @@
 """The demo's scripted provider: canned streams that show every boundary in a minute.
 
-Cairn's first reply reaches the 4,096-token ceiling mid-word; Sill's first attempt fails
+Cairn's first reply reaches its residence's max_tokens (4,096) mid-word; Sill's first attempt fails
 mid-stream and is retried (leaving a stump); everything after is ordinary speech. Replies are
 made up deterministically, so the demo reads the same every time.
 """

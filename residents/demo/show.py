@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,7 +95,19 @@ class DemoShow:
             "runs": self.runs,
             "channel": CHANNEL,
             "replay": "clears the channel",
+            "commands": [self._answer(i, c) for i, c in enumerate(self.commands)],  # what mo saw, for any page
             **({"problem": self.problem} if self.problem else {}),
+        }
+
+    def _answer(self, index: int, command: Command) -> dict[str, Any]:
+        """One of mo's commands and the answer mo saw, as the page's moderator panel shows it."""
+        return {
+            "run": self.runs,
+            "index": index,
+            "label": command.label,
+            "bot": command.bot,
+            "member": MODERATOR,
+            "responses": command.responses,
         }
 
     # ----- starting ---------------------------------------------------------------------------
@@ -159,15 +172,7 @@ class DemoShow:
                     )
                     command.responses = list(out["responses"])
                     self.commands.append(command)
-                    self.room.publish(
-                        {
-                            "type": "show_command",
-                            "label": command.label,
-                            "bot": command.bot,
-                            "member": MODERATOR,
-                            "responses": command.responses,
-                        }
-                    )
+                    self.room.publish({"type": "show_command", **self._answer(len(self.commands) - 1, command)})
                     self._advance()
             self.state = "done"
         except asyncio.CancelledError:
@@ -236,18 +241,38 @@ async def _call(http: aiohttp.ClientSession, method: str, path: str, body: dict[
         return data
 
 
+USER_MENTION = re.compile(r"<@!?(\d+)>")
+SHOWN_LINES = 14  # of each moderator answer; the rest is counted, not shown
+
+TRANSCRIPT_INTRO = [
+    "What to look for: Cairn's long answer is cut at its max_tokens, so it is posted as partials and one",
+    "receipt line saying so; Sill's first attempt fails mid-stream and is retried, its text kept as a stump",
+    "with a notice; then mo, a moderator, opens the cut generation and the stump as the ledger holds them.",
+]
+# On the real API nothing is scripted to fail: only the cut, which a small max_tokens makes likely.
+REAL_API_INTRO = [
+    "What to look for: Cairn's answer is limited by a small max_tokens; if it reaches it, it is posted as",
+    "partials and one receipt line saying so. Then mo, a moderator, opens that generation and lists the",
+    "stumps the ledger holds (a failed and retried attempt would leave one).",
+]
+
+
 def transcript_lines(
     messages: Sequence[dict[str, Any]],
     kinds: dict[str, dict[str, Any]],
     commands: Sequence[Command],
+    intro: Sequence[str] = TRANSCRIPT_INTRO,
     refused: Sequence[Post] = (),
 ) -> list[str]:
-    """The headless demo's printout: the room with each message's kind, the posts the room refused (set
-    aside, so not among its messages), then what mo saw."""
-    lines = ["== the room"]
+    """The headless demo's printout: what to look for, the room with each message's kind (mentions
+    shown as @name), the posts the room refused (set aside, so not among its messages), then what mo
+    saw, every cut of it marked with what was left out."""
+    names = _names(messages)
+    lines = [*intro, "", "== the room"]
     for m in messages:
         kind = kinds.get(str(m["id"]), {}).get("kind", "person" if not m["bot"] else "?")
-        body = m["content"] if len(m["content"]) <= 300 else m["content"][:280] + f" … [{len(m['content']):,} chars]"
+        content = USER_MENTION.sub(lambda found: "@" + names.get(found.group(1), found.group(1)), m["content"])
+        body = content if len(content) <= 300 else content[:280] + f" … [{len(content):,} chars]"
         lines.append(f"[{m['author']} · {kind}] {body}")
     if refused:
         lines += ["", "== not in the room: refused by it, set aside"]
@@ -257,6 +282,26 @@ def transcript_lines(
     for c in commands:
         lines.append(f"> {c.label}")
         for r in c.responses:
-            content = r.get("content") or ""
-            lines.append("  " + ("\n  ".join(content.splitlines()[:14])) + (" …" if content.count("\n") > 14 else ""))
+            lines += ["  " + line for line in shown_answer(r.get("content") or "")]
     return lines
+
+
+def _names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """User id -> name, from the authors and the pinged users the room reports."""
+    names = {str(m["author_id"]): str(m["author"]) for m in messages if "author_id" in m}
+    for m in messages:
+        pings = m.get("pings") or {}
+        names.update(zip(map(str, pings.get("user_ids", [])), map(str, pings.get("users", [])), strict=False))
+    return names
+
+
+def shown_answer(content: str, limit: int = SHOWN_LINES) -> list[str]:
+    """An answer's first `limit` lines; when cut, a code fence left open is closed and a line says how
+    many lines were left out, so the cut is as visible as any other in this project."""
+    lines = content.splitlines()
+    if len(lines) <= limit:
+        return lines
+    kept = lines[:limit]
+    fence_open = sum(1 for line in kept if line.lstrip().startswith("```")) % 2 == 1
+    left = len(lines) - limit
+    return [*kept, *(["```"] if fence_open else []), f"[… {left} more line{'s' if left != 1 else ''} not shown]"]

@@ -58,6 +58,10 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
     Every variable start-up needs and does not find (tokens, the provider key) is named in one line.
     """
     env = dict(os.environ if env is None else env)
+    folder = base / "residences"
+    if not any(folder.glob("*.yaml")):
+        where = f"no {folder} folder" if not folder.is_dir() else f"no residences in {folder}"
+        raise StartupError(f"{where}: `residents init` writes a starter set (or pass --config DIR)")
     residences = [r for r in load_all_residences(base) if r.discord is not None]
     if not residences:
         raise StartupError(f"{base / 'residences'}: no residence has `discord` settings (token_env, channels)")

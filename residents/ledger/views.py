@@ -150,9 +150,26 @@ def refused_line(p: Post) -> str:
     return f"{p.kind} post {p.seq}{of}: {delivery(p)}"
 
 
-def show(rec: Generation | Stump, calls: list[ToolCall] | None = None) -> str:
+def show(
+    rec: Generation | Stump,
+    calls: list[ToolCall] | None = None,
+    access: str | None = None,
+    reads: list[dict[str, Any]] | None = None,
+) -> str:
     if isinstance(rec, Stump):
-        return "\n".join([stump_line(rec), f"generation {rec.generation_id}, attempt {rec.attempt_id}", "", rec.text])
+        head = [stump_line(rec), f"generation {rec.generation_id}, attempt {rec.attempt_id}"]
+        if access is not None:
+            head.append(f"access: {access}")
+        if reads is not None:
+            head.append(
+                "text read by: "
+                + (
+                    "nobody yet"
+                    if not reads
+                    else ", ".join(f"{r['reader']} ({r['kind']}) at {when(r['at'])}" for r in reads)
+                )
+            )
+        return "\n".join([*head, "", rec.text])
     return "\n".join(provenance(rec, calls) + ["", "text:", rec.text])
 
 

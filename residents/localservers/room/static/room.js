@@ -11,6 +11,9 @@ const $ = (sel) => document.querySelector(sel);
 const GROUP_MS = 7 * 60 * 1000;          // Discord groups a sender's messages within 7 minutes
 const NEAR_BOTTOM_PX = 80;               // this close to the end counts as reading the latest
 const KIND_RETRIES = [300, 800, 2000, 5000];  // the ledger records a post just after it is sent
+// A message still live is asked again until it settles: a partial that filled up is not edited again
+// when its generation settles, so no event would tell the page. Quick at first, then every 5 s.
+const LIVE_RECHECK_MS = [500, 1000, 2000, 5000];
 
 const room = {
   state: null,           // GET /_room/state
@@ -20,6 +23,8 @@ const room = {
   messages: [],          // room views of the current channel, oldest first
   kinds: new Map(),      // message id -> {kind, generation_id, ...} from the annotator
   tries: new Map(),      // message id -> annotation lookups so far
+  liveChecks: new Map(), // message id -> lookups that still found it live
+  shownCommands: new Set(),  // "run:index" of the demo moderator's answers already in the panel
   pending: new Set(),
   flushTimer: null,
   typing: new Map(),     // name -> timer
@@ -340,6 +345,13 @@ async function flushKinds() {
     if (found[id]) room.kinds.set(id, found[id]);
     const m = room.messages.find((x) => x.id === id);
     if (!m) continue;
+    if (found[id] && found[id].kind === "live") {  // ask again until its settled kind is known
+      const n = room.liveChecks.get(id) || 0;
+      room.liveChecks.set(id, n + 1);
+      setTimeout(() => wantKind(id), LIVE_RECHECK_MS[Math.min(n, LIVE_RECHECK_MS.length - 1)]);
+    } else {
+      room.liveChecks.delete(id);
+    }
     if (!found[id] && m.bot) {
       const n = (room.tries.get(id) || 0) + 1;
       room.tries.set(id, n);
@@ -527,6 +539,9 @@ function renderAnswer(answer, responses, timedOut) {
 
 /* A command the script's moderator ran (the demo): their ephemeral answer, shown here as they saw it. */
 function showCommand(ev) {
+  const key = `${ev.run}:${ev.index}`;
+  if (ev.run != null && room.shownCommands.has(key)) return;  // from the event and from the status alike
+  room.shownCommands.add(key);
   const entry = ephemeralEntry(`${ev.label} · ${ev.bot}`, `${ev.member} saw this (the demo's moderator)`);
   entry.classList.add("shown");
   renderAnswer(entry.querySelector(".answer"), ev.responses || [], false);
@@ -542,6 +557,8 @@ function renderShow(show) {
   box.hidden = !show;
   if (!show) return;
   room.show = show;
+  // What the script's moderator saw so far, for a page opened after (or during) the script.
+  for (const c of show.commands || []) showCommand(c);
   const playing = show.state === "playing";
   const status = {waiting: "demo: starts when you watch", playing: `demo playing · ${show.step}/${show.steps}`,
                   done: "demo played · the room is yours", failed: `demo stopped: ${show.problem || "error"}`}[show.state];
