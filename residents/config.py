@@ -192,6 +192,9 @@ class DiscordSettings(Strict):
     commands: bool = False
 
 
+DEFAULT_PROVIDER = "anthropic"  # a residence that names no `provider:` is sent to Anthropic's API
+
+
 class Residence(Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: str = Field(min_length=1)
@@ -205,7 +208,7 @@ class Residence(Strict):
     # Who serves the model: a name in the provider registry (`residents.provider.REGISTRY`): Anthropic's
     # Messages API (ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL), or any server speaking OpenAI's chat
     # completions at `base_url`, its key in the variable `api_key_env`.
-    provider: str = "anthropic"
+    provider: str = DEFAULT_PROVIDER
     base_url: str | None = None
     api_key_env: str | None = None
 
@@ -270,11 +273,10 @@ def _provider_settings(v: Mapping[str, Any]) -> _KeyError | None:
 def _provider_of_model(v: Mapping[str, Any]) -> _KeyError | None:
     """A model the table places with another provider, sent to Anthropic's API (no `provider:`),
     would only fail at the first request: say so now, naming the provider it belongs to."""
-    if "model" not in v or v.get("provider") not in REGISTRY or not models.known(v["model"]):
+    if "model" not in v or v.get("provider") != DEFAULT_PROVIDER or not models.known(v["model"]):
         return None
     c = models.caps(v["model"])
-    # A provider configured in the residence (a gateway, a compatible server) may serve any maker's models.
-    if c.provider == v["provider"] or REGISTRY[v["provider"]].configured_in_residence:
+    if c.provider == DEFAULT_PROVIDER:
         return None
     return _KeyError(
         "model",

@@ -281,7 +281,7 @@ def test_check_names_a_bad_file_budget_and_one_above_the_models_context_window(t
     assert "typo.yaml:1: attachment: unknown key (did you mean attachments?)" in err[1]
     assert "words.yaml:1: attachments.request_budget_tokens: Input should be a valid integer" in err[2]
     assert (
-        "wide.yaml:5: policy.attachments.request_budget_tokens: 300,000 is above claude-3-opus-20240229's context"
+        "wide.yaml:5: policy.attachments.request_budget_tokens: 300,000 is above claude-haiku-4-5's context"
         " window of 200,000 tokens" in err[3]
     )
 
