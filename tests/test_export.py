@@ -80,8 +80,10 @@ def test_a_streamed_export_is_byte_for_byte_the_whole_chain_and_names_its_head(b
     assert code == 0 and said.startswith(f"export ok: entries 1..{last} ({last}), head {digest}")
 
 
-def test_an_export_to_standard_output_is_the_same_bytes(built, capsysbinary):
-    assert cli.main(["ledger", "export", "--db", str(built), "--out", "-"]) == 0
+@pytest.mark.parametrize("out", [["--out", "-"], []], ids=["--out -", "no --out"])
+def test_an_export_to_standard_output_is_the_same_bytes(built, capsysbinary, out):
+    """`--out -`, or no `--out` at all (issue 25: a pipe is the usual place for it), writes to standard output."""
+    assert cli.main(["ledger", "export", "--db", str(built), *out]) == 0
     captured = capsysbinary.readouterr()
     assert captured.out == whole_chain(built)
     assert b"wrote entries 1.." in captured.err and b"to standard output" in captured.err

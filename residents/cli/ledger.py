@@ -304,9 +304,10 @@ def _verify_export(path: Path) -> int:
 @click.option(
     "--out",
     "out",
-    required=True,
+    default="-",
+    show_default=True,
     metavar="FILE",
-    help="Where to write the chain, one JSON line per entry ('-': standard output).",
+    help="Where to write the chain, one JSON line per entry ('-', the default: standard output).",
 )
 @click.option(
     "--since",
