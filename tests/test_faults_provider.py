@@ -32,7 +32,7 @@ from residents.generation.run import Generator
 from residents.ledger import Ledger
 from residents.ledger.invariants import cover as _cover
 from residents.ledger.invariants import cover_by_reading as _cover_by_reading
-from residents.ledger.store import enc
+from residents.ledger.store import stored_bytes
 from residents.ledger.verify import check, verify
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
@@ -218,11 +218,11 @@ def check_turn(t: Turn, e: Expect) -> None:
     for g in (t.generation, t.reopened):
         assert g.status == e.status
         assert g.stop_reason == e.stop_reason
-        assert enc(g.text) == enc(e.text), "canonical text not byte-exact"
+        assert stored_bytes(g.text) == stored_bytes(e.text), "canonical text not byte-exact"
         assert g.chars == len(e.text)
         assert g.output_tokens == e.output_tokens  # the provider's own figure, or None: never an estimate
         assert [(a.outcome, a.text) for a in g.attempts] == e.attempts
-        assert [enc(a.text) for a in g.attempts] == [enc(x) for _, x in e.attempts]
+        assert [stored_bytes(a.text) for a in g.attempts] == [stored_bytes(x) for _, x in e.attempts]
         assert [(s.cause, s.text) for s in g.stumps] == e.stumps
         for s in g.stumps:
             assert s.published == (s.scope == "output" and bool(s.text.strip()) and e.status != "refused")
@@ -670,7 +670,7 @@ async def test_whitespace_only_cut_is_still_surfaced_once(tmp_path: Path, stop: 
     stream = sse.stream(text, stop, 2) if stop else body(text)
     t = await run_turn(tmp_path, [Call(sse=stream)])
     g = t.reopened
-    assert g.status == ("truncated" if stop else "incomplete") and enc(g.text) == enc(text)
+    assert g.status == ("truncated" if stop else "incomplete") and stored_bytes(g.text) == stored_bytes(text)
     assert [(s.cause, s.text) for s in g.stumps] == [(stop or truth.NO_STOP_REASON, text)]
     lines = [p for p in t.posts if p.kind in ("receipt", "notice")]
     assert len(lines) == 1 and phrase in lines[0].content, [(p.kind, p.content) for p in t.posts]
@@ -995,7 +995,7 @@ async def test_a_lone_surrogate_never_poisons_the_channel(tmp_path: Path) -> Non
         assert odd.replace("\ud83d", "\ufffd") in sent
         assert not any("Provider error" in p.content for p in posts)
         kept = await s.ledger.get_generation(first.generation.id)
-        assert kept is not None and enc(kept.text) == enc(odd)  # the ledger keeps the exact text
+        assert kept is not None and stored_bytes(kept.text) == stored_bytes(odd)  # the ledger keeps the exact text
         assert (await s.ledger.get_generation(g.id)).attempts[0].request_replacements == 1  # type: ignore[union-attr]
         assert await verify(s.ledger) == []
 

@@ -290,8 +290,8 @@ def test_two_parts_of_one_request_sharing_a_key_are_refused_not_merged(monkeypat
     request that reads back with one part in place of the other. Keys of 1 byte here, to meet one."""
     from residents.ledger import requests
 
-    real = requests.part
-    monkeypatch.setattr(requests, "part", lambda body: requests.Part(real(body).id % 2, real(body).sha256, body))
+    real = requests.part_of
+    monkeypatch.setattr(requests, "part_of", lambda body: requests.Part(real(body).id % 2, real(body).sha256, body))
     req = {"messages": [{"role": "user", "content": "one\n\ntwo\n\nthree\n\nfour"}]}
     try:
         packed = requests.pack(req)

@@ -11,7 +11,7 @@ from residents import truth
 from residents.ledger import Ledger
 from residents.ledger.connection import Connection
 from residents.ledger.migrations import MIGRATIONS
-from residents.ledger.store import enc
+from residents.ledger.store import stored_bytes
 from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.localservers.provider import Call
@@ -105,7 +105,7 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
         "INSERT INTO generations (id, residence, channel, model, status, text, chars, standing,"
         " continuation_ended, created_at) VALUES ('g-1', 'cairn', 'room', 'm', 'refused', ?, 0, 'none',"
         " 'not-needed', 0)",
-        (enc(""),),
+        (stored_bytes(""),),
     )
     old = [
         ("partial", "Some text"),
@@ -119,7 +119,7 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
     for i, (kind, content) in enumerate(old, 1):
         await db.execute(
             "INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
-            (f"p-{i}", "g-1", i, kind, enc(content), "room"),
+            (f"p-{i}", "g-1", i, kind, stored_bytes(content), "room"),
         )
     await db.close()
     ledger = await Ledger.open(path)

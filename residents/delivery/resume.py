@@ -160,7 +160,7 @@ async def resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, gro
     done, j, adopting = 0, 0, True
     for p in group:
         if adopting:
-            k = next((i for i in range(j, len(fresh)) if _same(fresh[i], p)), None)
+            k = next((i for i in range(j, len(fresh)) if _is_post_seen(fresh[i], p)), None)
             if k is not None:
                 await ledger.mark_delivered(p, fresh[k].id)
                 log.warning(
@@ -178,7 +178,7 @@ async def resume_generation(ledger: Ledger, room: ResumeRoom, g: Generation, gro
     return done
 
 
-def _same(m: Seen, p: Post) -> bool:
+def _is_post_seen(m: Seen, p: Post) -> bool:
     if m.nonce is not None:
         return m.nonce == p.id
     return m.content.strip() == outbound(p.content)[0].strip()  # what the room was sent

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..records import Post, ToolCall
 from . import chain
-from .store import Ledger, _post, dec, enc
+from .store import Ledger, _post, stored_bytes, stored_text
 
 ACCESS = ("moderators", "private")
 
@@ -130,7 +130,7 @@ async def own_stump(ledger: Ledger, residence: str, channel: str, stump_id: str)
 
 async def stump_text(ledger: Ledger, stump_id: str) -> str:
     rows = list(await ledger.db.execute_fetchall("SELECT text FROM stumps WHERE id=?", (stump_id,)))
-    return dec(rows[0][0]) if rows else ""
+    return stored_text(rows[0][0]) if rows else ""
 
 
 async def publication_of(ledger: Ledger, stump_id: str) -> list[Post]:
@@ -156,8 +156,8 @@ async def add_tool_calls(ledger: Ledger, generation_id: str, calls: list[ToolCal
                         c.attempt_id,
                         c.tool_use_id,
                         c.name,
-                        enc(json.dumps(c.input, ensure_ascii=False)),
-                        enc(json.dumps(c.result, ensure_ascii=False)),
+                        stored_bytes(json.dumps(c.input, ensure_ascii=False)),
+                        stored_bytes(json.dumps(c.result, ensure_ascii=False)),
                         int(c.is_error),
                         c.created_at,
                     ),
@@ -175,8 +175,8 @@ async def tool_calls_of(ledger: Ledger, generation_id: str) -> list[ToolCall]:
             attempt_id=r["attempt_id"],
             tool_use_id=r["tool_use_id"],
             name=r["name"],
-            input=json.loads(dec(r["input"])),
-            result=json.loads(dec(r["result"])),
+            input=json.loads(stored_text(r["input"])),
+            result=json.loads(stored_text(r["result"])),
             is_error=bool(r["is_error"]),
             created_at=r["created_at"],
         )

@@ -723,7 +723,7 @@ def mark(bits: bytearray, seqs: bytes | array[int]) -> None:
             bits[seq >> 3] |= 1 << (seq & 7)
 
 
-def finish(db: sqlite3.Cursor, top: int, walked: Walked, held: Held, confirmed: bytearray) -> ChainReport:
+def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held, confirmed: bytearray) -> ChainReport:
     """The walk and the records put together. Every entry not confirmed by a record (`held`, and the
     `confirmed` bits) or whose hash failed is read again whole: is its body canonical JSON of its own
     kind and record, and, where no record accounted for it, is its record still in the ledger. Lines

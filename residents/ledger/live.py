@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from . import chain
-from .store import Ledger, dec, enc
+from .store import Ledger, stored_bytes, stored_text
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def add(ledger: Ledger, m: LiveMessage) -> None:
                     m.idx,
                     m.channel,
                     m.residence,
-                    enc(m.content),
+                    stored_bytes(m.content),
                     m.state,
                     m.created_at,
                 ),
@@ -60,7 +60,7 @@ async def sent(ledger: Ledger, nonce: str, message_id: str) -> None:
 
 
 async def shown(ledger: Ledger, message_id: str, content: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET content=? WHERE message_id=?", (enc(content), message_id))])
+    await ledger._tx([("UPDATE live_messages SET content=? WHERE message_id=?", (stored_bytes(content), message_id))])
 
 
 async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> None:
@@ -70,7 +70,7 @@ async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> 
         [
             (
                 "UPDATE live_messages SET state='adopted', post_id=?, content=? WHERE message_id=?",
-                (post_id, enc(content), message_id),
+                (post_id, stored_bytes(content), message_id),
             ),
             ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, now, post_id)),
             chain.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
@@ -83,7 +83,7 @@ async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None
     statements: list[chain.Statement] = [
         (
             "UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
-            (stump_id, enc(c), mid),
+            (stump_id, stored_bytes(c), mid),
         )
         for mid, c in zip(message_ids, contents, strict=False)
     ]
@@ -142,7 +142,7 @@ def _row(r: sqlite3.Row) -> LiveMessage:
         r["idx"],
         r["channel"],
         r["residence"],
-        dec(r["content"]),
+        stored_text(r["content"]),
         r["state"],
         r["created_at"],
     )

@@ -45,7 +45,8 @@ class Packed:
     parts: list[Part]
 
 
-def part(body: bytes) -> Part:
+def part_of(body: bytes) -> Part:
+    """A stored part for `body`: keyed by its SHA-256 (its first 8 bytes as the integer key)."""
     d = hashlib.sha256(body).digest()
     return Part(int.from_bytes(d[:8], "big", signed=True), d, body)
 
@@ -76,7 +77,7 @@ def pack(request: dict[str, Any], memo: dict[str, Part] | None = None) -> Packed
         if len(blob) <= INLINE:
             fields.append([key, "v", value])
         else:
-            p = part(blob.encode("ascii"))
+            p = part_of(blob.encode("ascii"))
             _keep(parts, p)
             fields.append([key, "p", p.id])
     return Packed(json.dumps({"request": fields}).encode("ascii"), list(parts.values()))
@@ -91,7 +92,7 @@ def _runs(messages: list[Any], parts: dict[int, Part], memo: dict[str, Part] | N
             for text in m["content"].split(SEP):
                 p = memo.get(text) if memo is not None else None
                 if p is None:
-                    p = part(text.encode("utf-8", "surrogatepass"))
+                    p = part_of(text.encode("utf-8", "surrogatepass"))
                     if memo is not None:
                         memo[text] = p
                 _keep(parts, p)
@@ -99,12 +100,12 @@ def _runs(messages: list[Any], parts: dict[int, Part], memo: dict[str, Part] | N
             run.append(ids)
             key = ids[1]
         else:
-            p = part(json.dumps(m).encode("ascii"))
+            p = part_of(json.dumps(m).encode("ascii"))
             _keep(parts, p)
             run.append(p.id)
             key = p.id
         if key % RUN == 0 or n == len(messages):  # boundaries set by content: a sliding window keeps its runs
-            r = part(json.dumps(run).encode("ascii"))
+            r = part_of(json.dumps(run).encode("ascii"))
             _keep(parts, r)
             runs.append(r.id)
             run = []

@@ -37,7 +37,7 @@ from ..text import outbound
 E = TypeVar("E", bound=StrEnum)
 
 
-def dec(blob: bytes | str | None) -> str:
+def stored_text(blob: bytes | str | None) -> str:
     """A text column as stored (UTF-8 bytes, lone surrogates passed through) read back exactly."""
     if type(blob) is bytes:  # the usual case first: `verify` reads every text of the ledger through here
         return blob.decode("utf-8", "surrogatepass")
@@ -78,7 +78,7 @@ def generation(r: Any, request: dict[str, Any] | None = None) -> Generation:
         model=g["model"],
         status=_member(Status, g["status"]),
         stop_reason=g["stop_reason"],
-        text=dec(g["text"]),
+        text=stored_text(g["text"]),
         output_tokens=g["output_tokens"],
         standing=g["standing"],
         continuation_ended=_member(ContinuationEnd, g["continuation_ended"]),
@@ -108,7 +108,7 @@ def block(r: Any) -> Block:
     return Block(
         b["idx"],
         b["type"],
-        dec(b["content"]),
+        stored_text(b["content"]),
         json.loads(start) if start else None,
         json.loads(extras) if extras else [],
         b.get("text_offset"),
@@ -123,7 +123,7 @@ def attempt(r: Any, blocks: list[Block]) -> Attempt:
         generation_id=a["generation_id"],
         segment=a["segment"],
         index=a["idx"],
-        text=dec(a["text"]),
+        text=stored_text(a["text"]),
         outcome=_member(Outcome, a["outcome"]),
         stop_reason=a["stop_reason"],
         discard_reason=a["discard_reason"],
@@ -147,7 +147,7 @@ def stump(r: Any) -> Stump:
         generation_id=s["generation_id"],
         attempt_id=s["attempt_id"],
         cause=s["cause"],
-        text=dec(s.get("text")),
+        text=stored_text(s.get("text")),
         output_tokens=s["output_tokens"],
         scope=_member(StumpScope, s["scope"]),
         published=bool(s.get("published")),
@@ -163,7 +163,7 @@ def stump(r: Any) -> Stump:
 
 def post(r: Any) -> Post:
     p = cols(r)
-    content = dec(p["content"])
+    content = stored_text(p["content"])
     replacements = p.get("replacements")
     return Post(
         id=p["id"],

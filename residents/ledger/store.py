@@ -34,8 +34,8 @@ from . import attachments, chain, lock, migrations, requests
 from . import rows as read
 from .connection import Connection
 from .rows import cols as _cols
-from .rows import dec
 from .rows import post as _post
+from .rows import stored_text
 from .rows import stump as _stump
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def _nonempty(path: str) -> bool:
         return False
 
 
-def enc(text: str) -> bytes:
+def stored_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
@@ -321,7 +321,7 @@ class Ledger:
                     g.model,
                     g.status,
                     g.stop_reason,
-                    enc(g.text),
+                    stored_bytes(g.text),
                     g.chars,
                     g.output_tokens,
                     g.standing,
@@ -373,7 +373,7 @@ class Ledger:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
         await self._tx(
             [
-                (self._CHUNK, (attempt_id, seq, block, btype, enc(text), start))
+                (self._CHUNK, (attempt_id, seq, block, btype, stored_bytes(text), start))
                 for seq, block, btype, text, start in rows
             ]
         )
@@ -407,7 +407,7 @@ class Ledger:
                     pos,
                     b.index,
                     b.type,
-                    enc(b.content),
+                    stored_bytes(b.content),
                     b.chars,
                     b.offset,
                     json.dumps(b.start, ensure_ascii=False) if b.start else None,
@@ -428,7 +428,7 @@ class Ledger:
                     a.stop_reason,
                     a.discard_reason,
                     a.error,
-                    enc(a.text),
+                    stored_bytes(a.text),
                     a.chars,
                     a.output_tokens,
                     a.request_id,
@@ -467,7 +467,7 @@ class Ledger:
                 s.residence,
                 s.scope,
                 s.cause,
-                enc(s.text),
+                stored_bytes(s.text),
                 s.chars,
                 s.output_tokens,
                 int(s.published),
@@ -573,7 +573,7 @@ class Ledger:
         """A generation's request: from its parts (`request_ref`), or whole as stored before m033."""
         if cols.get("request_ref") is not None:
             return requests.unpack(cols["request_ref"], await self._parts(cols["request_ref"]))
-        return json.loads(dec(cols["request"])) if cols["request"] is not None else None
+        return json.loads(stored_text(cols["request"])) if cols["request"] is not None else None
 
     async def request_json(self, gid: str) -> bytes | None:
         """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
@@ -613,7 +613,7 @@ class Ledger:
             if key not in out:
                 out[key] = Block(key, btype or "text", start=json.loads(start) if start else None)
                 parts[key] = []
-            parts[key].append(dec(text))
+            parts[key].append(stored_text(text))
         for key, b in out.items():
             b.content = "".join(parts[key])
         blocks = list(out.values())
@@ -759,7 +759,7 @@ class Ledger:
                 (
                     g.status,
                     g.stop_reason,
-                    enc(g.text),
+                    stored_bytes(g.text),
                     g.chars,
                     g.output_tokens,
                     g.continuation_ended,
@@ -783,7 +783,17 @@ class Ledger:
         return (
             "INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
             " VALUES (?,?,?,?,?,?,?,?,?)",
-            (p.id, p.generation_id, p.seq, p.kind, enc(p.content), p.channel, p.replacements, p.stump_id, p.reason),
+            (
+                p.id,
+                p.generation_id,
+                p.seq,
+                p.kind,
+                stored_bytes(p.content),
+                p.channel,
+                p.replacements,
+                p.stump_id,
+                p.reason,
+            ),
         )
 
 

@@ -79,7 +79,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
     with contextlib.closing(_read_only(path)) as conn:
         db = conn.cursor()
         top = (chain.head(conn) or (0, ""))[0]
-        pre = _prelude(conn)
+        prelude = _prelude(conn)
         count = db.execute("SELECT count(*) FROM generations").fetchone()[0]
         procs = min(os.cpu_count() or 1, 4)
         confirmed = bytearray(top // 8 + 1)
@@ -88,15 +88,15 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         held.add(chain.hold(db, [_post_record(p) for p in orphans]))
         if count < max(PARALLEL_FROM, 1) or procs < 2:
             walked = chain.walk(db, top)
-            parts = [_range(conn, "", None, pre, BATCH)]
+            parts = [_range(conn, "", None, prelude, BATCH)]
         else:
-            walked, parts = _shared(path, top, pre, procs, _spans(_bounds(conn)))
+            walked, parts = _shared(path, top, prelude, procs, _spans(_bounds(conn)))
         for part in parts:
             held.add(part.held)
             chain.mark(confirmed, part.confirmed)
             part.confirmed = b""  # (a range's entries, marked: not held until the end)
-        links = chain.finish(db, top, walked, held, confirmed)
-        rep = _assemble(pre, parts, orphans)
+        links = chain.report(db, top, walked, held, confirmed)
+        rep = _assemble(prelude, parts, orphans)
         if head is not None:
             rep.head_holds, rep.saved_head = _saved_head(db, head, links)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
@@ -119,14 +119,14 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainRep
     return True, f"{said}: in this chain, and the {links.entries - seq} entries after it are consistent with it"
 
 
-def _shared(path: str, top: int, pre: _Prelude, procs: int, spans: list[tuple[str, str | None]]) -> Any:
+def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tuple[str, str | None]]) -> Any:
     """The walk and the ranges of generations, checked by worker processes (a fresh interpreter each:
     nothing of this process is inherited); each range's findings in the order of the ranges. A worker
     that fails stops the check, and the others with it."""
     pool = _pool(procs)
     try:
         walking = pool.submit(_walk_file, path, top)
-        ranges: list[Future[_Part]] = [pool.submit(_range_file, path, lo, hi, pre, BATCH) for lo, hi in spans]
+        ranges: list[Future[_Part]] = [pool.submit(_range_file, path, lo, hi, prelude, BATCH) for lo, hi in spans]
         return walking.result(), [f.result() for f in ranges]
     except BrokenProcessPool:
         raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
@@ -176,13 +176,13 @@ def _walk_file(path: str, top: int) -> chain.Walked:
         return chain.walk(conn.cursor(), top)
 
 
-def _range_file(path: str, lo: str, hi: str | None, pre: _Prelude, batch: int) -> _Part:
+def _range_file(path: str, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
     """A worker's task: one range of generations."""
     with contextlib.closing(_read_only(path)) as conn:
-        return _range(conn, lo, hi, pre, batch)
+        return _range(conn, lo, hi, prelude, batch)
 
 
-def _assemble(pre: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) -> Report:
+def _assemble(prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) -> Report:
     """The ranges' findings in one report: records of missing generations, posts of none, published
     stumps, each generation's lines oldest first, then attachments."""
     rep = Report()
@@ -202,7 +202,7 @@ def _assemble(pre: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) 
         attached += part.attached
         rep.generations += part.generations
         rep.undelivered += part.undelivered
-    rep.violations += missing + lines + pre.lines
+    rep.violations += missing + lines + prelude.lines
     for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
         rep.violations += found
     rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
@@ -300,11 +300,11 @@ _CALLS = (
 )
 
 
-def _range(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelude, batch: int) -> _Part:
+def _range(conn: sqlite3.Connection, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
-    recovered, db = pre.recovered, conn.cursor()
+    recovered, db = prelude.recovered, conn.cursor()
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
@@ -321,7 +321,7 @@ def _range(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelude, bat
             attempts, segments = attempts_of.get(gid) or [], segments_of.get(gid) or []
             stumps, posts = stumps_of.get(gid) or [], posts_of.get(gid) or []
             for st in stumps:
-                st["shown_live"] = st["id"] in pre.shown_live
+                st["shown_live"] = st["id"] in prelude.shown_live
                 st["recovered"] = st["id"] in recovered
             own = []
             for p in posts:
@@ -333,7 +333,7 @@ def _range(conn: sqlite3.Connection, lo: str, hi: str | None, pre: _Prelude, bat
             rounds = round_finals(attempts, its_calls)
             found_: list[str] = []
             pending: list[str] = []
-            check_generation(found_, pending, g, attempts, segments, stumps, own, pre.chunks, rounds)
+            check_generation(found_, pending, g, attempts, segments, stumps, own, prelude.chunks, rounds)
             check_blocks(found_, g, attempts, segments, stumps, blocks)
             check_tool_calls(found_, g, attempts, its_calls)
             if found_:
@@ -373,7 +373,7 @@ def _records(gens: _Rows, of: dict[str, dict[str, _Rows]], blocks: dict[str, _Ro
 def _post_record(p: dict[str, Any]) -> chain.Record:
     delivered = chain.delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
     refused = (
-        chain.refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.dec(p["refused"]))
+        chain.refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
         if p.get("refused") is not None
         else None
     )
