@@ -31,7 +31,11 @@ async def test_odd_messages_reach_the_request_exactly_and_every_turn_settles(tmp
         assert len(requests) == len(ODD)
         for text, req in zip(ODD, requests, strict=False):
             last = req["messages"][-1]
-            assert last["role"] == "user" and last["content"].endswith(text)
+            # every line carries its author's name (only framework notes begin with `[`); without the
+            # names, the text is exactly what was posted
+            lines = last["content"].splitlines(keepends=True)
+            assert last["role"] == "user" and all(ln.startswith("alice:") for ln in lines)
+            assert "".join(ln.removeprefix("alice:").removeprefix(" ") for ln in lines).endswith(text)
         gens = await d.generations()
         assert [g.status for g in gens] == ["completed"] * len(ODD)
         assert [m["content"] for m in d.bot_messages()] == [f"Reply {i}." for i in range(len(ODD))]

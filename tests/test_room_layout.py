@@ -240,12 +240,12 @@ def test_residence_channels_accept_guild_slash_channel_and_nothing_odder(tmp_pat
     folder.mkdir()
     good = folder / "cairn.yaml"
     good.write_text(
-        "name: cairn\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
+        "name: cairn\nmodel: claude-sonnet-5\nmax_tokens: 1024\n"
         "discord:\n  token_env: T\n  channels: [harbour/yard, dock, '123']\n"
     )
     bad = folder / "sill.yaml"
     bad.write_text(
-        "name: sill\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
+        "name: sill\nmodel: claude-sonnet-5\nmax_tokens: 1024\n"
         "discord:\n  token_env: T\n  channels: [harbour/yard/deep]\n"
     )
     monkeypatch.chdir(tmp_path)
