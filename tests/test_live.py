@@ -247,3 +247,29 @@ async def test_a_live_reply_cut_by_sigkill_is_withdrawn_and_posted_as_recovered(
             assert all(g.text.startswith(m.content) or m.content in g.text for m in lives)
         finally:
             await led.close()
+
+
+async def test_a_live_message_whose_id_the_full_ledger_refused_is_still_settled(tmp_path, monkeypatch) -> None:
+    """The room took a live message, then the ledger refused to record its id (the disk filled): the id is
+    written once the disk takes it, so the settled reply adopts that message like any other and nothing is
+    left in the room in progress (before, the message was never adopted nor withdrawn)."""
+    from residents.ledger import LedgerWriteError
+
+    real, refused = live_ledger.sent, []
+
+    async def sent_once_refused(ledger: Any, nonce: str, message_id: str) -> None:
+        if not refused:
+            refused.append(message_id)
+            raise LedgerWriteError("database or disk is full")
+        await real(ledger, nonce, message_id)
+
+    monkeypatch.setattr(live_ledger, "sent", sent_once_refused)
+    body = sse.stream(LONG, "max_tokens", 1024)
+    async with deployed(tmp_path, [res(policy=LIVE)], calls=[paced(body, 3.5)]) as d:
+        d.room.post("general", "alice", "Describe the harbour, @cairn", mentions=["cairn"])
+        await d.wait_receipt(timeout=20)
+        room = await settled_room(d)
+        assert refused and await verify(d.ledger) == []
+    expected = plan(truth.Ending("truncated", "max_tokens", 1024, len(LONG)), LONG)
+    assert room == [(p.kind, p.content) for p in expected]
+    assert refused[0] in [m["id"] for m in d.messages()]  # the refused id's message is one of the reply's

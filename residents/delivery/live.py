@@ -335,7 +335,9 @@ class LiveView:
         mid = await self.room.send_live(display, nonce)
         self.board.hide(mid)
         self.keys.append(mid)
-        await live_ledger.sent(self.ledger, nonce, mid)
+        # In the room now: its id is recorded whatever the disk says meanwhile (a message the ledger does
+        # not know would stay in the room in progress, never adopted nor withdrawn when the reply settles).
+        await until_written(f"live message {mid} sent", live_ledger.sent, self.ledger, nonce, mid)
         return LiveMessage(mid, nonce, display, content, time.monotonic() + self.interval, [time.monotonic()])
 
     async def _edit(self, m: LiveMessage, display: str, content: str, *, wait: bool) -> None:
