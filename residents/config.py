@@ -287,9 +287,10 @@ def _provider_of_model(v: Mapping[str, Any]) -> _KeyError | None:
 
 def _budget_within_context_window(v: Mapping[str, Any]) -> _KeyError | None:
     """A file budget the model's context window cannot hold would have every request with files refused."""
-    if "model" not in v or "policy" not in v:
+    policy = v.get("policy")
+    if "model" not in v or not isinstance(policy, Policy):  # a name or mapping not resolved yet: its own check
         return None
-    budget = v["policy"].attachments.request_budget_tokens
+    budget = policy.attachments.request_budget_tokens
     window = models.caps(v["model"]).context_window
     if budget is not None and budget > window:
         return _KeyError(
