@@ -37,6 +37,7 @@ from .base import (
     StreamEnd,
     call_timeout,
     internal_failure,
+    key_not_checked,
     retry_after,
     transport_failure,
 )
@@ -289,18 +290,9 @@ class AnthropicProvider:
                     if self.key_set
                     else f"{self.key_env}: not set, and the provider at {host} requires a key ({why})"
                 ) from None
-            if e.status_code in (404, 405):
-                log.info(
-                    "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
-                    host,
-                    e.status_code,
-                )
-            else:
-                log.warning(
-                    "the provider key could not be checked at start-up (HTTP %d); starting anyway", e.status_code
-                )
+            key_not_checked(host, self.key_env, e.status_code)
         except anthropic.APIError as e:
-            log.warning("the provider key could not be checked at start-up (%s); starting anyway", type(e).__name__)
+            key_not_checked(host, self.key_env, type(e).__name__)
 
     async def close(self) -> None:
         await self.client.close()

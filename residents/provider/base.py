@@ -211,6 +211,17 @@ class Endpoint:
     key_env: str
 
 
+def key_not_checked(host: str, key_env: str, why: int | str) -> None:
+    """A start-up key check that could not tell (`why`: the HTTP status, or the error's name). A server
+    without a models endpoint (404, 405) is said at INFO, anything else as a warning; start-up goes on
+    either way, since each call meets the key."""
+    if why in (404, 405):
+        log.info("the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up", host, why)
+    else:
+        said = f"HTTP {why}" if isinstance(why, int) else why
+        log.warning("the provider key in %s could not be checked at start-up (%s); starting anyway", key_env, said)
+
+
 class KeyRejected(Exception):
     """The provider refused the key at start-up; the message names the variable and what to do."""
 

@@ -31,6 +31,7 @@ from .base import (
     StreamEnd,
     call_timeout,
     internal_failure,
+    key_not_checked,
     retry_after,
     transport_failure,
 )
@@ -342,24 +343,9 @@ class OpenAICompatibleProvider:
                 raise KeyRejected(
                     f"{self.key_env}: the provider at {host} refused this key (HTTP {e.status_code}); set a valid key and start again"
                 ) from None
-            if e.status_code in (404, 405):
-                log.info(
-                    "the provider at %s has no models endpoint (HTTP %d); the key is not checked at start-up",
-                    host,
-                    e.status_code,
-                )
-            else:
-                log.warning(
-                    "the provider key in %s could not be checked at start-up (HTTP %d); starting anyway",
-                    self.key_env,
-                    e.status_code,
-                )
+            key_not_checked(host, self.key_env, e.status_code)
         except openai.OpenAIError as e:
-            log.warning(
-                "the provider key in %s could not be checked at start-up (%s); starting anyway",
-                self.key_env,
-                type(e).__name__,
-            )
+            key_not_checked(host, self.key_env, type(e).__name__)
 
     async def close(self) -> None:
         await self.client.close()
