@@ -89,8 +89,7 @@ async def start(
         await prov.start(host, 0)
         env |= {"ANTHROPIC_BASE_URL": prov.url, "ANTHROPIC_API_KEY": "demo"}
     ledger = await Ledger.open(db)  # a reader beside the bots' own connection (WAL allows both)
-    if hasattr(room, "set_annotator"):
-        room.set_annotator(_annotator(ledger))
+    room.set_annotator(_annotator(ledger))
     stop = asyncio.Event()
     dep = Deployment(res, {r.name: f"local-{r.name}" for r in res})
     task = asyncio.create_task(run_bots(dep, db, env, guild_ready_timeout=0.1, stop=stop), name="demo-bots")
@@ -130,13 +129,19 @@ async def _until_connected(demo: Demo, n: int, timeout: float = 20.0) -> None:
 
 
 async def shutdown(demo: Demo) -> None:
+    """Stop the bots, then the room (which lets a page's request in flight finish), then the ledger.
+
+    The room asks the ledger what each message is while a page is open, so the ledger closes last:
+    closed first, a request arriving during shutdown met a closed connection.
+    """
     demo.stop.set()
     with contextlib.suppress(Exception):
         await asyncio.wait_for(demo.task, 10)
-    await demo.ledger.close()
+    demo.room.set_annotator(None)
+    await demo.room.stop()
     if demo.provider:
         await demo.provider.stop()
-    await demo.room.stop()
+    await demo.ledger.close()
 
 
 async def _settled(demo: Demo, trigger: str, resident: str, timeout: float = 30.0) -> str:
