@@ -14,9 +14,8 @@ import asyncio
 import contextlib
 import itertools
 import operator
-import os
 import sqlite3
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -62,8 +61,8 @@ async def check(ledger: Ledger, head: tuple[int, str] | None = None) -> Report:
     return await asyncio.to_thread(check_file, ledger.path, head)
 
 
-# A ledger of this many generations is checked by worker processes, one per core (at most 4), taking
-# its generations `CHUNK` at a time; read `BATCH` at a time, so memory stays flat however long it is.
+# From this many generations, one worker process shares the check; the generations are taken `CHUNK`
+# at a time and read `BATCH` at a time, so memory stays flat however long the ledger is.
 PARALLEL_FROM = 50_000
 CHUNK = 4_000
 BATCH = 1000
@@ -80,22 +79,16 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         db = conn.cursor()
         top = (chain.head(conn) or (0, ""))[0]
         prelude = _prelude(conn)
-        count = db.execute("SELECT count(*) FROM generations").fetchone()[0]
-        procs = min(os.cpu_count() or 1, 4)
-        confirmed = bytearray(top // 8 + 1)
+        shared = db.execute("SELECT count(*) FROM generations").fetchone()[0] >= PARALLEL_FROM
+        spans = _spans(_bounds(conn))
+        tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
+        walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         held = chain.hold_access(db)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, [_post_record(p) for p in orphans]))
-        if count < max(PARALLEL_FROM, 1) or procs < 2:
-            walked = chain.walk(db, top)
-            parts = [_range(conn, "", None, prelude, BATCH)]
-        else:
-            walked, parts = _shared(path, top, prelude, procs, _spans(_bounds(conn)))
+        held.add(chain.hold(db, [_post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
-            chain.mark(confirmed, part.confirmed)
-            part.confirmed = b""  # (a range's entries, marked: not held until the end)
-        links = chain.report(db, top, walked, held, confirmed)
+        links = chain.report(db, top, walked, held)
         rep = _assemble(prelude, parts, orphans)
         if head is not None:
             rep.head_holds, rep.saved_head = _saved_head(db, head, links)
@@ -119,15 +112,21 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainRep
     return True, f"{said}: in this chain, and the {links.entries - seq} entries after it are consistent with it"
 
 
-def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tuple[str, str | None]]) -> Any:
-    """The walk and the ranges of generations, checked by worker processes (a fresh interpreter each:
-    nothing of this process is inherited); each range's findings in the order of the ranges. A worker
-    that fails stops the check, and the others with it."""
-    pool = _pool(procs)
+def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
+    """Each task `(fn, *args)` run as `fn(cursor, *args)`, the results in the tasks' order, shared with
+    one worker process (a fresh interpreter: nothing of this process is inherited). The worker takes the
+    tasks from the first, this process from the last, each one the worker has not begun (a future that
+    can still be cancelled): they meet wherever their speeds put them. A worker that fails stops the check.
+    (One worker: with this process, two on this machine's two cores; each more would cost its memory.)"""
+    pool = _pool()
     try:
-        walking = pool.submit(_walk_file, path, top)
-        ranges: list[Future[_Part]] = [pool.submit(_range_file, path, lo, hi, prelude, BATCH) for lo, hi in spans]
-        return walking.result(), [f.result() for f in ranges]
+        futures = [pool.submit(_in_worker, path, *task) for task in tasks]
+        results: list[Any] = [None] * len(tasks)
+        for i in reversed(range(len(tasks))):
+            if futures[i].cancel():
+                fn, *args = tasks[i]
+                results[i] = fn(db, *args)
+        return [f.result() if not f.cancelled() else got for f, got in zip(futures, results, strict=True)]
     except BrokenProcessPool:
         raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
     except (OSError, sqlite3.Error) as e:
@@ -136,8 +135,14 @@ def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tupl
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _pool(procs: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=procs, mp_context=get_context("spawn"))
+def _pool() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+
+
+def _in_worker(path: str, fn: Any, *args: Any) -> Any:
+    """A worker's task: `fn` on a read-only connection of its own."""
+    with contextlib.closing(_read_only(path)) as conn:
+        return fn(conn.cursor(), *args)
 
 
 def _spans(bounds: list[str]) -> list[tuple[str, str | None]]:
@@ -168,18 +173,6 @@ def _read_only(path: str) -> sqlite3.Connection:
     except sqlite3.Error as e:
         raise LedgerError(f"{path}: cannot read the ledger: {e}") from None
     return conn
-
-
-def _walk_file(path: str, top: int) -> chain.Walked:
-    """A worker's task: the chain's walk up to `top`."""
-    with contextlib.closing(_read_only(path)) as conn:
-        return chain.walk(conn.cursor(), top)
-
-
-def _range_file(path: str, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
-    """A worker's task: one range of generations."""
-    with contextlib.closing(_read_only(path)) as conn:
-        return _range(conn, lo, hi, prelude, batch)
 
 
 def _assemble(prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) -> Report:
@@ -254,7 +247,6 @@ class _Part:
     generations: int = 0
     undelivered: int = 0
     held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
-    confirmed: bytes = b""  # `held`'s confirmed entries, packed (`chain.Held.confirmed`)
 
 
 # Only the columns the checks and the chain's builders read (a generation's request and trigger, an
@@ -300,15 +292,15 @@ _CALLS = (
 )
 
 
-def _range(conn: sqlite3.Connection, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
+def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prelude, batch: int) -> _Part:
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
-    recovered, db = prelude.recovered, conn.cursor()
+    recovered = prelude.recovered
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, _records(gens, of, blocks)))
+        out.held.add(chain.hold(db, _records(gens, of, blocks), top))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
@@ -342,7 +334,6 @@ def _range(conn: sqlite3.Connection, lo: str, hi: str | None, prelude: _Prelude,
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
         if len(gens) < batch:
-            out.confirmed, out.held.confirmed = out.held.confirmed.tobytes(), chain.array("q")
             return out
         lo = gens[-1]["id"]
 
