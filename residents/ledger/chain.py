@@ -39,8 +39,9 @@ Checking (`ledger verify`): the walk links every entry to the one before and has
 read with all its entries, whose history must be one the ledger writes (`HISTORY`: a generation
 settled again only by a /continue, a post delivered or refused once, a stump's access changed by its
 resident), and whose latest entry of each kind must be, byte for byte, the entry its builder gives now
-(`confirms`). Every other entry is read again whole (`finish`). A witness's saved head is `head`'s
-`N:SHA256`.
+(`confirms`); every other entry of a record has its body read whole. The walk counts the entries
+that name a record, the records count the entries they read: only when the two differ are entries
+naming a record the ledger lacks looked for. A witness's saved head is `head`'s `N:SHA256`.
 """
 
 from __future__ import annotations
