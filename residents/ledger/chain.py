@@ -502,8 +502,8 @@ def _continued(before: list[Step], now: Step, text: str) -> str | None:
     if new[: len(old)] != old:
         return f"{why}: its segments do not extend that entry's"
     added = new[len(old) :]
-    same = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
-    for k in same:
+    unchanged = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
+    for k in unchanged:
         if was.get(k) != now_.get(k):
             return f"{why}: no segment added, but its {k} differs"
     if added and now_.get("chars") != (was.get("chars") or 0) + sum(s.get("chars") or 0 for s in added):

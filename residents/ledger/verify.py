@@ -315,21 +315,21 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
             for st in stumps:
                 st["shown_live"] = st["id"] in prelude.shown_live
                 st["recovered"] = st["id"] in recovered
-            own = []
+            own_posts = []
             for p in posts:
                 if p["message_id"] is None and p["refused"] is None:  # a refused post is set aside, not waiting
                     out.undelivered += 1
                 if p["stump_id"] is None:
-                    own.append(p)
+                    own_posts.append(p)
             its_calls = calls.get(gid) or []
             rounds = round_finals(attempts, its_calls)
-            found_: list[str] = []
+            lines: list[str] = []
             pending: list[str] = []
-            check_generation(found_, pending, g, attempts, segments, stumps, own, prelude.chunks, rounds)
-            check_blocks(found_, g, attempts, segments, stumps, blocks)
-            check_tool_calls(found_, g, attempts, its_calls)
-            if found_:
-                out.by_order.append((g["created_at"], g["rowid"], found_))
+            check_generation(lines, pending, g, attempts, segments, stumps, own_posts, prelude.chunks, rounds)
+            check_blocks(lines, g, attempts, segments, stumps, blocks)
+            check_tool_calls(lines, g, attempts, its_calls)
+            if lines:
+                out.by_order.append((g["created_at"], g["rowid"], lines))
             out.unsettled += [(g["created_at"], g["rowid"], p) for p in pending]
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
