@@ -444,3 +444,32 @@ def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_l
     monkeypatch.setattr(verify, "CHUNK", 1)
     monkeypatch.setenv("PYTHONVERBOSE", "2")  # the worker's stderr: megabytes
     assert violations(tmp_path / "l.db") == one_pass
+
+
+def test_a_shared_check_starts_one_worker_process_whatever_the_cores(tmp_path, monkeypatch):
+    """Each worker is an interpreter with its own batch of rows (about 80 MiB at 1,000,000 generations):
+    one worker beside the verifying process, which takes ranges too, uses two cores and keeps the whole
+    check under 200 MB, however many cores the machine says it has. The verdicts are one pass's."""
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    from residents.ledger import verify
+
+    settled(tmp_path / "l.db", "g-one", 6)
+    with sqlite3.connect(tmp_path / "l.db") as raw:
+        raw.execute("UPDATE generations SET chars = 99 WHERE id = 'g-one4'")
+    one_pass = violations(tmp_path / "l.db")
+    sizes: list[int | None] = []
+
+    class Counted(ProcessPoolExecutor):
+        def __init__(self, max_workers: int | None = None, **kw: Any) -> None:
+            sizes.append(max_workers)
+            super().__init__(max_workers, **kw)
+
+    monkeypatch.setattr(verify, "ProcessPoolExecutor", Counted)
+    monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
+    monkeypatch.setattr(verify, "CHUNK", 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert any("chars 99 != 6" in line for line in one_pass)
+    assert violations(tmp_path / "l.db") == one_pass
+    assert sizes == [1]
