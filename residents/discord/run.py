@@ -30,7 +30,7 @@ from ..ledger import Ledger, hold_ledger
 from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, connect_all, endpoint
 from ..resident import Resident
 from . import startup
-from .app import ResidentBot, commands_bot_of, names_channel
+from .app import ResidentBot, commands_bot_of, names_channel, sharded
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -161,8 +161,9 @@ async def _serve(
         commander = commands_bot_of(dep.residences)
         peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
+            bot_class = sharded(ResidentBot) if r.discord is not None and r.discord.shards is not None else ResidentBot
             bots.append(
-                ResidentBot(
+                bot_class(
                     registry[r.name],
                     registry,
                     guild_ready_timeout=guild_ready_timeout,
@@ -198,6 +199,11 @@ async def _serve(
                     f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
                     f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
                 )
+            elif isinstance(exc, discord.ConnectionClosed) and exc.code in (
+                CLOSE_INVALID_SHARD,
+                CLOSE_SHARDING_REQUIRED,
+            ):
+                problem = shard_refusal(b.residence, exc.code, exc.shard_id)
             elif exc is not None:
                 problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
             else:
@@ -213,6 +219,27 @@ async def _serve(
             raise StartupError(problem)
     finally:
         await outbox.close()
+
+
+CLOSE_INVALID_SHARD = 4010  # Discord's gateway close codes: "Invalid shard"
+CLOSE_SHARDING_REQUIRED = 4011  # "Sharding required": a session would carry too many guilds
+
+
+def shard_refusal(residence: Residence, code: int, shard_id: int | None) -> str:
+    """The one line for a gateway that refused the bot's sharding (close code 4010 or 4011)."""
+    where = f"residences/{residence.name}.yaml: discord.shards"
+    settings = residence.discord.shards if residence.discord is not None else None
+    if code == CLOSE_INVALID_SHARD:
+        return f"{where}: the gateway refused shard {shard_id} as invalid (close code 4010)"
+    if settings is None:
+        return (
+            f"{where}: the gateway requires sharding (close code 4011): the bot is in more guilds than one "
+            "session may carry; set discord.shards: auto"
+        )
+    return (
+        f"{where}: shard {shard_id} of {settings.count if settings.count is not None else 'the recommended count'} "
+        "would carry more guilds than one session may (close code 4011); set a larger count, or auto"
+    )
 
 
 async def _announce_when_ready(bots: list[ResidentBot], announce: Callable[[list[ResidentBot]], None] | None) -> None:
