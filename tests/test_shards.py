@@ -43,8 +43,8 @@ def answer_ask(body: dict[str, Any]) -> Call:
     return Call(sse=sse.stream(f"Cairn answers ask-{asks[-1] if asks else 'nothing'}", "end_turn", 5, model=MODEL))
 
 
-def sharded_resident(shards: Any) -> Any:
-    discord = {"token_env": "CAIRN_DISCORD_TOKEN"}
+def sharded_resident(shards: Any, channels: list[str] | None = None) -> Any:
+    discord: dict[str, Any] = {"token_env": "CAIRN_DISCORD_TOKEN", "channels": channels or []}
     if shards is not None:
         discord["shards"] = shards
     return residence(
@@ -150,6 +150,54 @@ async def test_one_shard_out_leaves_the_others_answering_and_it_catches_up_on_it
         caught = [r.getMessage() for r in caplog.records if "caught up in #talk" in r.getMessage()]
         channels = {d.room.channel_id(f"{g}/talk") for g in out}
         assert len(caught) == len(out) and all(any(c in line for c in channels) for line in caught), caught
+
+
+async def test_a_process_running_some_shards_answers_only_in_their_guilds(tmp_path: Path) -> None:
+    # It lists every guild's channel: those on shard 1 are not missing, only in another process's guilds.
+    cairn = sharded_resident({"count": 3, "ids": [0, 2]}, [f"g{i}/talk" for i in range(9)])
+    async with deployed(tmp_path, [cairn], layout=nine_guilds(), responder=answer_ask) as d:
+        bot = d.bot("cairn")
+        assert sorted(bot.shards) == [0, 2]  # type: ignore[attr-defined]
+        sessions = d.room.snapshot()["gateway"]["sessions"]
+        assert sorted(tuple(s["shard"]) for s in sessions) == [(0, 3), (2, 3)]
+        mine = [f"g{i}" for i in range(9) if shard_of_guild(d, f"g{i}", 3) != 1]
+        elsewhere = [f"g{i}" for i in range(9) if shard_of_guild(d, f"g{i}", 3) == 1]
+        assert sorted(g.name for g in bot.guilds) == sorted(mine)  # shard 1's guilds are another process's
+        for g in [f"g{i}" for i in range(9)]:
+            await ask(d, g)
+        await d.room.wait_until(lambda: all(answers(d, g) for g in mine) or None, timeout=30)
+        await d.quiet(0.3)
+        assert all(answers(d, g) == [f"Cairn answers ask-{g}"] for g in mine)
+        assert all(answers(d, g) == [] for g in elsewhere)
+
+
+def test_run_names_a_bad_shards_option_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "residences").mkdir()
+    (tmp_path / "residences" / "cairn.yaml").write_text(RES)
+    monkeypatch.chdir(tmp_path)
+    for spec, expected in (
+        ("4:0,4", "--shards 4:0,4: 4 is not a shard of 4 (ids run from 0 to 3)"),
+        ("four", "--shards four: write auto, N, or N:ID,ID,... (e.g. 4:0,2)"),
+        ("auto:1", "--shards auto:1: ids need a fixed count (`auto` cannot be split)"),
+    ):
+        assert cli.main(["run", "--discord-api", "http://127.0.0.1:9", "--shards", spec]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_shards_option_takes_the_place_of_each_residence_s_own(tmp_path: Path) -> None:
+    from residents.discord.run import plan_deployment, process_shards
+
+    (tmp_path / "residences").mkdir()
+    (tmp_path / "residences" / "cairn.yaml").write_text(RES + "  shards: auto\n")
+    env = {"ANTHROPIC_API_KEY": "k"}
+    [own] = plan_deployment(tmp_path, local_api=True, env=env).residences
+    assert own.discord is not None and own.discord.shards is not None and own.discord.shards.auto
+    [given] = plan_deployment(tmp_path, local_api=True, env=env, shards=process_shards("4:1,3")).residences
+    assert given.discord is not None and given.discord.shards is not None
+    assert (given.discord.shards.count, given.discord.shards.ids) == (4, [1, 3])
 
 
 async def test_identify_pacer_keeps_one_identify_per_window_in_each_bucket() -> None:
