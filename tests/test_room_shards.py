@@ -227,6 +227,25 @@ async def test_one_shard_of_a_bot_dropped_leaves_the_others_hearing(guard: Error
             await eventually(lambda: "shard 1 is back" in heard)
 
 
+async def test_the_faults_api_ends_one_shard_s_sessions(guard: ErrorGuard, http: aiohttp.ClientSession) -> None:
+    async with running_room(layout=many_guilds(4)) as room:
+        sessions = []
+        for shard_id in range(2):
+            s = await raw(http, room)
+            await s.identify("local-cairn", [shard_id, 2])
+            await s.read_until("GUILD_CREATE", 2)  # 4 guilds, 2 on each shard
+            sessions.append(s)
+        async with http.post(f"{room.url}/_room/faults", json={"invalidate_sessions": True, "shard": "1"}) as r:
+            assert r.status == 400 and "shard" in (await r.json())["message"]
+        async with http.post(f"{room.url}/_room/faults", json={"invalidate_sessions": True, "shard": 1}) as r:
+            assert r.status == 200
+        await sessions[1].close_code()  # shard 1's socket is closed, its session gone
+        assert sessions[1].ws.closed and not sessions[0].ws.closed
+        left = room.snapshot()["gateway"]["sessions"]
+        assert [s["shard"] for s in left] == [[0, 2]] and left[0]["connected"]
+        await sessions[0].ws.close()
+
+
 async def test_discord_py_sees_4010_and_4011_as_a_closed_connection(guard: ErrorGuard) -> None:
     async with running_room(layout=many_guilds(3, max_guilds_per_session=2)) as room:
         with pytest.raises(discord.ConnectionClosed) as refused:
