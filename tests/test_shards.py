@@ -22,6 +22,7 @@ from roomkit import eventually
 
 from residents import cli
 from residents.discord.app import IdentifyPacer
+from residents.discord.catchup import Sightings
 from residents.discord.run import StartupError
 from residents.localservers import sse
 from residents.localservers.provider import Call
@@ -198,6 +199,18 @@ def test_shards_option_takes_the_place_of_each_residence_s_own(tmp_path: Path) -
     [given] = plan_deployment(tmp_path, local_api=True, env=env, shards=process_shards("4:1,3")).residences
     assert given.discord is not None and given.discord.shards is not None
     assert (given.discord.shards.count, given.discord.shards.ids) == (4, [1, 3])
+
+
+def test_a_shard_s_drop_marks_the_gap_of_its_own_channels_only() -> None:
+    sightings = Sightings()
+    for channel, message in ((1, 10), (2, 20), (3, 30)):
+        sightings.saw(channel, message)
+    sightings.dropped([1, 2])  # the shard carrying channels 1 and 2 lost its connection
+    assert sightings.at_drop == {1: 10, 2: 20}
+    assert sightings.live_from == {3: 30}  # channel 3's shard still delivers live: its catch-up bound stays
+    sightings.saw(3, 31)
+    sightings.dropped([3])
+    assert sightings.at_drop == {1: 10, 2: 20, 3: 31} and sightings.live_from == {}
 
 
 async def test_identify_pacer_keeps_one_identify_per_window_in_each_bucket() -> None:
