@@ -183,6 +183,60 @@ def _channel_ref(ref: str) -> str:
     return ref
 
 
+SHARDS_FORM = "`auto`, or {count: N} with optional ids: [...] (the shards this process runs, of 0..N-1)"
+
+
+class ShardSettings(Strict):
+    """`discord.shards`: the bot's gateway split in `count` sessions (discord.py's AutoShardedBot), each
+    carrying the guilds on its shard, `(guild_id >> 22) % count`. `auto` (count None) takes the count
+    Discord recommends; `ids` are the shards this process runs (all of 0..count-1 when not given), so a
+    process may be handed a subset of a fixed count."""
+
+    count: int | None = Field(ge=1)
+    ids: list[int] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "count" not in data:
+            raise _KeyError(
+                "count",
+                "required: how many shards the bot runs in"
+                + (" (ids are some of 0..count-1; `auto` cannot be split)" if "ids" in data else ""),
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _ids_within_count(self) -> ShardSettings:
+        if self.ids is None:
+            return self
+        if self.count is None:
+            raise _KeyError("ids", "ids need a fixed count (`auto` cannot be split)")
+        if not self.ids:
+            raise _KeyError("ids", "an empty list runs no shard (leave ids out to run all of them)")
+        outside = [i for i in self.ids if not 0 <= i < self.count]
+        if outside:
+            raise _KeyError("ids", f"{outside[0]} is not a shard of {self.count} (ids run from 0 to {self.count - 1})")
+        twice = sorted({i for i in self.ids if self.ids.count(i) > 1})
+        if twice:
+            raise _KeyError("ids", f"shard {twice[0]} is listed twice")
+        return self
+
+    @property
+    def auto(self) -> bool:
+        return self.count is None
+
+
+def _shards_form(value: Any) -> Any:
+    """`auto` stands for a count Discord recommends; any other plain value is a mistake said in one line."""
+    if value == "auto":
+        return {"count": None}
+    if value is None or isinstance(value, dict):
+        return value
+    hint = f" (write {{count: {value}}})" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise ValueError(f"must be {SHARDS_FORM}{hint}")
+
+
 class DiscordSettings(Strict):
     token_env: str = Field(min_length=1)
     # A channel's name, its id, or `guild/channel` (a bare name must be in only one of the bot's guilds).
@@ -190,6 +244,8 @@ class DiscordSettings(Strict):
     # This bot registers the moderators' slash commands and answers them for every resident of the
     # process (one copy per guild); without any such residence, the first one does.
     commands: bool = False
+    # Several gateway sessions for a bot in more guilds than one session may carry (`ShardSettings`).
+    shards: Annotated[ShardSettings | None, BeforeValidator(_shards_form)] = None
 
 
 DEFAULT_PROVIDER = "anthropic"  # a residence that names no `provider:` is sent to Anthropic's API

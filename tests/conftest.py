@@ -247,8 +247,10 @@ E2E_MODULES = frozenset(
         "test_refused_posts",
         "test_room_input",
         "test_room_layout",
+        "test_room_shards",
         "test_room_uploads",
         "test_run_start",
+        "test_shards",
         "test_tooling",
     }
 )

@@ -24,7 +24,13 @@ LEVELS = ("debug", "info", "warning", "error")
     help="What is logged on stderr, each line once  [default: discord.py's connection lines at info, "
     "the rest at warning; -v/-vv lower both]",
 )
-def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
+@click.option(
+    "--shards",
+    metavar="SPEC",
+    help="This process's gateway shards for every bot, in place of each residence's discord.shards: "
+    "auto, N (all N shards), or N:ID,ID (some of them, e.g. 4:0,2).",
+)
+def run(discord_api: str | None, db: str | None, log_level: str | None, shards: str | None) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
     The residences are those in the configuration folder (--config). Tokens come from the
@@ -37,6 +43,7 @@ def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
     Example:
       residents run --discord-api http://127.0.0.1:8765 --db data/ledger.db
       residents run --log-level warning
+      residents run --shards 4:0,1
     """
     from ..discord.run import StartupError, main
 
@@ -48,7 +55,7 @@ def run(discord_api: str | None, db: str | None, log_level: str | None) -> int:
     else:  # discord.py's connection lines at info; everything else at warning, or as -v/-vv say
         gateway.setLevel(min(root.level, logging.INFO))
     try:
-        return main(config_dir(), ledger_path(db), discord_api)
+        return main(config_dir(), ledger_path(db), discord_api, shards)
     except StartupError as e:
         raise UsageError(str(e)) from None
     finally:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import discord
+from pydantic import ValidationError
 
-from ..config import Checkpoints, Residence, load_all_residences, load_project
+from ..config import Checkpoints, Residence, ShardSettings, load_all_residences, load_project
 from ..delivery.keys import KeyRejections
 from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
@@ -30,7 +31,7 @@ from ..ledger import Ledger, hold_ledger
 from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, connect_all, endpoint
 from ..resident import Resident
 from . import startup
-from .app import ResidentBot, commands_bot_of, names_channel
+from .app import ResidentBot, commands_bot_of, names_channel, sharded
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -52,10 +53,34 @@ class Deployment:
     checkpoints: Checkpoints | None = None  # residents.yaml's `ledger.checkpoints`: posted by the commands bot
 
 
-def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = None) -> Deployment:
+def process_shards(spec: str) -> ShardSettings:
+    """`residents run --shards SPEC`: `auto`, `N` (every shard of N) or `N:0,2` (shards 0 and 2 of N), checked
+    as `discord.shards` is; a problem is one StartupError line naming the option."""
+    count, _, ids = spec.strip().partition(":")
+    data: dict[str, object] = {"count": None if count == "auto" else count}
+    try:
+        if count != "auto":
+            data["count"] = int(count)
+        if ids:
+            data["ids"] = [int(i) for i in ids.split(",")]
+    except ValueError:
+        raise StartupError(f"--shards {spec}: write auto, N, or N:ID,ID,... (e.g. 4:0,2)") from None
+    try:
+        return ShardSettings.model_validate(data)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        problem = (err.get("ctx") or {}).get("error")
+        raise StartupError(f"--shards {spec}: {getattr(problem, 'message', None) or err['msg']}") from None
+
+
+def plan_deployment(
+    base: Path, local_api: bool, env: dict[str, str] | None = None, shards: ShardSettings | None = None
+) -> Deployment:
     """Residences with Discord settings and their tokens; against a local room any token will do.
 
     Every variable start-up needs and does not find (tokens, the provider key) is named in one line.
+    `shards` (`residents run --shards`) is this process's sharding for every bot, in place of each
+    residence's `discord.shards`.
     """
     env = dict(os.environ if env is None else env)
     folder = base / "residences"
@@ -63,6 +88,12 @@ def plan_deployment(base: Path, local_api: bool, env: dict[str, str] | None = No
         where = f"no {folder} folder" if not folder.is_dir() else f"no residences in {folder}"
         raise StartupError(f"{where}: `residents init` writes a starter set (or pass --config DIR)")
     residences = [r for r in load_all_residences(base) if r.discord is not None]
+    if shards is not None:
+        residences = [
+            r.model_copy(update={"discord": r.discord.model_copy(update={"shards": shards})})
+            for r in residences
+            if r.discord is not None
+        ]
     if not residences:
         raise StartupError(f"{base / 'residences'}: no residence has `discord` settings (token_env, channels)")
     missing = startup.missing_variables(residences, env, local_api)
@@ -161,8 +192,9 @@ async def _serve(
         commander = commands_bot_of(dep.residences)
         peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
+            bot_class = sharded(ResidentBot) if r.discord is not None and r.discord.shards is not None else ResidentBot
             bots.append(
-                ResidentBot(
+                bot_class(
                     registry[r.name],
                     registry,
                     guild_ready_timeout=guild_ready_timeout,
@@ -198,6 +230,11 @@ async def _serve(
                     f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
                     f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
                 )
+            elif isinstance(exc, discord.ConnectionClosed) and exc.code in (
+                CLOSE_INVALID_SHARD,
+                CLOSE_SHARDING_REQUIRED,
+            ):
+                problem = shard_refusal(b.residence, exc.code, exc.shard_id)
             elif exc is not None:
                 problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
             else:
@@ -213,6 +250,27 @@ async def _serve(
             raise StartupError(problem)
     finally:
         await outbox.close()
+
+
+CLOSE_INVALID_SHARD = 4010  # Discord's gateway close codes: "Invalid shard"
+CLOSE_SHARDING_REQUIRED = 4011  # "Sharding required": a session would carry too many guilds
+
+
+def shard_refusal(residence: Residence, code: int, shard_id: int | None) -> str:
+    """The one line for a gateway that refused the bot's sharding (close code 4010 or 4011)."""
+    where = f"residences/{residence.name}.yaml: discord.shards"
+    settings = residence.discord.shards if residence.discord is not None else None
+    if code == CLOSE_INVALID_SHARD:
+        return f"{where}: the gateway refused shard {shard_id} as invalid (close code 4010)"
+    if settings is None:
+        return (
+            f"{where}: the gateway requires sharding (close code 4011): the bot is in more guilds than one "
+            "session may carry; set discord.shards: auto"
+        )
+    return (
+        f"{where}: shard {shard_id} of {settings.count if settings.count is not None else 'the recommended count'} "
+        "would carry more guilds than one session may (close code 4011); set a larger count, or auto"
+    )
 
 
 async def _announce_when_ready(bots: list[ResidentBot], announce: Callable[[list[ResidentBot]], None] | None) -> None:
@@ -238,9 +296,11 @@ def start_rows(bots: list[ResidentBot], local_api: bool) -> list[startup.Row]:
     return rows
 
 
-def main(base: Path, db: str, discord_api: str | None) -> int:
+def main(base: Path, db: str, discord_api: str | None, shards: str | None = None) -> int:
     """`residents run`: log lines go through the root logger's one handler (set up by the CLI), once."""
-    dep = plan_deployment(base, local_api=discord_api is not None)
+    dep = plan_deployment(
+        base, local_api=discord_api is not None, shards=process_shards(shards) if shards is not None else None
+    )
     if discord_api:
         point_at_local(discord_api)
     gc.freeze()  # everything imported lives as long as the process: out of the collector's full passes

@@ -91,6 +91,16 @@ class Snowflakes:
         self._last = max(self._last + 1, discord.utils.time_snowflake(now()))
         return self._last
 
+    def milliseconds_apart(self, n: int) -> list[int]:
+        """`n` ids in consecutive milliseconds of their own (`id >> 22` one apart): guilds built together
+        then sit on consecutive shards (`(guild_id >> 22) % num_shards`), spread evenly in the order built,
+        as guilds created over months spread on Discord."""
+        first = max(((self._last >> 22) + 1) << 22, discord.utils.time_snowflake(now()))
+        ids = [first + (i << 22) for i in range(n)]
+        if ids:
+            self._last = ids[-1]
+        return ids
+
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)

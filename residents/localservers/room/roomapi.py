@@ -81,8 +81,8 @@ class Room(Protocol):
         after_create: bool = ...,
         refuse_seconds: float | None = ...,
     ) -> None: ...
-    async def drop_gateway(self, *, hold: bool = ...) -> int: ...
-    async def invalidate_sessions(self, *, hold: bool = ...) -> int: ...
+    async def drop_gateway(self, *, hold: bool = ..., shard: int | None = ...) -> int: ...
+    async def invalidate_sessions(self, *, hold: bool = ..., shard: int | None = ...) -> int: ...
     async def refuse_connections(self, seconds: float) -> None: ...
     def release_gateway(self) -> None: ...
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
@@ -226,10 +226,13 @@ class RoomApi:
                 after_create=bool(post.get("after_create", False)),
                 refuse_seconds=float(post["refuse_seconds"]) if post.get("refuse_seconds") is not None else None,
             )
+        shard = body.get("shard")
+        if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or shard < 0):
+            raise ApiError(400, 50035, '"shard" must be a shard id (a whole number, 0 or more)')
         if body.get("invalidate_sessions"):
-            await self.server.invalidate_sessions(hold=bool(body.get("hold", False)))
+            await self.server.invalidate_sessions(hold=bool(body.get("hold", False)), shard=shard)
         elif body.get("drop_gateway"):
-            await self.server.drop_gateway(hold=bool(body.get("hold", False)))
+            await self.server.drop_gateway(hold=bool(body.get("hold", False)), shard=shard)
         if body.get("release_gateway"):
             self.server.release_gateway()
         refuse = body.get("refuse_connections")

@@ -174,7 +174,23 @@ class RoomServer:
                 }
                 for p in state.people_by_name.values()
             ],
-            "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
+            "gateway": {
+                "identifies": self.gateway.identifies,
+                "resumes": self.gateway.resumes,
+                "sessions": [
+                    {
+                        "bot": s.bot.name,
+                        "shard": list(s.shard) if s.shard is not None else None,
+                        "connected": s.conn is not None,
+                    }
+                    for s in self.gateway.live_sessions()
+                ],
+                "sharding": {
+                    "guilds_per_shard": state.layout.sharding.guilds_per_shard,
+                    "max_guilds_per_session": state.layout.sharding.max_guilds_per_session,
+                    "max_concurrency": state.layout.sharding.max_concurrency,
+                },
+            },
             "annotator": self._annotator is not None,
             "show": self._show.status() if self._show is not None else None,
         }
@@ -395,14 +411,16 @@ class RoomServer:
             refuse_seconds=refuse_seconds,
         )
 
-    async def drop_gateway(self, *, hold: bool = False) -> int:
-        """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
-        return await self.gateway.drop(hold=hold)
+    async def drop_gateway(self, *, hold: bool = False, shard: int | None = None) -> int:
+        """Close all bots' websockets with 4000 (resumable), or only those of shard `shard`; `hold` keeps
+        them out until release_gateway()."""
+        return await self.gateway.drop(hold=hold, shard=shard)
 
-    async def invalidate_sessions(self, *, hold: bool = False) -> int:
-        """End every bot's gateway session (its RESUME gets INVALID_SESSION, so it identifies anew and misses
-        what was said meanwhile); `hold` keeps them out until release_gateway()."""
-        return await self.gateway.invalidate(hold=hold)
+    async def invalidate_sessions(self, *, hold: bool = False, shard: int | None = None) -> int:
+        """End every bot's gateway session, or only those of shard `shard` (its RESUME gets INVALID_SESSION,
+        so it identifies anew and misses what was said meanwhile); `hold` keeps them out until
+        release_gateway()."""
+        return await self.gateway.invalidate(hold=hold, shard=shard)
 
     def release_gateway(self) -> None:
         self.gateway.release()

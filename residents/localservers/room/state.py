@@ -116,11 +116,12 @@ class RoomState:
         self.attachments: dict[int, Attachment] = {}
         self._nonces: dict[tuple[int, str], tuple[float, Message]] = {}
         self._listeners: list[Listener] = []
-        for spec in self.layout.guilds:
-            self._build_guild(spec)
+        guild_ids = self.ids.milliseconds_apart(len(self.layout.guilds))
+        for spec, guild_id in zip(self.layout.guilds, guild_ids, strict=True):
+            self._build_guild(spec, guild_id)
 
-    def _build_guild(self, spec: GuildLayout) -> Guild:
-        g = Guild(id=self.ids.next(), name=spec.name, owner_id=self.owner_id)
+    def _build_guild(self, spec: GuildLayout, guild_id: int) -> Guild:
+        g = Guild(id=guild_id, name=spec.name, owner_id=self.owner_id)
         g.roles[g.id] = Role(g.id, "@everyone", EVERYONE_PERMS, 0)
         bots = Role(self.ids.next(), BOTS_ROLE, discord.Permissions(EVERYONE_PERMS.value | BOT_PERMS.value), 1)
         g.roles[bots.id] = bots
