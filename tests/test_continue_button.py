@@ -5,16 +5,19 @@ real SDK, a real SQLite ledger. Swallowed errors in discord.py's background task
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from conftest import residence, specimen
 from discordkit import Deployed, deployed, opts
+from roomkit import running_room
+from test_crash import Process, connected
 
 from residents import truth
 from residents.generation.run import continuations_left
 from residents.ledger.verify import verify
 from residents.localservers import sse
-from residents.localservers.provider import Call
+from residents.localservers.provider import Call, ProviderServer
 from residents.records import Generation, Segment, Status
 
 BOUNDS = {"max_segments": 2, "max_output_tokens": 12288, "min_progress_chars": 16, "similarity_abort": 0.92}
@@ -221,3 +224,57 @@ def test_continuations_left_counts_what_the_bounds_leave_as_continue_on_request_
     window = cut(600)
     window.stop_reason = "model_context_window_exceeded"
     assert continuations_left(window, res) == 0
+
+
+async def test_the_button_works_after_the_process_is_killed_and_started_again(tmp_path: Path) -> None:
+    """`residents run` as a real process: a receipt's button, sent by the first process, pressed after a
+    SIGKILL and a new start (nothing of the first process's memory is left; the custom_id is all)."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "residences").mkdir()
+    (tmp_path / "policies" / "ask.yaml").write_text(
+        "retries:\n  max_attempts: 1\nfloor:\n  cooldown_seconds: 0\ncontinuation:\n  standing: on-request\n"
+        "  max_segments: 2\n  max_output_tokens: 12288\n  min_progress_chars: 16\n  similarity_abort: 0.92\n"
+    )
+    (tmp_path / "residences" / "cairn.yaml").write_text(
+        "name: cairn\nmodel: claude-3-opus-20240229\nmax_tokens: 600\nsystem: You are Cairn.\npolicy: ask\n"
+        "discord:\n  token_env: CAIRN_DISCORD_TOKEN\n  channels: [general]\n"
+    )
+    provider = ProviderServer()
+    await provider.start()
+    provider.enqueue([Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(SECOND, "end_turn", 40))])
+    try:
+        async with running_room(["general"]) as room:
+            proc = Process(tmp_path, room.url, provider.url, tmp_path / "ledger.db")
+            try:
+                await proc.start()
+                await connected(room, proc, 0)
+                room.post("general", "alice", "write it all, @cairn", mentions=["cairn"])
+
+                def offered() -> dict[str, Any] | None:
+                    return next((m for m in room.messages() if m["bot"] and m["components"]), None)
+
+                receipt = await room.wait_until(offered, timeout=20)
+                [(label, custom_id)] = buttons_of(receipt)
+                assert label == "Continue (2 left)"
+                await proc.kill()
+                identifies = room.gateway.identifies
+                await proc.start()
+                await connected(room, proc, identifies)
+                room.state.person("moddy", moderator=True)
+                out = await room.press_button("general", "moddy", receipt["id"], custom_id, timeout=20.0, settle=0.1)
+                assert not out["timed_out"], proc.output()
+                assert out["responses"][-1]["content"].startswith("Continued g-"), out
+                assert out["responses"][-1]["content"].endswith("now completed, 2 segment(s), continuation completed.")
+                await room.wait_for_message(
+                    lambda m: m["content"].startswith("-# Output assembled from 2 segments"), timeout=20
+                )
+                assert all(m["components"] == [] for m in room.messages() if m["bot"])
+                assert len(provider.requests) == 2
+                assert await proc.stop() == 0, proc.output()
+                assert proc.tracebacks() == [], proc.output()
+            finally:
+                if proc.proc is not None and proc.proc.returncode is None:
+                    proc.proc.kill()
+                    await proc.proc.wait()
+    finally:
+        await provider.stop()
