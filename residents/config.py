@@ -77,6 +77,9 @@ class Continuation(Strict):
     min_progress_chars: int | None = Field(default=None, ge=1, le=100_000)
     similarity_abort: float | None = Field(default=None, ge=0.0, le=1.0)
     min_overlap_chars: int = Field(default=8, ge=1, le=10_000)
+    # Who may press the Continue button on a cut output's receipt (standing `on-request`): moderators, as
+    # for /continue; `asker`: moderators and the person the reply answered; `anyone` who sees the channel.
+    button: Literal["moderators", "asker", "anyone"] = "moderators"
 
     @model_validator(mode="after")
     def _bounds_required(self) -> Continuation:

@@ -221,6 +221,7 @@ class Resident:
         generation_id: str | None,
         superseded: Callable[[], bool] = never,
         within: float | None = None,
+        offered: int | None = None,
     ) -> Reply:
         """A moderator asked for more of a cut output: one segment at most, under the standing.
 
@@ -228,13 +229,17 @@ class Resident:
         their posts to reach the room), then reads the generation afresh: a second /continue on one
         generation runs after the first, or is declined with the reason. Returns once its posts are in
         the room, or after `within` seconds with `Reply.waiting` saying how many are not yet.
+
+        `offered`: a Continue button's request, made from a receipt showing that many segments. Once the
+        generation has more (a second press of a double-click, a press on an older receipt) it is declined
+        to the presser alone, with no notice in the room: one press, one continuation at most.
         """
         async with self.busy(channel):
-            reply, waiting = await self._continue(channel, generation_id, superseded)
+            reply, waiting = await self._continue(channel, generation_id, superseded, offered)
         return await self._delivered(reply, waiting, within)
 
     async def _continue(
-        self, channel: str, generation_id: str | None, superseded: Callable[[], bool]
+        self, channel: str, generation_id: str | None, superseded: Callable[[], bool], offered: int | None = None
     ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         g = (
             await self.ledger.get_generation(generation_id)
@@ -249,6 +254,9 @@ class Resident:
                     "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id
                 ),
             )
+        if offered is not None and len(g.segments) != offered:
+            why = truth.Declined("already-continued", self.name, g.id, str(len(g.segments)))
+            return Reply(g, [], declined=truth.declined_reason(why), decline=why), []
         result = await self.generator.continue_on_request(g, self.residence, superseded)
         if result.refused:
             return await self._decline(channel, g, result.refused)

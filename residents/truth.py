@@ -314,7 +314,14 @@ def live_set_aside_notice(chars: int) -> str:
 
 # Why a /continue makes no provider call, each worded once below from the facts it names.
 DeclineReason = Literal[
-    "unknown-generation", "no-generation-here", "standing", "not-cut", "no-request", "tool-calls", "stopped"
+    "unknown-generation",
+    "no-generation-here",
+    "standing",
+    "not-cut",
+    "no-request",
+    "tool-calls",
+    "stopped",
+    "already-continued",
 ]
 
 _DECLINED: dict[str, str] = {
@@ -325,6 +332,8 @@ _DECLINED: dict[str, str] = {
     "no-request": "generation {generation_id} has no recorded request to continue",
     "tool-calls": "generation {generation_id} made tool calls, and continuation never mixes with the tool loop",
     "stopped": "continuation of {generation_id} stopped: {detail}",
+    # A Continue button pressed after its receipt's output was continued (a second press of a double-click)
+    "already-continued": "generation {generation_id} was already continued from that receipt; it has {detail} segments now",
 }
 
 
@@ -352,6 +361,23 @@ def declined_continue(d: Declined) -> str:
 def not_continued(d: Declined) -> str:
     """A moderator's own (ephemeral) answer to a /continue that was declined."""
     return f"Not continued: {declined_reason(d)}."
+
+
+def continue_label(left: int) -> str:
+    """The Continue button's label on a cut output's receipt: how many continuations its policy still allows."""
+    return f"Continue ({left} left)"
+
+
+# Who may press a Continue button (policy `continuation.button`), as a refused press is told it.
+_PRESSERS: dict[str, str] = {
+    "moderators": "moderators of this channel",
+    "asker": "moderators of this channel and the person this reply answered",
+}
+
+
+def press_refused(button: str, residence: str) -> str:
+    """The (ephemeral) answer to a Continue press its policy does not allow: who may press, as a fact."""
+    return f"Continuing this output is for {_PRESSERS[button]}, under the continuation policy of {residence}."
 
 
 def context_boundary_note(e: Ending) -> str:

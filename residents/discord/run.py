@@ -32,6 +32,7 @@ from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, c
 from ..resident import Resident
 from . import startup
 from .app import ResidentBot, commands_bot_of, names_channel, sharded
+from .buttons import receipt_view
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -125,7 +126,7 @@ async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
     nothing planned later overtakes it.
     """
     await bot.login(token)
-    room = DiscordResumeRoom(bot)
+    room = DiscordResumeRoom(bot, views=lambda post: receipt_view(bot, post))
     await withdraw_left_in_progress(outbox.ledger, room, bot.residence.name)  # a live reply cut by a stop
     outbox.register(bot.residence.name, room)
     await outbox.resume(bot.residence.name)

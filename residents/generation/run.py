@@ -49,6 +49,23 @@ class ContinueResult:
     refused: truth.Declined | None = None  # why no provider call was made, when none was
 
 
+def continuations_left(g: Generation, res: Residence) -> int:
+    """How many more /continue requests `g` may still be granted: 0 unless its residence's standing is
+    `on-request` and it is cut at the output ceiling; else what `max_segments` and `max_output_tokens`
+    leave, by the same counts `continue_on_request` stops at (the Continue button's "n left").
+
+    Tool calls, which also rule continuation out, are the caller's to check (they are in the ledger)."""
+    cont = res.policy.continuation
+    if cont.standing != "on-request" or g.status != "truncated" or not truth.is_ceiling(g.stop_reason):
+        return 0
+    if g.request is None:
+        return 0
+    spent = sum(s.output_tokens if s.output_tokens is not None else g.request["max_tokens"] for s in g.segments)
+    if spent >= (cont.max_output_tokens or 0):
+        return 0
+    return max(0, (cont.max_segments or 0) - (len(g.segments) - 1))
+
+
 class Generator:
     def __init__(self, runner: AttemptRunner) -> None:
         self.runner = runner

@@ -23,18 +23,15 @@ from ... import truth
 from ...delivery import split_text
 from ...ledger import views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
-from ...records import Generation
+from ...records import Generation, PostKind
 from ...text import outbound
 from ..app import ResidentBot, names_channel
+from ..buttons import CONTINUE_DELIVERY_WAIT, continued, take_button_away
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
-# How long a /continue's answer waits for the continuation's posts to reach the room: an outbox held by
-# earlier posts the room does not take yet must not keep the moderator waiting (Discord lets a deferred
-# interaction be answered for 15 minutes only); the posts still go out, in order, when it can.
-CONTINUE_DELIVERY_WAIT = 5.0
 STUMPS_PER_PAGE = 20
 
 
@@ -224,27 +221,18 @@ class Moderation(commands.Cog):
             await self._say(interaction, f"The channel of {g.id} is not reachable.")
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
+        shown = [p for p in g.posts if p.kind == PostKind.RECEIPT and p.message_id]  # the receipts before it
         reply = await owner.continue_generation(
             DiscordRoom(channel),  # type: ignore[arg-type]
             g.channel,
             g.id,
             within=CONTINUE_DELIVERY_WAIT,
         )
-        if reply.decline:
-            await interaction.followup.send(truth.not_continued(reply.decline), ephemeral=True)
-            return
-        assert reply.generation is not None
-        await interaction.followup.send(
-            f"Continued {g.id}: now {reply.generation.status}, {len(reply.generation.segments)} segment(s), "
-            f"continuation {reply.generation.continuation_ended}."
-            + (
-                f" {reply.waiting} post(s) of it wait for the room, behind earlier posts it has not taken yet;"
-                " they go out in order."
-                if reply.waiting
-                else ""
-            ),
-            ephemeral=True,
-        )
+        if not reply.decline and shown:  # the receipt it continued from keeps no Continue button
+            latest = max(shown, key=lambda p: p.seq)
+            assert latest.message_id is not None
+            await take_button_away(channel, latest.message_id)  # type: ignore[arg-type]
+        await interaction.followup.send(continued(g.id, reply), ephemeral=True)
 
 
 async def setup(bot: ResidentBot) -> None:

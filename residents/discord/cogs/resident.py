@@ -31,6 +31,7 @@ from discord.ext import commands
 
 from ...delivery.outbox import Backoff
 from ..app import ResidentBot
+from ..buttons import ContinueButton
 from ..catchup import CATCH_UP_READ, Claims, Sightings, age_words, ledger_bound, oldest_first, window_start
 from ..floor import Floor, replies, shared_floor, since_person
 from ..room import ROOM_ERRORS, SEND_TIMEOUT, Attachments, DiscordRoom
@@ -430,3 +431,5 @@ class ResidentCog(commands.Cog):
 
 async def setup(bot: ResidentBot) -> None:
     await bot.add_cog(ResidentCog(bot))
+    # The Continue button on this bot's receipts, pressed now or after any number of restarts.
+    bot.add_dynamic_items(ContinueButton)

@@ -68,6 +68,16 @@ class Room(Protocol):
         settle: float = ...,
         target: str | None = ...,
     ) -> dict[str, Any]: ...
+    async def press_button(
+        self,
+        channel: str,
+        member: str,
+        message_id: str,
+        custom_id: str,
+        *,
+        timeout: float = ...,
+        settle: float = ...,
+    ) -> dict[str, Any]: ...
     async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
     def faults_view(self) -> dict[str, Any]: ...
     def fail_message_posts(
@@ -120,6 +130,7 @@ class RoomApi:
         r.add_get(f"/_room/channels/{CHANNEL}/messages", self.list_messages)
         r.add_post(f"/_room/channels/{CHANNEL}/messages", self.post_message)
         r.add_post("/_room/commands", self.invoke_command)
+        r.add_post("/_room/buttons", self.press_button)
         r.add_get("/_room/faults", self.get_faults)
         r.add_post("/_room/faults", self.post_faults)
         r.add_delete("/_room/faults", self.clear_faults)
@@ -179,6 +190,22 @@ class RoomApi:
             timeout=float(body.get("timeout", 10.0)),
             settle=float(body.get("settle", 0.25)),
             target=str(body["target_id"]) if body.get("target_id") is not None else None,
+        )
+        return json_response(result)
+
+    async def press_button(self, request: web.Request) -> web.Response:
+        """`member` presses the button `custom_id` on `message_id` in `channel`; the answers they saw, as for a command."""
+        body = require_dict((await read_body(request))[0])
+        for key in ("channel", "member", "message_id", "custom_id"):
+            if not body.get(key):
+                raise ApiError(400, 50035, f'"{key}" is required')
+        result = await self.server.press_button(
+            str(body["channel"]),
+            str(body["member"]),
+            str(body["message_id"]),
+            str(body["custom_id"]),
+            timeout=float(body.get("timeout", 10.0)),
+            settle=float(body.get("settle", 0.25)),
         )
         return json_response(result)
 

@@ -329,6 +329,36 @@ class RoomServer:
             "timed_out": timed_out,
         }
 
+    async def press_button(
+        self,
+        channel: str,
+        member: str,
+        message_id: str,
+        custom_id: str,
+        *,
+        timeout: float = 10.0,
+        settle: float = 0.25,
+    ) -> dict[str, Any]:
+        """`member` presses the button `custom_id` on message `message_id` of `channel`, as Discord's client
+        does; waits for the answer and follow-ups (quiet for `settle` s), as `invoke_command` does."""
+        ch = self.state.channel_by_ref(channel)
+        message = self.state.message(ch, message_id)
+        if message.author.bot and not self.gateway.live_sessions(message.author):
+            raise ApiError(409, 0, f"bot {message.author.name!r} has no gateway session")
+        inter = self.desk.press(ch, member, message_id, custom_id)
+        timed_out = await self._await_responses(inter, timeout, settle)
+        return {
+            "interaction_id": str(inter.id),
+            "custom_id": custom_id,
+            "message_id": str(message.id),
+            "bot": inter.bot.name,
+            "member": inter.user.name,
+            "channel": ch.ref,
+            "permissions": [n for n, on in self.state.permissions(inter.user, ch) if on],
+            "responses": list(inter.responses),
+            "timed_out": timed_out,
+        }
+
     async def _await_responses(self, inter: Interaction, timeout: float, settle: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -337,7 +367,8 @@ class RoomServer:
             now = loop.time()
             if len(inter.responses) != last_count:
                 last_count, last_change = len(inter.responses), now
-            complete = any(r["kind"] != "callback" or r["type"] == 4 for r in inter.responses)
+            # a message (4) or an edit of the button's message (7) answers at once; 5 and 6 wait for a follow-up
+            complete = any(r["kind"] != "callback" or r["type"] in (4, 7) for r in inter.responses)
             if complete and now - last_change >= settle:
                 return False
             if now >= deadline:
@@ -473,7 +504,8 @@ class RoomServer:
             return {
                 "type": "interaction_response",
                 "interaction_id": str(event.interaction.id),
-                "command": event.interaction.command.name,
+                "command": event.interaction.name,
+                "custom_id": event.interaction.custom_id,
                 "member": event.interaction.user.name,
                 "channel_id": str(event.interaction.channel.id),
                 "response": event.response,
