@@ -205,7 +205,7 @@ class Metrics:
         return why
 
 
-@dataclass
+@dataclass(eq=False)  # registered by identity
 class _Gauges(Collector):
     """The gauges, read from the run's parts at each scrape."""
 
