@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import truth
+from . import observe, truth
 from .config import Residence
 from .context import RoomMessage
 from .context.compile import compile_with_files, ledger_message_ids, own_generation_ids
@@ -34,6 +35,7 @@ from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
 from .ledger.retry import until_written
+from .observe import UNOBSERVED, Observer
 from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class Resident:
         self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
         self._busy: dict[str, asyncio.Lock] = {}
         self.board: LiveBoard = shared_board()  # live messages in progress, across the process
+        self.observer: Observer = UNOBSERVED  # told each turn's time (`residents.metrics`)
 
     def busy(self, channel: str) -> asyncio.Lock:
         """Held while this resident works in `channel`: generating or recording a reply, up to its enqueue."""
@@ -137,9 +140,13 @@ class Resident:
         """One turn, returned once its posts are in the room (or set aside).
 
         `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
-        async with self.busy(channel):
-            reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued)
-        return await self._delivered(reply, waiting)
+        began = time.monotonic()
+        with observe.working_on(residence=self.name, channel=channel):
+            async with self.busy(channel):
+                reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued)
+            reply = await self._delivered(reply, waiting)
+        self.observer.turn_ended(self.name, channel, time.monotonic() - began)
+        return reply
 
     async def _respond(
         self,
@@ -234,9 +241,10 @@ class Resident:
         generation has more (a second press of a double-click, a press on an older receipt) it is declined
         to the presser alone, with no notice in the room: one press, one continuation at most.
         """
-        async with self.busy(channel):
-            reply, waiting = await self._continue(channel, generation_id, superseded, offered)
-        return await self._delivered(reply, waiting, within)
+        with observe.working_on(residence=self.name, channel=channel):
+            async with self.busy(channel):
+                reply, waiting = await self._continue(channel, generation_id, superseded, offered)
+            return await self._delivered(reply, waiting, within)
 
     async def _continue(
         self, channel: str, generation_id: str | None, superseded: Callable[[], bool], offered: int | None = None

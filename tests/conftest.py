@@ -240,6 +240,7 @@ E2E_MODULES = frozenset(
         "test_live",
         "test_load",
         "test_localroom",
+        "test_metrics_process",
         "test_moderation",
         "test_openai_run",
         "test_packaging",

@@ -108,6 +108,8 @@ class ResidentBot(commands.Bot):
         self.checkpoints = checkpoints
         self.checkpoint_channel: discord.TextChannel | None = None
         self.settled = asyncio.Event()  # set once ready: commands synced, channels found
+        # A gateway session: READY or RESUMED since the last disconnect (`/readyz`, the sessions gauge).
+        self.gateway_session = False
 
     @property
     def residence(self):
@@ -148,9 +150,16 @@ class ResidentBot(commands.Bot):
             await self.load_extension(ext)
         self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
 
+    async def on_resumed(self) -> None:
+        self.gateway_session = True
+
+    async def on_disconnect(self) -> None:
+        self.gateway_session = False
+
     async def on_ready(self) -> None:
         """Commands are synced per guild (immediate, unlike global ones; a bot that is not the commands bot
         puts an empty list, removing any copies an earlier version registered); configured channels are checked."""
+        self.gateway_session = True
         for guild in self.guilds:
             if guild.id in self.synced:
                 continue

@@ -28,6 +28,8 @@ from ..delivery.resume import recover
 from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
 from ..ledger import Ledger, hold_ledger
+from ..metrics import READY_POST_AGE, Metrics, MetricsPortInUse, MetricsServer
+from ..observe import UNOBSERVED, Observer
 from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, connect_all, endpoint
 from ..resident import Resident
 from . import startup
@@ -142,14 +144,47 @@ async def run_bots(
     key_rejections: KeyRejections | None = None,
     backoff: Backoff | None = None,
     announce: Callable[[list[ResidentBot]], None] | None = None,
+    metrics_port: int | None = None,
+    ready_post_age: float = READY_POST_AGE,
+    serving: Callable[[str], None] | None = None,
 ) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
     `env`: where each residence's provider reads its settings (the process's environment in
     `residents run`). `key_rejections` is shared by every resident (one notice per channel, whoever
     failed); a test passes its own to control the clock. `backoff` paces redelivery after a room
-    failure. `announce` is told once, when every bot is ready.
+    failure. `announce` is told once, when every bot is ready. `metrics_port`: metrics and health
+    are served on 127.0.0.1 from before anything connects (`residents.metrics`), and `serving` is told
+    their base URL; `/readyz` fails while a post has waited longer than `ready_post_age` seconds.
     """
+    if metrics_port is None:
+        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, None)
+        return
+    metrics = Metrics([r.name for r in dep.residences], ready_post_age)
+    server = MetricsServer(metrics)
+    try:
+        url = await server.start(metrics_port)
+    except MetricsPortInUse as e:
+        raise StartupError(str(e)) from None
+    try:
+        if serving is not None:
+            serving(url)
+        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics)
+    finally:
+        await server.stop()
+
+
+async def _run(
+    dep: Deployment,
+    db: str,
+    env: Mapping[str, str],
+    guild_ready_timeout: float,
+    stop: asyncio.Event | None,
+    key_rejections: KeyRejections | None,
+    backoff: Backoff | None,
+    announce: Callable[[list[ResidentBot]], None] | None,
+    metrics: Metrics | None,
+) -> None:
     endpoints = provider_endpoints(dep.residences, env)
     providers = connect_all((name, prov, where) for name, (prov, where) in endpoints.items())
     try:
@@ -162,9 +197,12 @@ async def run_bots(
             key_env_of = {name: where.key_env for name, (_, where) in endpoints.items()}
             key_rejections = KeyRejections("the provider's key", key_env_of=key_env_of)  # every residence named
         async with Ledger.open(db) as ledger:
+            if metrics is not None:
+                ledger.observer = metrics
+                metrics.sources.ledger_open = lambda: not ledger.db.closed
             # Before any bot connects: what a stopped process left open is settled and planned.
             await recover(ledger, {r.name for r in dep.residences})
-            await _serve(dep, ledger, providers, guild_ready_timeout, stop, key_rejections, backoff, announce)
+            await _serve(dep, ledger, providers, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics)
     finally:
         await close_all(providers.values())
 
@@ -178,18 +216,22 @@ async def _serve(
     key_rejections: KeyRejections,
     backoff: Backoff | None,
     announce: Callable[[list[ResidentBot]], None] | None,
+    metrics: Metrics | None = None,
 ) -> None:
     """The bots, on an open ledger and each residence's provider (their owner closes them), until `stop`
-    or a problem."""
+    or a problem. `metrics`, when served, observes every part and reads the outbox and the bots' sessions."""
     registry: dict[str, Resident] = {}
     bots: list[ResidentBot] = []
     outbox = Outbox(ledger, backoff)
+    observer: Observer = metrics if metrics is not None else UNOBSERVED
+    outbox.observer = observer
     try:
-        generator = Generator(AttemptRunner(providers, ledger))
+        generator = Generator(AttemptRunner(providers, ledger, observer=observer))
         board = LiveBoard()  # the process's live messages in progress, as its outbox is the process's
         for r in dep.residences:
             registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
             registry[r.name].board = board
+            registry[r.name].observer = observer
         commander = commands_bot_of(dep.residences)
         peers: dict[str, ResidentBot] = {}
         for r in dep.residences:
@@ -205,6 +247,9 @@ async def _serve(
                 )
             )
             peers[r.name] = bots[-1]
+        if metrics is not None:
+            metrics.sources.backlog = outbox.backlog
+            metrics.sources.sessions = lambda: {b.residence.name: b.gateway_session and not b.is_closed() for b in bots}
         stop = stop or asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -297,7 +342,14 @@ def start_rows(bots: list[ResidentBot], local_api: bool) -> list[startup.Row]:
     return rows
 
 
-def main(base: Path, db: str, discord_api: str | None, shards: str | None = None) -> int:
+def main(
+    base: Path,
+    db: str,
+    discord_api: str | None,
+    shards: str | None = None,
+    metrics_port: int | None = None,
+    ready_post_age: float = READY_POST_AGE,
+) -> int:
     """`residents run`: log lines go through the root logger's one handler (set up by the CLI), once."""
     dep = plan_deployment(
         base, local_api=discord_api is not None, shards=process_shards(shards) if shards is not None else None
@@ -313,7 +365,17 @@ def main(base: Path, db: str, discord_api: str | None, shards: str | None = None
     # asked anything or the ledger read. `run_bots`' own opening shares this process's hold.
     holding = hold_ledger(db)
     try:
-        asyncio.run(run_bots(dep, db, os.environ, announce=announce))
+        asyncio.run(
+            run_bots(
+                dep,
+                db,
+                os.environ,
+                announce=announce,
+                metrics_port=metrics_port,
+                ready_post_age=ready_post_age,
+                serving=lambda url: print(f"metrics: {url}/metrics; health: {url}/healthz, {url}/readyz", flush=True),
+            )
+        )
     finally:
         holding.release()
     return 0

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import truth
+from .. import observe, truth
 from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
@@ -109,6 +109,7 @@ class Generator:
             seen_upto=seen_upto,
             attachments=list(attachments or []),
         )
+        observe.set_ids(generation=g.id)  # the turn's scope (`observe.working_on`) restores it
         loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
         if loop is not None:
             final = await loop.run(g, request, res.policy.retries, watch=watch)
@@ -134,6 +135,7 @@ class Generator:
                 unsettled = None
                 await self._continue(g, res, superseded, max_new=res.policy.continuation.max_segments or 0)
         await self._settle(g, res, previous_output=None, last_attempt=unsettled, rounds=rounds)
+        self.runner.observer.generation_settled(g, new=True, stumps=g.stumps, continuations=len(g.segments) - 1)
         return g
 
     async def continue_on_request(
@@ -151,11 +153,15 @@ class Generator:
         if await tool_calls_of(self.ledger, g.id):
             return ContinueResult(g, "", truth.Declined("tool-calls", res.name, g.id))
         await self._use_default_access(res)
-        before = len(g.text)
+        observe.set_ids(generation=g.id)
+        before, stumps_before, segments_before = len(g.text), len(g.stumps), len(g.segments)
         previous = next((s for s in reversed(g.stumps) if s.scope == "output" and s.replaced_by is None), None)
         await self._continue(g, res, superseded, max_new=1)
         added = g.text[before:]
         await self._settle(g, res, previous_output=previous if added else None)
+        self.runner.observer.generation_settled(
+            g, new=False, stumps=g.stumps[stumps_before:], continuations=len(g.segments) - segments_before
+        )
         if not added and g.continuation_ended in (
             ContinuationEnd.SEGMENT_LIMIT,
             ContinuationEnd.TOKEN_LIMIT,

@@ -20,6 +20,7 @@ from collections.abc import Coroutine, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..observe import UNOBSERVED, Observer
 from ..records import (
     Attempt,
     Block,
@@ -149,6 +150,7 @@ class Ledger:
         # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
         self.committed_at = 0.0
         self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
+        self.observer: Observer = UNOBSERVED  # told each commit's time (`residents.metrics`)
 
     @classmethod
     def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
@@ -270,26 +272,35 @@ class Ledger:
         changes = [st for st, _ in batch]
 
         def work(conn: sqlite3.Connection) -> None:  # in the connection's thread
+            began = time.perf_counter()
             try:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
                 errors = [e] * len(changes)
-            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
+            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter(), began)
 
         self._idle.clear()
         self.db.post(work)  # in order with every read; its outcome comes back through `_committed`
 
     def _committed(
-        self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
+        self,
+        batch: list[tuple[Any, asyncio.Future[None]]],
+        errors: list[BaseException | None],
+        at: float,
+        began: float,
     ) -> None:
         self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
+        refused = False
         for (_, done), err in zip(batch, errors, strict=True):
+            failure = _as_write_error(self.path, err) if err is not None else None
+            refused = refused or isinstance(failure, LedgerWriteError)
             if done.done():
                 continue
-            if err is None:
+            if failure is None:
                 done.set_result(None)
             else:
-                done.set_exception(_as_write_error(self.path, err))
+                done.set_exception(failure)
+        self.observer.committed(at - began, refused)
         self._idle.set()
         if self._queue:
             self._commit_waiting()
