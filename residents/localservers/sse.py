@@ -133,3 +133,30 @@ def tool_use_stream(
             },
         )
     return body + event("message_stop", {"type": "message_stop"})
+
+
+def with_usage(raw: bytes, usage: dict[str, Any]) -> bytes:
+    """`raw` with the input-token figures of its `message_start` (and of each `message_delta`, which
+    repeats the counts, without the breakdown by lifetime) set to `usage`, as the provider counted this request; every other byte unchanged.
+
+    Only well-formed events (`event:` then `data:` holding a JSON object) are rewritten: a recorded
+    stream that is malformed on purpose stays exactly as recorded."""
+    parts = raw.split(b"\n\n")
+    for i, part in enumerate(parts):
+        lines = part.split(b"\n")
+        if len(lines) != 2 or not lines[0].startswith(b"event: ") or not lines[1].startswith(b"data: "):
+            continue
+        name = lines[0][len(b"event: ") :].decode("utf-8", "replace")
+        if name not in ("message_start", "message_delta"):
+            continue
+        try:
+            data = json.loads(lines[1][len(b"data: ") :])
+        except ValueError:
+            continue
+        holder = data.get("message") if name == "message_start" and isinstance(data, dict) else data
+        if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
+            continue
+        given = usage if name == "message_start" else {k: v for k, v in usage.items() if k.endswith("_tokens")}
+        holder["usage"] = {**holder["usage"], **given}
+        parts[i] = event(name, data).removesuffix(b"\n\n")
+    return b"\n\n".join(parts)
