@@ -9,7 +9,7 @@ and its start moves once every `step` messages instead of once a message.
 
 The shown messages are then split at a point that also moves in steps of `step` messages, counted
 from the window's start: what lies before it is the frozen part the request marks for caching
-(docs/caching.md), what follows is the recent tail.
+(docs/providers.md, "Prompt caching"), what follows is the recent tail.
 """
 
 from __future__ import annotations

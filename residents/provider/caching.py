@@ -5,8 +5,8 @@ Anthropic caches a request's prefix (tools, then system, then messages) only up 
 the last block and counts as one), and only a prefix of at least its model's minimum. A mark below
 `MIN_CACHEABLE_TOKENS` would be spent for nothing, so none is placed there; sizes are estimated as
 the file budget estimates them (`residents.truth.BYTES_PER_TOKEN`). Where the request compiler
-places the marks, and why the prefix stays byte-stable: docs/caching.md. OpenAI-compatible servers
-cache a repeated prefix by themselves and are sent no marks.
+places the marks, and why the prefix stays byte-stable: docs/providers.md, "Prompt caching".
+OpenAI-compatible servers cache a repeated prefix by themselves and are sent no marks.
 """
 
 from __future__ import annotations
