@@ -8,6 +8,7 @@ unless read. Each figure is what the SDK read from the stream's `message_start` 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -162,3 +163,26 @@ async def test_a_recorded_streams_own_figures_are_replaced(served) -> None:
         "created": 0,
         "read": 0,
     }
+
+
+def test_only_well_formed_usage_events_are_rewritten_and_every_other_byte_kept() -> None:
+    usage = {
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 1_200,
+        "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+    }
+    broken = b"event: message_start\ndata: {not json\n\n"
+    body = sse.delta("Hi") + sse.delta(" there")
+    out = sse.with_usage(broken + body + sse.tail("end_turn", 2), usage)
+    assert out.startswith(broken + body)  # a malformed event, and the deltas, exactly as recorded
+    [delta] = [line for line in out.split(b"\n") if line.startswith(b'data: {"type": "message_delta"')]
+    assert json.loads(delta[6:])["usage"] == {
+        "output_tokens": 2,
+        "input_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 1_200,
+    }
+    whole = sse.with_usage(sse.head(MODEL, input_tokens=10) + body, usage)
+    start = json.loads(whole.split(b"\n")[1][6:])
+    assert start["message"]["usage"] == {**usage, "output_tokens": 1} and whole.endswith(body)
