@@ -24,6 +24,7 @@ from . import observe, truth
 from .config import Residence
 from .context import RoomMessage
 from .context.compile import compile_with_files, ledger_message_ids, own_generation_ids
+from .context.window import Window
 from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
@@ -67,6 +68,7 @@ class Resident:
         self.outbox = outbox
         self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
         self._busy: dict[str, asyncio.Lock] = {}
+        self.windows: dict[str, Window] = {}  # per channel: where its requests start showing the room
         self.board: LiveBoard = shared_board()  # live messages in progress, across the process
         self.observer: Observer = UNOBSERVED  # told each turn's time (`residents.metrics`)
 
@@ -81,11 +83,16 @@ class Resident:
     def name(self) -> str:
         return self.residence.name
 
-    async def compile(self, history: list[RoomMessage]) -> dict:
-        return (await self.compile_with_files(history))[0]
+    async def compile(self, history: list[RoomMessage], channel: str | None = None) -> dict:
+        return (await self.compile_with_files(history, channel))[0]
 
-    async def compile_with_files(self, history: list[RoomMessage]) -> tuple[dict[str, Any], list[SharedFile]]:
-        """The request, and the files it carries or describes (for the ledger: never their bytes)."""
+    async def compile_with_files(
+        self, history: list[RoomMessage], channel: str | None = None
+    ) -> tuple[dict[str, Any], list[SharedFile]]:
+        """The request, and the files it carries or describes (for the ledger: never their bytes).
+
+        `channel`: where the turn is taken; its window (`residents.context.window`) is kept between
+        turns, so the older part of its requests stays the same and a provider's cache can read it."""
         posts = await self.ledger.posts_by_message(ledger_message_ids(history))
         gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
         own = {m.id for m in history if m.is_self}
@@ -97,7 +104,8 @@ class Resident:
             and p.stump_id
             and (s := await self.ledger.get_stump(p.stump_id)) is not None
         }
-        return compile_with_files(self.residence, history, posts, gens, recovered)
+        window = self.windows.setdefault(channel, Window()) if channel is not None else None
+        return compile_with_files(self.residence, history, posts, gens, recovered, window)
 
     def tools(self, room: Room, channel: str) -> StumpsTool | None:
         """The resident's own `stumps` tool for a turn in `channel`, where its policy gives it."""
@@ -157,7 +165,7 @@ class Resident:
         superseded: Callable[[], bool],
         queued: Callable[[list[Post]], None] | None,
     ) -> tuple[Reply, list[asyncio.Future[bool]]]:
-        request, files = await self.compile_with_files(history)
+        request, files = await self.compile_with_files(history, channel)
         view = self._live_view(room, channel)
         try:
             g = await self.generator.generate(

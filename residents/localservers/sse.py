@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -133,3 +134,33 @@ def tool_use_stream(
             },
         )
     return body + event("message_stop", {"type": "message_stop"})
+
+
+# A whole usage-carrying event: its `event:` line at a block's start, one `data:` line, the blank line.
+_USAGE_EVENT = re.compile(rb"(?:^|(?<=\n\n))event: (message_start|message_delta)\ndata: ([^\n]*)\n\n")
+
+
+def with_usage(raw: bytes, usage: dict[str, Any]) -> bytes:
+    """`raw` with the input-token figures of its `message_start` (and of each `message_delta`, which
+    repeats the counts, without the breakdown by lifetime) set to `usage`, as the provider counted
+    this request; every other byte unchanged, and the body not copied piece by piece (a recorded
+    stream may be megabytes of small deltas).
+
+    Only well-formed events (`event:` then `data:` holding a JSON object) are rewritten: a recorded
+    stream that is malformed on purpose stays exactly as recorded."""
+    out: list[bytes] = []
+    done = 0
+    for m in _USAGE_EVENT.finditer(raw):
+        name = m.group(1).decode()
+        try:
+            data = json.loads(m.group(2))
+        except ValueError:
+            continue
+        holder = data.get("message") if name == "message_start" and isinstance(data, dict) else data
+        if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
+            continue
+        given = usage if name == "message_start" else {k: v for k, v in usage.items() if k.endswith("_tokens")}
+        holder["usage"] = {**holder["usage"], **given}
+        out += [raw[done : m.start()], event(name, data)]
+        done = m.end()
+    return b"".join(out) + raw[done:] if out else raw

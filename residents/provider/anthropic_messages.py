@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # Error types inside a stream (`event: error`) that a later attempt may not meet again.
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Request keys sent in the body as given, whatever the installed SDK's signature names.
+_IN_BODY = ("temperature", "cache_control")
 
 
 def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -86,11 +88,11 @@ async def stream_once(
         request, end.request_replacements = outbound_json(request)
         if end.request_replacements:
             log.warning("request body carried %d lone surrogate(s); sent as U+FFFD", end.request_replacements)
-        # Sampling settings the installed SDK's signature may not name travel in the body as they are.
-        params = {k: v for k, v in request.items() if k != "temperature"}
-        extra: dict[str, Any] = (
-            {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
-        )
+        # Settings the installed SDK's signature may not name (sampling, the top-level cache mark)
+        # travel in the body as they are.
+        params = {k: v for k, v in request.items() if k not in _IN_BODY}
+        in_body = {k: request[k] for k in _IN_BODY if k in request}
+        extra: dict[str, Any] = {"extra_body": in_body} if in_body else {}
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)
         raw = await opened.enter_async_context(
