@@ -7,8 +7,9 @@ An entry is a JSON object of hashes and metadata, never text (an export reveals 
 
 - `generation` — a settlement (again at each /continue): status, stop reason, counts, SHA-256 of the
   canonical text, its segments;
-- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts, SHA-256 of
-  its text and of each content block (reasoning and tool input included, by hash only);
+- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts (the
+  provider's input, cache-write and cache-read tokens where it gave them), SHA-256 of its text and of
+  each content block (reasoning and tool input included, by hash only);
 - `stump` — a stump as stored: cause, scope, counts, SHA-256 of its text;
 - `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
   lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
@@ -130,7 +131,9 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 
 
 def attempt_payload(a: Attempt) -> dict[str, Any]:
-    return {
+    """An attempt's entry. The input counts (m045) are stated only where the provider gave one, so an entry
+    written before them is still the entry its attempt gives now, and a count added later is named."""
+    out = {
         "id": a.id,
         "generation_id": a.generation_id,
         "segment": a.segment,
@@ -147,6 +150,11 @@ def attempt_payload(a: Attempt) -> dict[str, Any]:
             for b in a.content_blocks()
         ],
     }
+    for name in ("input_tokens", "cache_write_tokens", "cache_read_tokens"):
+        value = getattr(a, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def generation_payload(g: Generation) -> dict[str, Any]:

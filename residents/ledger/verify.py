@@ -268,7 +268,8 @@ _OF: list[tuple[str, str]] = [
     (
         "attempts",
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
-        " output_tokens, replaced_by FROM attempts WHERE generation_id > ?{upto}"
+        " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
+        " WHERE generation_id > ?{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
     (
