@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from .sse import usage_of
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -81,6 +83,9 @@ class ProviderServer:
     ) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
+        # What each answered stream reported as its usage (`sse.usage_of`), in order: what the ledger's
+        # token counts must add up to.
+        self.usage: list[dict[str, int]] = []
         self.responder = responder
         self.api_keys = api_keys  # None: any key will do; may change while running (a revoked key)
         self.models = models
@@ -97,6 +102,7 @@ class ProviderServer:
         self.queue.clear()
         self.queue.extend(calls)
         self.requests.clear()
+        self.usage.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -153,6 +159,8 @@ class ProviderServer:
         if call.delay_seconds > 0:
             await asyncio.sleep(call.delay_seconds)
         data = call.sse or b""
+        if data:
+            self.usage.append(usage_of(data))
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
                 if i and call.chunk_delay > 0:
