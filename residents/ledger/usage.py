@@ -80,7 +80,8 @@ class Line:
         for name, n in zip(COUNTS, counts, strict=True):
             if n is not None:
                 setattr(self, name, (getattr(self, name) or 0) + n)
-        priced = models.estimated_cost(models.caps(model), *(n or 0 for n in counts))
+        inp, cache_write, cache_read, out = (n or 0 for n in counts)
+        priced = models.estimated_cost(models.caps(model), inp, out, cache_write, cache_read)
         if priced is None:
             self.cost = None
             if model not in self.unpriced:
