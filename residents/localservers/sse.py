@@ -92,8 +92,8 @@ def stream(
 
 def usage_of(raw: bytes) -> dict[str, int]:
     """The usage a recorded stream reports, as a client reads it: Anthropic's `message_start` usage, then
-    each `message_delta`'s over it (its counts are cumulative; the start's `output_tokens` is a placeholder
-    the delta replaces), or a chat stream's usage chunk. Only whole numbers; {} for a stream reporting none."""
+    each `message_delta`'s over it (its counts are cumulative; the start's `output_tokens` is a placeholder,
+    left out), or a chat stream's usage chunk. Only whole numbers; {} for a stream reporting none."""
     out: dict[str, int] = {}
     for block in raw.decode("utf-8", "replace").split("\n\n"):
         for line in block.splitlines():
@@ -106,8 +106,9 @@ def usage_of(raw: bytes) -> dict[str, int]:
             if not isinstance(d, dict):
                 continue
             kind, message = d.get("type"), d.get("message")
-            if kind == "message_start":
+            if kind == "message_start":  # its output_tokens is a placeholder, not a count of the output
                 usage = message.get("usage") if isinstance(message, dict) else None
+                usage = {k: v for k, v in usage.items() if k != "output_tokens"} if isinstance(usage, dict) else None
             else:  # a message_delta, or a chat chunk (no `type`)
                 usage = d.get("usage") if kind in ("message_delta", None) else None
             if isinstance(usage, dict):
