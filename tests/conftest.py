@@ -250,6 +250,7 @@ E2E_MODULES = frozenset(
         "test_room_uploads",
         "test_run_start",
         "test_tooling",
+        "test_usage",
     }
 )
 
