@@ -13,10 +13,12 @@ import asyncio
 import datetime as dt
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Room, residence
 from discordkit import deployed, opts
 from roomkit import eventually, running_room
 from test_cli import run_residents
@@ -24,6 +26,8 @@ from test_crash import Process, connected, db_rows
 from test_discord_e2e import res
 
 from residents import cli
+from residents.config import Budgets
+from residents.generation import budgets
 from residents.ledger import Ledger, chain, migrations
 from residents.ledger.connection import Connection
 from residents.ledger.verify import verify
@@ -437,3 +441,19 @@ def test_check_names_a_bad_budget_its_key_and_its_line(tmp_path, budgets, line):
     done = run_residents("check", cwd=tmp_path)
     said = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 2 and f"{tmp_path / 'policies' / 'budget.yaml'}:{line}" in said, said
+
+
+async def test_a_budget_is_of_the_utc_day_and_counts_input_with_the_cache(pipeline):
+    """Spent is what the provider counted today (input with cache writes and reads); tomorrow starts at none."""
+    await pipeline.turn(
+        pipeline.resident(residence()), Room(), "Hello.", [Call(sse=reply("Hi.", 9, inp=100, write=50, read=25))]
+    )
+    now = time.time()
+    b = Budgets(daily_input_tokens=175, daily_output_tokens=10)
+    assert await budgets.reached(pipeline.ledger, "cairn", b, None, now) == budgets.Reached(
+        "residence", "input", 175, 175
+    )
+    b = Budgets(daily_input_tokens=176, daily_output_tokens=9)
+    assert await budgets.reached(pipeline.ledger, "cairn", b, None, now) == budgets.Reached("residence", "output", 9, 9)
+    assert await budgets.reached(pipeline.ledger, "cairn", b, None, budgets.utc_day(now)[1] + 86_400) is None
+    assert await budgets.reached(pipeline.ledger, "sill", b, None, now) is None  # another residence's own day
