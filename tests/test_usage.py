@@ -359,8 +359,19 @@ async def test_a_persons_budget_refuses_only_that_persons_mentions(tmp_path):
         assert (scope, tokens, budget, spent, person) == ("person", "output", 50, 60, alice) and post is not None
         gens = await d.generations()
         assert [g.person for g in gens] == [alice, str(d.room.state.user_by_name("bob").id)]
-    async with Ledger.open(tmp_path / "ledger.db") as lg:
+    db = tmp_path / "ledger.db"
+    async with Ledger.open(db) as lg:
         assert await verify(lg, unsettled_as_violations=True) == []
+    # a budget's notice stands for a recorded refusal, and only it may say a budget was reached
+    sql(db, "UPDATE budget_refusals SET post_id = NULL")
+    async with Ledger.open(db) as lg:
+        assert await verify(lg) == [f"post {post}: a notice of a spent budget that no refusal records"]
+    sql(db, "UPDATE budget_refusals SET post_id = 'p-made-up'")
+    async with Ledger.open(db) as lg:
+        assert await verify(lg) == [
+            f"post {post}: a notice of a spent budget that no refusal records",
+            "post p-made-up: named by a refusal of a spent budget, but no notice of no generation has that id",
+        ]
 
 
 def write_config(base: Path, budgets: str) -> None:
