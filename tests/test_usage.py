@@ -362,16 +362,30 @@ async def test_a_persons_budget_refuses_only_that_persons_mentions(tmp_path):
     db = tmp_path / "ledger.db"
     async with Ledger.open(db) as lg:
         assert await verify(lg, unsettled_as_violations=True) == []
-    # a budget's notice stands for a recorded refusal, and only it may say a budget was reached
-    sql(db, "UPDATE budget_refusals SET post_id = NULL")
-    async with Ledger.open(db) as lg:
-        assert await verify(lg) == [f"post {post}: a notice of a spent budget that no refusal records"]
-    sql(db, "UPDATE budget_refusals SET post_id = 'p-made-up'")
+    # the refusal is in the chain: an edit of what it counted is named
+    [(rid,)] = sql(db, "SELECT id FROM budget_refusals")
+    [(seq,)] = sql(db, "SELECT max(seq) FROM chain WHERE kind='budget-refusal' AND record=?", (rid,))
+    sql(db, "UPDATE budget_refusals SET spent = 10")
     async with Ledger.open(db) as lg:
         assert await verify(lg) == [
-            f"post {post}: a notice of a spent budget that no refusal records",
-            "post p-made-up: named by a refusal of a spent budget, but no notice of no generation has that id",
+            f"chain entry {seq} (budget-refusal {rid}): the ledger no longer matches it: spent (entry 60, ledger 10)"
         ]
+    sql(db, "UPDATE budget_refusals SET spent = 60")
+    # a budget's notice stands for a recorded refusal, and only it may say a budget was reached
+    sql(db, "UPDATE budget_refusals SET post_id = NULL")
+    refusal_edited = f"chain entry {seq} (budget-refusal {rid}): the ledger no longer matches it: post_id"
+    async with Ledger.open(db) as lg:
+        edited, *rest = await verify(lg)
+    assert edited.startswith(refusal_edited) and rest == [
+        f"post {post}: a notice of a spent budget that no refusal records"
+    ]
+    sql(db, "UPDATE budget_refusals SET post_id = 'p-made-up'")
+    async with Ledger.open(db) as lg:
+        edited, *rest = await verify(lg)
+    assert edited.startswith(refusal_edited) and rest == [
+        f"post {post}: a notice of a spent budget that no refusal records",
+        "post p-made-up: named by a refusal of a spent budget, but no notice of no generation has that id",
+    ]
 
 
 def write_config(base: Path, budgets: str) -> None:

@@ -46,7 +46,8 @@ async def told(ledger: Ledger, residence: str, channel: str, day: str) -> bool:
 
 
 async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> None:
-    """Record a refused reply and the notice posts it gets (none, or the one of the day), in one transaction."""
+    """Record a refused reply, its chain entry and the notice posts it gets (none, or the one of the day), in
+    one transaction."""
     r = refusal
     await ledger._tx(
         [
@@ -70,6 +71,23 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
             ),
             *[Ledger._post_insert(p) for p in posts],
             *chain.posts(posts),
+            chain.append(
+                "budget-refusal",
+                r.id,
+                chain.budget_refusal_payload(
+                    r.id,
+                    r.residence,
+                    r.channel,
+                    r.trigger,
+                    r.person,
+                    r.scope,
+                    r.tokens,
+                    r.budget,
+                    r.spent,
+                    r.day,
+                    r.post_id,
+                ),
+            ),
         ]
     )
 
