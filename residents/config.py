@@ -142,6 +142,27 @@ class Attachments(Strict):
     request_budget_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
 
 
+MAX_DAILY_TOKENS = 1_000_000_000_000  # a budget above this is a typo, not a budget
+
+
+class PersonBudgets(Strict):
+    """Tokens a day (UTC) the replies one person's mentions ask for may take, counted per person (their
+    room user id), by the provider's own counts. None: no such budget."""
+
+    daily_input_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    daily_output_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+
+
+class Budgets(Strict):
+    """Daily (UTC) token budgets of the residence, by the provider's own counts of every attempt that day:
+    input (with cache writes and reads) and output. Once one is spent no provider call is made, and the
+    channel is told once a day (`residents.truth.budget_notice`). None: no such budget."""
+
+    daily_input_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    daily_output_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    per_person: PersonBudgets = PersonBudgets()
+
+
 MAX_CATCH_UP_SECONDS = 24 * 3600
 
 
@@ -178,6 +199,7 @@ class Policy(Strict):
     delivery: Delivery = Delivery()
     attachments: Attachments = Attachments()
     catch_up: CatchUp = CatchUp()
+    budgets: Budgets = Budgets()
 
 
 def _channel_ref(ref: str) -> str:
@@ -394,6 +416,12 @@ class ModelRow(Strict):
     prefill: bool = False
     images: bool = False
     context_window: int | None = Field(default=None, ge=1_000, le=100_000_000)  # tokens; None: 128,000
+    # US dollars per million tokens, for `residents usage`'s estimate; a price not stated is the built-in row's,
+    # and the cache's follow the input price as models.yaml's `cache_prices` say.
+    input_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    output_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
 
 
 # A checkpoint's cadence, as `every:` writes it: a number and its unit, or several (`1h30m`).
@@ -661,12 +689,25 @@ def read_project(path: Path) -> models.ModelTable:
     rows = []
     for model_id, r in project.models.items():
         try:
-            rows.append(
-                models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images, context_window=r.context_window)
-            )
+            rows += models.rows_from({model_id: _row_data(model_id, r)}, models.CACHE_PRICES)
         except ValueError as e:
             raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
     return models.BUILTIN.with_overrides(rows)
+
+
+_PRICES = ("input_per_mtok", "output_per_mtok", "cache_write_per_mtok", "cache_read_per_mtok")
+
+
+def _row_data(model_id: str, r: ModelRow) -> dict[str, Any]:
+    """An operator's row as models.yaml writes one; prices it leaves out are the built-in row's for that id."""
+    data: dict[str, Any] = r.model_dump(exclude=set(_PRICES))
+    builtin = models.BUILTIN.lookup(model_id)
+    stated = {f: getattr(r, f) for f in _PRICES if getattr(r, f) is not None}
+    if builtin is not None:
+        # the cache's prices follow the input price: the built-in ones only with the built-in input price
+        taken = _PRICES if "input_per_mtok" not in stated else ("output_per_mtok",)
+        stated = {f: getattr(builtin, f) for f in taken if getattr(builtin, f) is not None} | stated
+    return data | stated
 
 
 def use_project_models(base: Path) -> None:

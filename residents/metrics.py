@@ -33,8 +33,13 @@ HOST = "127.0.0.1"
 READY_POST_AGE = 120.0
 
 # gen_ai.token.type → the attempt's field holding the provider's count of that kind (None: it gave none).
-# A new kind the attempts record (input, cache reads and writes) is one line here.
-TOKEN_TYPES: dict[str, str] = {"output": "output_tokens"}
+# `input` is OpenTelemetry's name; the two cache kinds have none there yet. Input counts exclude the cache's.
+TOKEN_TYPES: dict[str, str] = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache_creation": "cache_write_tokens",
+    "cache_read": "cache_read_tokens",
+}
 # The bucket boundaries OpenTelemetry gives gen_ai.client.token.usage.
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 # ... and gen_ai.client.operation.duration (and time to first chunk), in seconds.

@@ -32,12 +32,14 @@ from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.plan import plan_recovered
 from .delivery.send import Room
+from .generation import budgets
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
+from .ledger import budgets as ledger_budgets
 from .ledger.retry import until_written
 from .observe import UNOBSERVED, Observer
-from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
+from .records import BudgetRefusal, Generation, Planned, Post, PostReason, SharedFile, new_id, numbered
 
 log = logging.getLogger(__name__)
 
@@ -144,17 +146,65 @@ class Resident:
         trigger: str | None = None,
         superseded: Callable[[], bool] = never,
         queued: Callable[[list[Post]], None] | None = None,
+        person: str | None = None,
     ) -> Reply:
         """One turn, returned once its posts are in the room (or set aside).
 
-        `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
+        `queued(posts)` is called as the reply's posts are handed to delivery (floor control). `person`: the
+        room user id of whoever asked (the trigger's author), whose daily budget the reply counts against."""
         began = time.monotonic()
         with observe.working_on(residence=self.name, channel=channel):
             async with self.busy(channel):
-                reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued)
+                refused = await self._over_budget(channel, trigger, person)
+                if refused is not None:
+                    reply, waiting = refused, self._enqueue(refused.posts, queued)
+                else:
+                    reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued, person)
             reply = await self._delivered(reply, waiting)
         self.observer.turn_ended(self.name, channel, time.monotonic() - began)
         return reply
+
+    async def _over_budget(self, channel: str, trigger: str | None, person: str | None) -> Reply | None:
+        """None when no daily budget is spent; else the refusal, recorded with the channel's one notice of
+        the day (none if it had it already): no provider call is made. Asked under the channel's lock, so
+        two turns of this resident never both post the day's notice."""
+        now = time.time()
+        found = await budgets.reached(self.ledger, self.name, self.residence.policy.budgets, person, now)
+        if found is None:
+            return None
+        day = budgets.utc_day(now)[0]
+        posts = []
+        if not await ledger_budgets.told(self.ledger, self.name, channel, day):
+            line = truth.budget_notice(found.tokens, found.scope, found.budget)
+            posts = numbered([notice_post(line, PostReason.BUDGET_REACHED)], None, channel, 1)
+        refusal = BudgetRefusal(
+            id=new_id("b-"),
+            residence=self.name,
+            channel=channel,
+            trigger=trigger,
+            person=person,
+            scope=found.scope,
+            tokens=found.tokens,
+            budget=found.budget,
+            spent=found.spent,
+            day=day,
+            post_id=posts[0].id if posts else None,
+            created_at=now,
+        )
+        await until_written(
+            f"{self.name}: a reply refused by its budget", ledger_budgets.refuse, self.ledger, refusal, posts
+        )
+        log.info(
+            "%s: daily %s budget (%s) of %d tokens reached (%d counted); no reply in %s%s",
+            self.name,
+            found.tokens,
+            found.scope,
+            found.budget,
+            found.spent,
+            channel,
+            "" if posts else " (the channel was told today already)",
+        )
+        return Reply(None, posts)
 
     async def _respond(
         self,
@@ -164,6 +214,7 @@ class Resident:
         trigger: str | None,
         superseded: Callable[[], bool],
         queued: Callable[[list[Post]], None] | None,
+        person: str | None = None,
     ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         request, files = await self.compile_with_files(history, channel)
         view = self._live_view(room, channel)
@@ -178,6 +229,7 @@ class Resident:
                 tools=self.tools(room, channel),
                 watch=view,
                 attachments=files,
+                person=person,
             )
         finally:
             if view is not None:

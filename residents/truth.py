@@ -463,6 +463,18 @@ def key_rejected_notice(error: str) -> str:
     )
 
 
+# A daily token budget (`policy.budgets`): which tokens it counts, and whose.
+BUDGET_TOKENS = ("input", "output")
+BUDGET_SCOPES = ("residence", "person")
+
+
+def budget_notice(tokens: str, scope: str, budget: int) -> str:
+    """The room's one line, per channel per UTC day, when a daily budget is spent and a reply is not
+    generated: a fact about the budget, never about whoever asked."""
+    whose = " per person" if scope == "person" else ""
+    return _compact(f"Daily {tokens} budget{whose} of {fmt_tokens(budget)} tokens reached; no reply was generated.")
+
+
 def context_room_line_note(author: str, line: str) -> str:
     """Another resident's receipt or notice, as a resident reads it in its context.
 

@@ -256,6 +256,7 @@ E2E_MODULES = frozenset(
         "test_run_start",
         "test_shards",
         "test_tooling",
+        "test_usage",
     }
 )
 

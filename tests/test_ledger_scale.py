@@ -14,7 +14,7 @@ from typing import Any
 
 from conftest import Room, residence
 
-from residents.ledger import Ledger, live, migrations, store
+from residents.ledger import Ledger, budgets, live, migrations, store, usage
 from residents.ledger.connection import Connection
 from residents.ledger.verify import check
 from residents.localservers import sse
@@ -53,6 +53,12 @@ READS = {
     "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=?"),
     "live messages in progress": live.IN_PROGRESS,
     "a record's latest entry of a kind": "SELECT max(seq) FROM chain WHERE record = ? AND kind = ?",
+    "messages a spent budget refused": store.BUDGET_REFUSED.format(marks="?,?,?"),
+    "a residence's tokens today": budgets.SPENT,
+    "a person's tokens today": budgets.SPENT_BY_PERSON,
+    "a channel told of a spent budget today": budgets.TOLD,
+    **{f"usage by {by}": usage.report_sql(by) for by in usage.BY},
+    "usage by channel in a moderator's channels": usage.report_sql("channel", 3),
 }
 # Listings newest first: the ORDER BY ... LIMIT must be walked on an index, never a sort of every row.
 PAGED = ("ledger list", "stumps ")
@@ -70,6 +76,12 @@ USES = {
     "messages a resident answered": "generations_trigger",
     # covering: the kind is tested in the index, never by reading each entry of the record
     "a record's latest entry of a kind": "COVERING INDEX chain_record_kind",
+    "messages a spent budget refused": "budget_refusals_trigger",
+    "a residence's tokens today": "attempts_started",
+    "a person's tokens today": "attempts_started",
+    "a channel told of a spent budget today": "budget_refusals_told",
+    **{f"usage by {by}": "attempts_started" for by in usage.BY},
+    "usage by channel in a moderator's channels": "attempts_started",
 }
 
 

@@ -355,3 +355,22 @@ def test_a_refused_continue_press_says_who_may_press_as_a_fact(button, who):
     assert line == f"Continuing this output is for {who}, under the continuation policy of cairn."
     assert len(line) <= truth.MAX_LINE and not SECOND_PERSON.search(line)
     assert truth.continue_label(2) == "Continue (2 left)"
+
+
+@pytest.mark.parametrize(
+    "tokens, scope, budget, line",
+    [
+        ("output", "residence", 200_000, "Daily output budget of 200,000 tokens reached; no reply was generated."),
+        ("input", "residence", 5_000_000, "Daily input budget of 5,000,000 tokens reached; no reply was generated."),
+        (
+            "output",
+            "person",
+            20_000,
+            "Daily output budget per person of 20,000 tokens reached; no reply was generated.",
+        ),
+    ],
+)
+def test_a_spent_budget_is_one_fact_about_the_budget(tokens, scope, budget, line):
+    """The room's line states the budget and that no reply was made: never whom it addresses, nor anyone's conduct."""
+    said = truth.budget_notice(tokens, scope, budget)
+    assert said == line and len(said) <= truth.MAX_LINE and not SECOND_PERSON.search(said)

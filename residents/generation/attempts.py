@@ -301,6 +301,8 @@ class AttemptRunner:
             a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
             a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
             a.request_replacements = end.request_replacements
+            a.input_tokens, a.cache_write_tokens = end.input_tokens, end.cache_write_tokens
+            a.cache_read_tokens = end.cache_read_tokens
             f = end.failure
             if f is not None:
                 a.error = f.kind

@@ -90,6 +90,7 @@ class Generator:
         tools: Toolbox | None = None,
         watch: AttemptWatch | None = None,
         attachments: list[SharedFile] | None = None,
+        person: str | None = None,
     ) -> Generation:
         """One reply; with `tools`, a tool loop of rounds (`residents.generation.tools`) whose text is joined.
 
@@ -105,6 +106,7 @@ class Generator:
             model=res.model,
             standing=res.policy.continuation.standing,
             trigger=trigger,
+            person=person,
             request=request,
             seen_upto=seen_upto,
             attachments=list(attachments or []),

@@ -7,14 +7,17 @@ An entry is a JSON object of hashes and metadata, never text (an export reveals 
 
 - `generation` — a settlement (again at each /continue): status, stop reason, counts, SHA-256 of the
   canonical text, its segments;
-- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts, SHA-256 of
-  its text and of each content block (reasoning and tool input included, by hash only);
+- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts (the
+  provider's input, cache-write and cache-read tokens where it gave them), SHA-256 of its text and of
+  each content block (reasoning and tool input included, by hash only);
 - `stump` — a stump as stored: cause, scope, counts, SHA-256 of its text;
 - `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
   lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
 - `delivered` — the message id a post got (`refused`, written by the delivery layer, in its place: a
   post set aside as undeliverable);
 - `stump-access`, `stump-read` — a stump's access chosen by its resident, a read of its text;
+- `budget-refusal` — a reply a spent daily budget refused: whose budget, which, what was counted, the
+  message, its author and the notice posted of it;
 - `genesis` — first on a ledger that had records before the chain: the `backfill` entries after it
   were written from those records when the chain began.
 
@@ -130,7 +133,9 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 
 
 def attempt_payload(a: Attempt) -> dict[str, Any]:
-    return {
+    """An attempt's entry. The input counts (m045) are stated only where the provider gave one, so an entry
+    written before them is still the entry its attempt gives now, and a count added later is named."""
+    out = {
         "id": a.id,
         "generation_id": a.generation_id,
         "segment": a.segment,
@@ -147,6 +152,11 @@ def attempt_payload(a: Attempt) -> dict[str, Any]:
             for b in a.content_blocks()
         ],
     }
+    for name in ("input_tokens", "cache_write_tokens", "cache_read_tokens"):
+        value = getattr(a, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def generation_payload(g: Generation) -> dict[str, Any]:
@@ -225,6 +235,36 @@ def stump_access_payload(stump_id: str, access: str, set_by: str, generation_id:
 def stump_read_payload(stump_id: str, reader: str, reader_kind: str, generation_id: str | None) -> dict[str, Any]:
     """One read of a stump's text, by its resident's tool or a moderator: who, never what."""
     return {"id": stump_id, "reader": reader, "reader_kind": reader_kind, "generation_id": generation_id}
+
+
+def budget_refusal_payload(
+    refusal_id: str,
+    residence: str,
+    channel: str,
+    trigger: str | None,
+    person: str | None,
+    scope: str,
+    tokens: str,
+    budget: int,
+    spent: int,
+    day: str,
+    post_id: str | None,
+) -> dict[str, Any]:
+    """A reply a spent daily budget refused (`residents.ledger.budgets`): whose budget, which, what was
+    counted, the message and its author, and the notice posted of it (or none)."""
+    return {
+        "id": refusal_id,
+        "residence": residence,
+        "channel": channel,
+        "trigger": trigger,
+        "person": person,
+        "scope": scope,
+        "tokens": tokens,
+        "budget": budget,
+        "spent": spent,
+        "day": day,
+        "post_id": post_id,
+    }
 
 
 def generation(g: Generation) -> Statement:
@@ -326,8 +366,8 @@ def _backfill(conn: sqlite3.Connection) -> int:
 
 
 def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
-    """Each stump's latest access choice and latest read, as their entries must say (few: one per stump
-    a resident or moderator touched)."""
+    """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
+    entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
     for kind, sql, build in (
         (
@@ -336,6 +376,12 @@ def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
             stump_access_payload,
         ),
         ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
+        (
+            "budget-refusal",
+            "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id"
+            " FROM budget_refusals",
+            budget_refusal_payload,
+        ),
     ):
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
@@ -539,6 +585,7 @@ HISTORY: dict[str, tuple[str, dict[str, Rule]]] = {
     "generations": ("generation", {"generation": _continued}),  # again at each /continue
     "stumps": ("stump", {"stump-access": _by_its_resident, "stump-read": _anyone}),
     "posts": ("post", {"delivered": _delivered_or_refused_once, "refused": _delivered_or_refused_once}),
+    "budget_refusals": ("budget-refusal", {}),  # written once
 }
 TABLE_OF = {kind: table for table, (first, then) in HISTORY.items() for kind in (first, *then)}
 RECORD_KINDS = tuple(TABLE_OF)
@@ -655,7 +702,9 @@ def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: in
 
 
 def hold_access(db: sqlite3.Cursor) -> Held:
-    """Each stump's latest access choice and latest read against its latest entry of that kind."""
+    """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
+    that kind. An entry that does not confirm is accounted for here: its line says what differs (the record
+    is in the ledger)."""
     out = Held()
     for kind, sid, payload in _access_now(db):
         got = db.execute(
@@ -663,8 +712,8 @@ def hold_access(db: sqlite3.Cursor) -> Held:
         ).fetchone()
         if got is None:
             out.unchained.append(f"{kind} {sid}")
-        else:
-            _against(out, kind, sid, payload, got[0], got[1])
+        elif not _against(out, kind, sid, payload, got[0], got[1]):
+            out.accounted.append(got[0])
     return out
 
 

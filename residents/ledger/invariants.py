@@ -37,6 +37,7 @@ _REASON_KINDS: dict[str, frozenset[str]] = {
     PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
     PostReason.KEY_REJECTED: frozenset({"notice"}),
     PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
+    PostReason.BUDGET_REACHED: frozenset({"notice"}),  # of no generation: none was made
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 

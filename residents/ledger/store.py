@@ -323,8 +323,8 @@ class Ledger:
         return parts + [
             (
                 "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto, person)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     g.id,
                     g.residence,
@@ -341,6 +341,7 @@ class Ledger:
                     packed.ref if packed is not None else None,
                     g.created_at,
                     g.seen_upto,
+                    g.person,
                 ),
             ),
             *attachments.insert(g.id, g.attachments),
@@ -432,7 +433,8 @@ class Ledger:
             chain.attempt(a, only_if_streaming=only_if_streaming),
             (
                 "UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
+                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?,"
+                " input_tokens=?, cache_write_tokens=?, cache_read_tokens=?"
                 " WHERE id=?" + guard,
                 (
                     a.outcome,
@@ -447,6 +449,9 @@ class Ledger:
                     a.ended_at,
                     json.dumps(a.stop_details) if a.stop_details is not None else None,
                     a.request_replacements,
+                    a.input_tokens,
+                    a.cache_write_tokens,
+                    a.cache_read_tokens,
                     a.id,
                 ),
             ),
@@ -700,12 +705,14 @@ class Ledger:
         return out
 
     async def answered(self, residence: str, message_ids: Iterable[str]) -> set[str]:
-        """The messages among `message_ids` that a generation of `residence` was started by (its trigger)."""
+        """The messages among `message_ids` that a generation of `residence` was started by (its trigger), or
+        that a spent daily budget refused a reply to (`residents.ledger.budgets`): each was handled once."""
         ids, out = list(message_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            sql = ANSWERED.format(marks=",".join("?" * len(part)))
-            out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
+            for query in (ANSWERED, BUDGET_REFUSED):
+                sql = query.format(marks=",".join("?" * len(part)))
+                out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
@@ -866,6 +873,7 @@ def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> d
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
 ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=?"
+BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=?"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
 

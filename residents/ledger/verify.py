@@ -15,12 +15,14 @@ import contextlib
 import itertools
 import operator
 import sqlite3
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+from ..records import PostReason
 from . import chain, rows
 from .invariants import check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
@@ -89,7 +91,9 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
-        rep = _assemble(prelude, parts, orphans)
+        # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
+        told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
+        rep = _assemble(prelude, parts, orphans, told)
         if head is not None:
             rep.head_holds, rep.saved_head = _saved_head(db, head, links)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
@@ -175,15 +179,29 @@ def _read_only(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _assemble(prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) -> Report:
+def _assemble(
+    prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str] = frozenset()
+) -> Report:
     """The ranges' findings in one report: records of missing generations, posts of none, published
-    stumps, each generation's lines oldest first, then attachments."""
+    stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded refusals
+    of a spent budget name, the only posts that may say a budget was reached."""
     rep = Report()
     lines: list[str] = []
     for p in orphans:
-        check_line(lines, p)  # notices about no generation (a declined /continue)
+        check_line(lines, p)  # notices about no generation (a declined /continue, a spent budget)
         if p["kind"] != "notice":
             lines.append(f"post {p['id']}: a {p['kind']} post with no generation")
+        if (p["reason"] == PostReason.BUDGET_REACHED) != (p["id"] in told):
+            lines.append(
+                f"post {p['id']}: a notice of a spent budget that no refusal records"
+                if p["id"] not in told
+                else f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post"
+            )
+    orphan_ids = {p["id"] for p in orphans}
+    lines += [
+        f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
+        for pid in sorted(told - orphan_ids)
+    ]
     by_order: list[tuple[float, int, list[str]]] = []
     unsettled: list[tuple[float, int, str]] = []
     missing: list[str] = []
@@ -260,7 +278,8 @@ _OF: list[tuple[str, str]] = [
     (
         "attempts",
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
-        " output_tokens, replaced_by FROM attempts WHERE generation_id > ?{upto}"
+        " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
+        " WHERE generation_id > ?{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
     (

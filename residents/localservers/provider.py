@@ -87,8 +87,12 @@ class ProviderServer:
     ) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
-        self.usages: list[dict[str, Any] | None] = []  # per request: the usage reported (None: not a stream)
+        # Per request, the prompt cache's accounting of it (None: not an Anthropic stream request).
+        self.usages: list[dict[str, Any] | None] = []
         self.cache = PromptCache()
+        # What each answered stream reported as its usage (`sse.usage_of`, after the cache's figures are
+        # spliced in), in order: what the ledger's token counts must add up to.
+        self.usage: list[dict[str, int]] = []
         self.responder = responder
         self.api_keys = api_keys  # None: any key will do; may change while running (a revoked key)
         self.models = models
@@ -106,6 +110,7 @@ class ProviderServer:
         self.queue.extend(calls)
         self.requests.clear()
         self.usages.clear()
+        self.usage.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -180,6 +185,8 @@ class ProviderServer:
         await resp.prepare(request)
         if call.delay_seconds > 0:
             await asyncio.sleep(call.delay_seconds)
+        if data:
+            self.usage.append(sse.usage_of(data))
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
                 if i and call.chunk_delay > 0:

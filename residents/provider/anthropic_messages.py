@@ -190,6 +190,14 @@ async def _read(events: Any, response: httpx2.Response, sink: BlockSink, end: St
                 usage = ev.get("usage")
                 tokens = usage.get("output_tokens") if usage.__class__ is dict else None
                 end.output_tokens = tokens if isinstance(tokens, int) else None
+                if usage.__class__ is dict:  # (the API's counts here are cumulative: they stand over message_start's)
+                    _input_usage(usage, end)
+                continue
+            elif t == "message_start":
+                msg = ev.get("message")
+                usage = msg.get("usage") if msg.__class__ is dict else None
+                if usage.__class__ is dict:
+                    _input_usage(usage, end)
                 continue
             elif t == "message_stop":
                 stopped = True
@@ -206,6 +214,23 @@ async def _read(events: Any, response: httpx2.Response, sink: BlockSink, end: St
         await sink.flush()
     if not stopped and end.stop_reason is not None:
         log.info("stream ended after stop reason %s without message_stop", end.stop_reason)
+
+
+# Anthropic's usage fields for the input, and where `StreamEnd` keeps each.
+_INPUT_USAGE = (
+    ("input_tokens", "input_tokens"),
+    ("cache_creation_input_tokens", "cache_write_tokens"),
+    ("cache_read_input_tokens", "cache_read_tokens"),
+)
+
+
+def _input_usage(usage: dict[str, Any], end: StreamEnd) -> None:
+    """The input counts a usage object gives (message_start's, then message_delta's where it repeats
+    them): a whole number is taken as the provider's own; a field absent or of another type leaves what was."""
+    for field, attr in _INPUT_USAGE:
+        value = usage.get(field)
+        if value.__class__ is int and value >= 0:
+            setattr(end, attr, value)
 
 
 def _error_event(body: Any, data: str, response: httpx2.Response) -> anthropic.APIStatusError:

@@ -412,6 +412,7 @@ class ResidentCog(commands.Cog):
                     trigger=str(message.id),
                     superseded=lambda: self.moved_on[ch],
                     queued=lambda _posts: shared.generating[ch].discard(me.id),
+                    person=str(message.author.id),
                 )
         finally:
             shared.generating[ch].discard(me.id)
