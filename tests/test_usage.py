@@ -81,9 +81,10 @@ async def test_each_provider_call_keeps_the_input_and_cache_counts_it_was_given(
         server.enqueue(
             [
                 Call(
-                    sse=sse.head(MODEL, 11, cache_write_tokens=300, cache_read_tokens=2000) + sse.delta("Hi.") + delta
+                    sse=sse.head(MODEL, 11, cache_write_tokens=300, cache_read_tokens=2000) + sse.delta("Hi.") + delta,
+                    usage_as_recorded=True,
                 ),
-                Call(sse=sse.stream("No cache fields.", "end_turn", 4)),
+                Call(sse=sse.stream("No cache fields.", "end_turn", 4), usage_as_recorded=True),
             ]
         )
         client = make_client(server.url, "k")
@@ -147,11 +148,11 @@ async def test_residents_usage_sums_exactly_what_the_provider_reported(tmp_path)
     calls = [
         # cairn in #general: a stream cut after message_start (input counted, no output count), an HTTP 529
         # (no counts at all), then a reply that writes the cache
-        Call(sse=sse.head(MODEL, 700) + sse.delta("set aside ") + sse.error()),
+        Call(sse=sse.head(MODEL, 700) + sse.delta("set aside ") + sse.error(), usage_as_recorded=True),
         Call(status=529),
-        Call(sse=reply("Cairn's first answer.", 40, inp=1500, write=1200, read=0)),
+        Call(sse=reply("Cairn's first answer.", 40, inp=1500, write=1200, read=0), usage_as_recorded=True),
         # cairn in #second: a reply that reads it
-        Call(sse=reply("Cairn's second answer.", 25, inp=30, write=0, read=1200)),
+        Call(sse=reply("Cairn's second answer.", 25, inp=30, write=0, read=1200), usage_as_recorded=True),
     ]
     cairn = res("cairn", discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general", "second"]})
     lumen = res(
@@ -261,11 +262,11 @@ def verify_lines(capsys: pytest.CaptureFixture[str], db: Path) -> tuple[int, lis
 def test_editing_a_recorded_count_makes_verify_name_the_attempts_entry(tmp_path, capsys, column):
     db = replayed(tmp_path, capsys)
     assert verify_lines(capsys, db)[0] == 0
-    [(aid, before)] = sql(db, "SELECT id, input_tokens FROM attempts WHERE input_tokens IS NOT NULL LIMIT 1")
+    [(aid, before)] = sql(db, f"SELECT id, {column} FROM attempts WHERE input_tokens IS NOT NULL LIMIT 1")
     sql(db, f"UPDATE attempts SET {column} = 5 WHERE id = ?", (aid,))
     [(seq,)] = sql(db, "SELECT max(seq) FROM chain WHERE kind='attempt' AND record=?", (aid,))
     code, out = verify_lines(capsys, db)
-    was = before if column == "input_tokens" else "null"
+    was = "null" if before is None else before
     assert code == 1 and out[0] == (
         f"chain entry {seq} (attempt {aid}): the ledger no longer matches it: {column} (entry {was}, ledger 5)"
     ), out
@@ -471,7 +472,10 @@ def test_check_names_a_bad_budget_its_key_and_its_line(tmp_path, budgets, line):
 async def test_a_budget_is_of_the_utc_day_and_counts_input_with_the_cache(pipeline):
     """Spent is what the provider counted today (input with cache writes and reads); tomorrow starts at none."""
     await pipeline.turn(
-        pipeline.resident(residence()), Room(), "Hello.", [Call(sse=reply("Hi.", 9, inp=100, write=50, read=25))]
+        pipeline.resident(residence()),
+        Room(),
+        "Hello.",
+        [Call(sse=reply("Hi.", 9, inp=100, write=50, read=25), usage_as_recorded=True)],
     )
     now = time.time()
     b = Budgets(daily_input_tokens=175, daily_output_tokens=10)

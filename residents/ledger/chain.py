@@ -703,8 +703,7 @@ def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: in
 
 def hold_access(db: sqlite3.Cursor) -> Held:
     """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
-    that kind. An entry that does not confirm is accounted for here: its line says what differs (the record
-    is in the ledger)."""
+    that kind; an entry that does not confirm gets the line saying what differs."""
     out = Held()
     for kind, sid, payload in _access_now(db):
         got = db.execute(
@@ -712,8 +711,8 @@ def hold_access(db: sqlite3.Cursor) -> Held:
         ).fetchone()
         if got is None:
             out.unchained.append(f"{kind} {sid}")
-        elif not _against(out, kind, sid, payload, got[0], got[1]):
-            out.accounted.append(got[0])
+        else:
+            _against(out, kind, sid, payload, got[0], got[1])
     return out
 
 

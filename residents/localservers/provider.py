@@ -71,6 +71,9 @@ class Call:
     chunk_bytes: int = 0  # 0: write the body at once; else in pieces of this size
     chunk_delay: float = 0.0  # with chunk_bytes: seconds between pieces, so a stream takes a known time
     delay_seconds: float = 0.0  # silence after the headers, before the body: streams sent at one moment
+    # True: the stream's usage goes out as recorded, not replaced by the prompt cache's accounting (a test
+    # of how a provider's own figures, or their absence, are read).
+    usage_as_recorded: bool = False
 
 
 Responder = Callable[[dict[str, Any]], Call | None]
@@ -177,7 +180,7 @@ class ProviderServer:
             },
         )
         data = call.sse or b""
-        if plan is not None:
+        if plan is not None and not call.usage_as_recorded:
             self.cache.commit(plan)
             if at < len(self.requests) and self.requests[at] is body:  # not cleared by a `reset` meanwhile
                 self.usages[at] = plan.usage
