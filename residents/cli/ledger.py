@@ -463,7 +463,7 @@ def migrate(db: str | None) -> int:
     async def go() -> list[str]:
         began = time.time()
         async with Ledger.open(path) as lg:
-            sql = "SELECT name FROM _migrations WHERE applied_at >= ? ORDER BY rowid"
+            sql = "SELECT name FROM _migrations WHERE applied_at >= $1 ORDER BY rowid"
             return [r[0] for r in await lg.db.execute_fetchall(sql, (began,))]
 
     applied = asyncio.run(go())

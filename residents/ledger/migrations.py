@@ -432,7 +432,7 @@ def _convert_requests(conn: sqlite3.Connection) -> None:
     last = -1
     while True:
         rows = conn.execute(
-            "SELECT rowid, request FROM generations WHERE rowid > ? AND request IS NOT NULL ORDER BY rowid LIMIT 500",
+            "SELECT rowid, request FROM generations WHERE rowid > $1 AND request IS NOT NULL ORDER BY rowid LIMIT 500",
             (last,),
         ).fetchall()
         if not rows:
@@ -453,11 +453,11 @@ def _convert_requests(conn: sqlite3.Connection) -> None:
             if back != blob:
                 continue
             conn.executemany(
-                "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)",
+                "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES ($1,$2,$3)",
                 [(p.id, p.sha256, p.body) for p in packed.parts if p.id not in known],
             )
             known.update(parts)
-            conn.execute("UPDATE generations SET request_ref=?, request=NULL WHERE rowid=?", (packed.ref, rowid))
+            conn.execute("UPDATE generations SET request_ref=$1, request=NULL WHERE rowid=$2", (packed.ref, rowid))
 
 
 pystep("m034_request_parts_convert", _convert_requests)
@@ -533,7 +533,7 @@ async def apply(db: Connection) -> list[str]:
             await db.execute("BEGIN IMMEDIATE")
             try:
                 await db.run(sql)  # on the connection's thread
-                await db.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
+                await db.execute("INSERT INTO _migrations VALUES ($1, $2)", (name, time.time()))
                 await db.execute("COMMIT")
             except BaseException:
                 await db.execute("ROLLBACK")

@@ -32,7 +32,7 @@ from ..records import (
 from ..text import outbound
 from . import attachments, chain, lock, migrations, requests
 from . import rows as read
-from .connection import Connection
+from .connection import Connection, placeholders
 from .rows import cols as _cols
 from .rows import post as _post
 from .rows import stored_text
@@ -299,7 +299,7 @@ class Ledger:
     async def create_generation(self, g: Generation) -> None:
         await self._tx(self._generation_insert(g))
 
-    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)"
+    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES ($1,$2,$3)"
 
     @classmethod
     def _generation_insert(
@@ -313,7 +313,7 @@ class Ledger:
             (
                 "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
                 " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)",
                 (
                     g.id,
                     g.residence,
@@ -343,7 +343,7 @@ class Ledger:
         stmts = self._generation_insert(new_generation) if new_generation is not None else []
         stmts.append(
             (
-                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES ($1,$2,$3,$4,$5,$6)",
                 (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
             )
         )
@@ -365,7 +365,9 @@ class Ledger:
         `block`: the content block the piece belongs to (None: the attempt's text, as before blocks)."""
         await self.add_chunks(attempt_id, [(seq, block, block_type, text, block_start)])
 
-    _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
+    _CHUNK = (
+        "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES ($1,$2,$3,$4,$5,$6)"
+    )
 
     async def add_chunks(
         self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
@@ -391,13 +393,13 @@ class Ledger:
         if only_if_streaming:
             block_sql = (
                 "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
-                " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
+                " start, extras) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE EXISTS"
+                " (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
             )
         else:
             block_sql = (
                 "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) VALUES (?,?,?,?,?,?,?,?,?)"
+                " start, extras) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
             )
         stmts = [
             (
@@ -420,9 +422,9 @@ class Ledger:
         return stmts + [
             chain.attempt(a, only_if_streaming=only_if_streaming),
             (
-                "UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?"
-                " WHERE id=?" + guard,
+                "UPDATE attempts SET outcome=$1, stop_reason=$2, discard_reason=$3, error=$4, text=$5, chars=$6,"
+                " output_tokens=$7, request_id=$8, replaced_by=$9, ended_at=$10, stop_details=$11, request_replacements=$12"
+                " WHERE id=$13" + guard,
                 (
                     a.outcome,
                     a.stop_reason,
@@ -439,14 +441,14 @@ class Ledger:
                     a.id,
                 ),
             ),
-            ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,)),
+            ("DELETE FROM attempt_chunks WHERE attempt_id=$1", (a.id,)),
         ]
 
     @staticmethod
     def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
         return [
-            ("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
-            ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id)),
+            ("UPDATE attempts SET replaced_by=$1 WHERE id=$2", (replaced_by, attempt_id)),
+            ("UPDATE stumps SET replaced_by=$1 WHERE attempt_id=$2 AND scope='attempt'", (replaced_by, attempt_id)),
         ]
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
@@ -459,7 +461,7 @@ class Ledger:
         return (
             "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
             " output_tokens, published, replaced_by, created_at, block, block_type)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)",
             (
                 s.id,
                 s.generation_id,
@@ -494,7 +496,7 @@ class Ledger:
         stmts += self._generation_settle(g)
         if replaced_output is not None:
             stump_id, by = replaced_output
-            stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
+            stmts.append(("UPDATE stumps SET replaced_by=$1 WHERE id=$2", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [chain.generation(g)] + chain.stumps(new_stumps)
         await self._tx(stmts)
@@ -507,7 +509,7 @@ class Ledger:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
         rows = list(
             await self.db.execute_fetchall(
-                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=$1", (generation_id,)
             )
         )
         return int(rows[0][0])
@@ -518,7 +520,7 @@ class Ledger:
         # The output stump of a delivered text post is marked published by the trigger of m008.
         await self._tx(
             [
-                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, at, post.id)),
+                ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, at, post.id)),
                 chain.delivered(post.id, message_id),
             ]
         )
@@ -530,7 +532,7 @@ class Ledger:
         await self._tx(
             [
                 (
-                    "UPDATE posts SET refused=?, refused_at=?, refused_status=?, refused_code=? WHERE id=?",
+                    "UPDATE posts SET refused=$1, refused_at=$2, refused_status=$3, refused_code=$4 WHERE id=$5",
                     (post.refused, post.refused_at, refusal.status, refusal.code, post.id),
                 ),
                 chain.refused(post.id, refusal),
@@ -577,7 +579,7 @@ class Ledger:
 
     async def request_json(self, gid: str) -> bytes | None:
         """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
-        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=?", (gid,)))
+        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=$1", (gid,)))
         if not rows:
             return None
         request, ref = rows[0]
@@ -591,7 +593,7 @@ class Ledger:
         while ids := requests.needed(ref, out):
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
-                sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+                sql = REQUEST_PARTS.format(marks=placeholders(len(part)))
                 got = [(r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part))]
                 if len(got) < len(part):
                     raise LedgerError(f"a request names {len(part) - len(got)} part(s) not in request_parts")
@@ -603,7 +605,7 @@ class Ledger:
 
         Chunks written before blocks were kept (no block named) are the attempt's one text block."""
         rows = await self.db.execute_fetchall(
-            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
+            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=$1 ORDER BY seq",
             (attempt_id,),
         )
         parts: dict[int, list[str]] = {}
@@ -634,13 +636,13 @@ class Ledger:
         sql = "SELECT * FROM stumps WHERE 1=1"
         params: list[str | int] = []
         if residence:
-            sql += " AND residence=?"
             params.append(residence)
+            sql += f" AND residence=${len(params)}"
         if cause:
-            sql += " AND cause=?"
             params.append(cause)
-        sql += " ORDER BY created_at, rowid LIMIT ?"
+            sql += f" AND cause=${len(params)}"
         params.append(limit)
+        sql += f" ORDER BY created_at, rowid LIMIT ${len(params)}"
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
     async def list_stump_meta(
@@ -673,7 +675,7 @@ class Ledger:
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
 
     async def get_stump(self, sid: str) -> Stump | None:
-        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
+        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=$1", (sid,)))
         return _stump(rows[0]) if rows else None
 
     async def posts_by_message(self, message_ids: list[str]) -> dict[str, Post]:
@@ -682,8 +684,9 @@ class Ledger:
         ids = [m for m in message_ids if m]
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            marks = ",".join("?" * len(part))
-            for r in await self.db.execute_fetchall(POSTS_BY_MESSAGE.format(marks=marks), tuple(part)):
+            for r in await self.db.execute_fetchall(
+                POSTS_BY_MESSAGE.format(marks=placeholders(len(part))), tuple(part)
+            ):
                 p = _post(r)
                 out[p.message_id or ""] = p
         return out
@@ -693,7 +696,7 @@ class Ledger:
         ids, out = list(message_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            sql = ANSWERED.format(marks=",".join("?" * len(part)))
+            sql = ANSWERED.format(marks=placeholders(len(part)), residence=len(part) + 1)
             out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
@@ -703,7 +706,7 @@ class Ledger:
 
     async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
         params = [residence] if channel is None else [residence, channel]
-        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=?")
+        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=$2")
         rows = list(await self.db.execute_fetchall(sql, tuple(params)))
         return await self.get_generation(rows[0][0]) if rows else None
 
@@ -723,7 +726,7 @@ class Ledger:
     async def mark_planned(self, generation_id: str) -> None:
         """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
         start-up's `generations_without_posts` does not read it again at every start."""
-        await self._tx([("UPDATE generations SET planned = 1 WHERE id=? AND status != 'pending'", (generation_id,))])
+        await self._tx([("UPDATE generations SET planned = 1 WHERE id=$1 AND status != 'pending'", (generation_id,))])
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
@@ -754,8 +757,8 @@ class Ledger:
     def _generation_settle(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
         return [
             (
-                "UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
-                " continuation_ended=?, finished_at=? WHERE id=?",
+                "UPDATE generations SET status=$1, stop_reason=$2, text=$3, chars=$4, output_tokens=$5,"
+                " continuation_ended=$6, finished_at=$7 WHERE id=$8",
                 (
                     g.status,
                     g.stop_reason,
@@ -767,10 +770,10 @@ class Ledger:
                     g.id,
                 ),
             ),
-            ("DELETE FROM segments WHERE generation_id=?", (g.id,)),
+            ("DELETE FROM segments WHERE generation_id=$1", (g.id,)),
         ] + [
             (
-                "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO segments VALUES ($1,$2,$3,$4,$5,$6,$7)",
                 (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed),
             )
             for s in g.segments
@@ -782,7 +785,7 @@ class Ledger:
             p.replacements = outbound(p.content)[1]
         return (
             "INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
-            " VALUES (?,?,?,?,?,?,?,?,?)",
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
             (
                 p.id,
                 p.generation_id,
@@ -814,11 +817,11 @@ WITHOUT_POSTS = (
 )
 UNDELIVERED = (
     "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
-    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = $1 ORDER BY g.created_at, g.rowid, p.seq"
 )
 REFUSED = "SELECT * FROM posts WHERE refused IS NOT NULL ORDER BY rowid"
 # Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
-# context compiler), by id: each query a seek per id ({marks}: one `?` each).
+# context compiler), by id: each query a seek per id ({marks}: one parameter each).
 GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
 GENERATION_BLOCKS = (
     "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
@@ -847,16 +850,17 @@ def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> d
     ] + ([] if brief else [("posts", GENERATION_POSTS), ("attachments", GENERATION_ATTACHMENTS)])
     for i in range(0, len(ids), 500):
         part = ids[i : i + 500]
-        marks = ",".join("?" * len(part))
         for key, sql in queries:
-            out[key] += conn.execute(sql.format(marks=marks), part).fetchall()
+            out[key] += conn.execute(sql.format(marks=placeholders(len(part))), part).fetchall()
     return out
 
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
-ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=?"
+ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=${residence}"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
-LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+LATEST_GENERATION = (
+    "SELECT id FROM generations WHERE residence=$1{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+)
 
 
 def list_generations_sql(residence: bool) -> str:
@@ -865,8 +869,8 @@ def list_generations_sql(residence: bool) -> str:
         "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
         " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
         " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
-        + (" WHERE residence=?" if residence else "")
-        + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        + (" WHERE residence=$1 ORDER BY created_at DESC, rowid DESC LIMIT $2" if residence else "")
+        + ("" if residence else " ORDER BY created_at DESC, rowid DESC LIMIT $1")
     )
 
 
@@ -878,18 +882,23 @@ def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int 
         " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
     )
     where: list[str] = []
+    n = 0  # parameters so far
     if channels is not None:
         sql += " CROSS JOIN generations g ON g.id = s.generation_id"
-        where.append(f"g.channel IN ({','.join('?' * channels)})")
+        where.append(f"g.channel IN ({placeholders(channels)})")
+        n += channels
     if residence:
-        where.append("s.residence=?")
+        n += 1
+        where.append(f"s.residence=${n}")
     if cause:
-        where.append("s.cause=?")
+        n += 1
+        where.append(f"s.cause=${n}")
     if before:
-        where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+        n += 1
+        where.append(f"(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=${n})")
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
+    return sql + f" ORDER BY s.created_at DESC, s.rowid DESC LIMIT ${n + 1}"
 
 
 def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
