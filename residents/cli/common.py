@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from ..ledger import Ledger
+from ..ledger import Ledger, postgres
 
 DEFAULT_DB = "data/ledger.db"
 # The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
@@ -75,7 +75,7 @@ def ledger_path(db: str | None) -> str:
 def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
     """An existing ledger, for `async with`, read only (beside a running process, on read-only media); a
     missing file is a usage error, never a new empty ledger."""
-    if db != ":memory:" and not Path(db).exists():
+    if db != ":memory:" and not postgres.is_url(db) and not Path(db).exists():
         raise UsageError(
             f"{db}: no ledger there (`residents run` writes {in_config(DEFAULT_DB)}; the demo's ledger is "
             f"{in_config(DEMO_DB)}, read with --db {in_config(DEMO_DB)}; a replay writes one only with --db PATH)"

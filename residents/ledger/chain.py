@@ -60,7 +60,7 @@ from .. import truth
 from ..records import Attempt, Block, Generation, Post, Refusal, Segment, Stump
 from ..text import outbound
 from . import rows
-from .connection import Connection, placeholders
+from .connection import POSTGRESQL, Connection, Session, placeholders
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def export_line(seq: int, prev: str, body: str, digest: str) -> str:
 _APPEND = (
     "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, $1, $2, p, b, chain_hash(n, p, b) FROM"
     " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
-    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), printf('%064d', 0)) AS p, $3 AS b)"
+    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), '" + GENESIS_PREV + "') AS p, $3 AS b) AS head"
 )
 
 
@@ -108,7 +108,10 @@ _IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$4 AND outcome='
 
 
 async def install(db: Connection) -> None:
-    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it."""
+    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it.
+    (PostgreSQL's is a function in the database: `schema_postgres`.)"""
+    if db.dialect != "sqlite":
+        return
     await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
 
 
@@ -284,7 +287,7 @@ async def backfill(db: Connection) -> int:
         )
     )[0][0]:
         return 0
-    await db.execute("BEGIN IMMEDIATE")
+    await db.run(_begin_write)
     try:
         if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
             await db.execute("ROLLBACK")
@@ -296,6 +299,10 @@ async def backfill(db: Connection) -> int:
         raise
     log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
     return count
+
+
+def _begin_write(conn: Session) -> None:
+    conn.begin_write()
 
 
 def _backfill(conn: sqlite3.Connection) -> int:
@@ -710,6 +717,10 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
 BATCH = 20_000
 WALK = (
     "SELECT seq, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain"
+    " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+)
+POSTGRESQL[WALK] = (
+    "SELECT seq, convert_to(prev, 'UTF8'), convert_to(body, 'UTF8'), convert_to(hash, 'UTF8') FROM chain"
     " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 )
 

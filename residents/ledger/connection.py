@@ -60,6 +60,8 @@ class Session(Protocol):
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> Any: ...
 
+    def executescript(self, script: str) -> Any: ...
+
     def begin_write(self) -> None: ...
 
     def close(self) -> None: ...
@@ -68,6 +70,18 @@ class Session(Protocol):
 def placeholders(count: int, first: int = 1) -> str:
     """`count` positional parameters from `$first` on, comma-separated: an `IN (…)` list's."""
     return ",".join(f"${i}" for i in range(first, first + count))
+
+
+# The few statements PostgreSQL says differently, each written whole in both dialects beside each other
+# (`store`, `chain`): the SQLite text, which the code names, → the PostgreSQL text, which a PostgreSQL
+# session runs in its place (`said`). An exact look-up of a whole statement: no text is ever converted.
+# Every other statement is portable as written.
+POSTGRESQL: dict[str, str] = {}
+
+
+def said(sql: str, dialect: str) -> str:
+    """`sql` as `dialect` says it: itself, unless it is one PostgreSQL says differently (`POSTGRESQL`)."""
+    return POSTGRESQL.get(sql, sql) if dialect == "postgresql" else sql
 
 
 def numbered(parameters: Params) -> dict[str, Any]:

@@ -30,9 +30,9 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import attachments, chain, lock, migrations, requests
+from . import attachments, chain, lock, migrations, postgres, requests
 from . import rows as read
-from .connection import Connection, placeholders
+from .connection import POSTGRESQL, Connection, Session, placeholders, said
 from .rows import cols as _cols
 from .rows import post as _post
 from .rows import stored_text
@@ -77,14 +77,19 @@ def hold_ledger(path: str) -> lock.Hold:
     try:
         return lock.acquire(path)
     except lock.LedgerHeld as e:
-        pid, _, host = e.holder.partition(" ")
-        who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
-        raise LedgerInUse(
-            f"{path}: in use by {who}; one process writes a ledger at a time"
-            " (the read-only `residents ledger` verbs work beside it)"
-        ) from None
+        raise _in_use(path, e.holder) from None
     except OSError as e:
         raise LedgerError(f"{lock.lock_path(path)}: cannot lock the ledger for writing: {e.strerror or e}") from None
+
+
+def _in_use(where: str, holder: str) -> LedgerInUse:
+    """The one line a second writer is refused with; `holder`: "pid host" as the writer left it, if known."""
+    pid, _, host = holder.partition(" ")
+    who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
+    return LedgerInUse(
+        f"{where}: in use by {who}; one process writes a ledger at a time"
+        " (the read-only `residents ledger` verbs work beside it)"
+    )
 
 
 async def _read_migrations(uri: str, path: str) -> tuple[Connection, set[str]]:
@@ -149,6 +154,7 @@ class Ledger:
         # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
         self.committed_at = 0.0
         self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
+        self._writer: postgres.WriterHold | None = None  # ... on a PostgreSQL ledger
 
     @classmethod
     def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
@@ -161,8 +167,64 @@ class Ledger:
         return _Opening(cls, path, read_only)
 
     @classmethod
+    async def _connect_postgresql(cls, url: str) -> Ledger:
+        """The ledger in the PostgreSQL database at `url`: the writer lock first (LedgerInUse before
+        anything is read or written), then its schema made or migrated, as a file's."""
+        name = postgres.shown(url)
+        try:
+            hold = await postgres.WriterHold.acquire(url)
+        except Exception as e:
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        if not isinstance(hold, postgres.WriterHold):
+            raise _in_use(name, hold)
+        try:
+            db = await postgres.connect(url)
+        except Exception as e:
+            await hold.release()
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        try:
+            await migrations.apply(db)
+            await chain.backfill(db)
+        except Exception as e:
+            await db.close()
+            await hold.release()
+            raise LedgerError(f"{name}: not a usable ledger: {postgres.reason(e)}") from None
+        ledger = cls(db, url)
+        ledger._writer = hold
+        return ledger
+
+    @classmethod
+    async def _connect_read_only_postgresql(cls, url: str) -> Ledger:
+        """A session whose transactions are read-only (the server refuses any write), no lock taken."""
+        name = postgres.shown(url)
+        try:
+            db = await postgres.connect(url, read_only=True)
+        except Exception as e:
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        try:
+            if not (await db.execute_fetchall("SELECT to_regclass('_migrations') IS NOT NULL"))[0][0]:
+                raise LedgerError(f"{name}: not a ledger (it has no _migrations table)")
+            done = {r[0] for r in await db.execute_fetchall("SELECT name FROM _migrations")}
+        except LedgerError:
+            await db.close()
+            raise
+        except Exception as e:
+            await db.close()
+            raise LedgerError(f"{name}: not a usable ledger: {postgres.reason(e)}") from None
+        pending = [n for n, _ in migrations.MIGRATIONS if n not in done]
+        if pending:
+            await db.close()
+            raise LedgerError(
+                f"{name}: written by an older residents, {len(pending)} migration(s) to apply (from {pending[0]});"
+                f" `residents ledger migrate --db URL` applies them"
+            )
+        return cls(db, url)
+
+    @classmethod
     async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
+        if postgres.is_url(path):
+            return await cls._connect_postgresql(path)
         hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
@@ -197,6 +259,8 @@ class Ledger:
         """SQLite's `mode=ro`; on read-only media with no write-ahead log beside the file (so the file
         holds everything, and nothing can change it), `immutable=1`, which needs no -shm file."""
         path = str(path)
+        if postgres.is_url(path):
+            return await cls._connect_read_only_postgresql(path)
         if path == ":memory:":  # a new empty one: nothing another process could hold
             return await cls._connect(path)
         if not Path(path).is_file():
@@ -226,6 +290,9 @@ class Ledger:
             if self._hold is not None:
                 self._hold.release()
                 self._hold = None
+            if self._writer is not None:
+                await self._writer.release()
+                self._writer = None
 
     async def __aenter__(self) -> Ledger:
         return self
@@ -269,7 +336,7 @@ class Ledger:
             return
         changes = [st for st, _ in batch]
 
-        def work(conn: sqlite3.Connection) -> None:  # in the connection's thread
+        def work(conn: Session) -> None:  # in the connection's thread
             try:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
@@ -300,6 +367,7 @@ class Ledger:
         await self._tx(self._generation_insert(g))
 
     PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES ($1,$2,$3)"
+    POSTGRESQL[PART_INSERT] = "INSERT INTO request_parts (id, sha256, body) VALUES ($1,$2,$3) ON CONFLICT DO NOTHING"
 
     @classmethod
     def _generation_insert(
@@ -390,17 +458,7 @@ class Ledger:
         """An attempt's settlement with its blocks; `only_if_streaming` leaves one a live process settled
         meanwhile alone (its blocks are written only while it is still streaming, before the update)."""
         guard = " AND outcome='streaming'" if only_if_streaming else ""
-        if only_if_streaming:
-            block_sql = (
-                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE EXISTS"
-                " (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
-            )
-        else:
-            block_sql = (
-                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
-            )
+        block_sql = BLOCK_IF_STREAMING if only_if_streaming else BLOCK
         stmts = [
             (
                 block_sql,
@@ -671,6 +729,7 @@ class Ledger:
             cause=bool(cause),
             before=before is not None,
             channels=None if chans is None else len(chans),
+            dialect=self.db.dialect,
         )
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
 
@@ -805,10 +864,17 @@ class Ledger:
 # fast however long the ledger grows; tests/test_ledger_scale.py checks their plans with EXPLAIN QUERY PLAN.
 # `CROSS JOIN` keeps SQLite's join order: the small, indexed side (undelivered posts, streaming attempts) first.
 
+# PostgreSQL has no `CROSS JOIN … ON` (nor a way to fix a join's order): its forms say `JOIN`.
+
 UNSETTLED = "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
 STREAMING = (
     "SELECT DISTINCT g.id FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
     " WHERE a.outcome = 'streaming' AND g.status != 'pending' ORDER BY g.created_at, g.rowid"
+)
+POSTGRESQL[STREAMING] = (
+    "SELECT g.id FROM (SELECT DISTINCT g.id, g.created_at, g.rowid FROM attempts a JOIN generations g"
+    " ON g.id = a.generation_id WHERE a.outcome = 'streaming' AND g.status != 'pending') g"
+    " ORDER BY g.created_at, g.rowid"
 )
 WITHOUT_POSTS = (
     "SELECT id FROM generations g WHERE planned = 0 AND status != 'pending'"
@@ -819,6 +885,10 @@ UNDELIVERED = (
     "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
     " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = $1 ORDER BY g.created_at, g.rowid, p.seq"
 )
+POSTGRESQL[UNDELIVERED] = (
+    "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
+    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = $1 ORDER BY g.created_at, g.rowid, p.seq"
+)
 REFUSED = "SELECT * FROM posts WHERE refused IS NOT NULL ORDER BY rowid"
 # Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
 # context compiler), by id: each query a seek per id ({marks}: one parameter each).
@@ -826,6 +896,35 @@ GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
 GENERATION_BLOCKS = (
     "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
     " ORDER BY b.attempt_id, b.pos"
+)
+POSTGRESQL[GENERATION_BLOCKS] = (
+    "SELECT b.* FROM attempts a JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
+    " ORDER BY b.attempt_id, b.pos"
+)
+# An attempt's blocks as it settles: written again whole (a settlement recovery repeats replaces them).
+BLOCK = (
+    "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+    " start, extras) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
+)
+POSTGRESQL[BLOCK] = (
+    "INSERT INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset, start, extras)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (attempt_id, pos) DO UPDATE SET idx = excluded.idx,"
+    " type = excluded.type, content = excluded.content, chars = excluded.chars, text_offset = excluded.text_offset,"
+    " start = excluded.start, extras = excluded.extras"
+)
+# ... only while the attempt is still streaming (recovery's, beside a live process that may settle it).
+BLOCK_IF_STREAMING = (
+    "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+    " start, extras) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE EXISTS"
+    " (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
+)
+POSTGRESQL[BLOCK_IF_STREAMING] = (
+    "INSERT INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset, start, extras)"
+    " SELECT $1::text, $2::bigint, $3::bigint, $4::text, $5::bytea, $6::bigint, $7::bigint, $8::text, $9::text"
+    " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
+    " ON CONFLICT (attempt_id, pos) DO UPDATE SET idx = excluded.idx, type = excluded.type,"
+    " content = excluded.content, chars = excluded.chars, text_offset = excluded.text_offset,"
+    " start = excluded.start, extras = excluded.extras"
 )
 GENERATION_ATTEMPTS = (
     "SELECT * FROM attempts WHERE generation_id IN ({marks}) ORDER BY generation_id, started_at, rowid"
@@ -836,7 +935,7 @@ GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id IN ({marks}) ORDER B
 GENERATION_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id IN ({marks}) ORDER BY rowid"
 
 
-def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> dict[str, list[Any]]:
+def _generation_rows(conn: Session, ids: list[str], brief: bool) -> dict[str, list[Any]]:
     """The rows of generations `ids` and of their records, table by table (`Ledger._generations`)."""
     out: dict[str, list[Any]] = {
         k: [] for k in ("generations", "blocks", "attempts", "segments", "stumps", "posts", "attachments")
@@ -851,7 +950,7 @@ def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> d
     for i in range(0, len(ids), 500):
         part = ids[i : i + 500]
         for key, sql in queries:
-            out[key] += conn.execute(sql.format(marks=placeholders(len(part))), part).fetchall()
+            out[key] += conn.execute(said(sql, conn.dialect).format(marks=placeholders(len(part))), part).fetchall()
     return out
 
 
@@ -874,9 +973,10 @@ def list_generations_sql(residence: bool) -> str:
     )
 
 
-def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None) -> str:
+def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None, dialect: str = "sqlite") -> str:
     """`ledger stumps` and `/stumps list`: newest first on a stumps index; parameters in the order
-    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None."""
+    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None.
+    `dialect`: SQLite's join is `CROSS JOIN` (its order kept: stumps first); PostgreSQL's `JOIN`."""
     sql = (
         "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
         " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
@@ -884,7 +984,11 @@ def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int 
     where: list[str] = []
     n = 0  # parameters so far
     if channels is not None:
-        sql += " CROSS JOIN generations g ON g.id = s.generation_id"
+        sql += (
+            " CROSS JOIN generations g ON g.id = s.generation_id"
+            if dialect == "sqlite"
+            else " JOIN generations g ON g.id = s.generation_id"
+        )
         where.append(f"g.channel IN ({placeholders(channels)})")
         n += channels
     if residence:
@@ -901,7 +1005,7 @@ def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int 
     return sql + f" ORDER BY s.created_at DESC, s.rowid DESC LIMIT ${n + 1}"
 
 
-def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
+def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
     """Several logical changes in one commit, run in the connection's own thread; each one's error, or None.
 
     Alone, a change is its own transaction (one statement: none around it). Together, each is a
@@ -918,7 +1022,7 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
         return [None]
     errors: dict[int, BaseException] = {}
     while len(errors) < len(changes):
-        conn.execute("BEGIN IMMEDIATE")
+        conn.begin_write()
         try:
             for i, statements in enumerate(changes):
                 if i in errors:
@@ -942,7 +1046,7 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
     return [errors.get(i) for i in range(len(changes))]
 
 
-def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     # A run of one statement (a reply's posts) is one executemany.
     for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
         rows = [params for _, params in run]
@@ -952,9 +1056,9 @@ def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any,
             conn.executemany(sql, rows)
 
 
-def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+def _transaction(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     """BEGIN IMMEDIATE, the statements, COMMIT (or ROLLBACK), run in the connection's own thread."""
-    conn.execute("BEGIN IMMEDIATE")
+    conn.begin_write()
     try:
         _statements(conn, statements)
         conn.execute("COMMIT")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
-from . import chain, rows
+from . import chain, postgres, rows
 from .connection import placeholders, sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
@@ -161,7 +161,15 @@ _NEXT_BOUND = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFS
 
 def _read_only(path: str) -> sqlite3.Connection:
     """A read-only connection to the ledger in one read transaction: what it checks is one state of the
-    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state)."""
+    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state).
+    On PostgreSQL: a read-only session in one REPEATABLE READ transaction (one snapshot)."""
+    if postgres.is_url(path):
+        try:
+            session = postgres.PgSession.connect(path, read_only=True)
+            session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        except Exception as e:
+            raise LedgerError(f"{postgres.shown(path)}: cannot read the ledger: {postgres.reason(e)}") from None
+        return session  # type: ignore[return-value]  # the few calls of a sqlite3.Connection verify makes
     try:
         conn = sqlite_session(read_only_uri(path), uri=True)
         conn.execute("BEGIN")

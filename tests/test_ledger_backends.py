@@ -1,0 +1,259 @@
+"""Two ledger backends, one contract (issue 23, item 1): every test here runs on a SQLite file and on a
+real PostgreSQL server (`pgkit`: started for the session on loopback, one database per test).
+
+Same records, same migrations, same hash chain (the same bytes hashed: one history written to both ends
+on the same head), `verify` naming the same tampering, the CLI's verbs on a path or a URL, and one
+writer at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import sqlite3
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pgkit
+import pytest
+from conftest import Pipeline, Room, residence
+
+from residents import cli
+from residents.ledger import Ledger, LedgerError, chain
+from residents.ledger.migrations import MIGRATIONS
+from residents.localservers import sse
+from residents.localservers.provider import Call, ProviderServer
+from residents.records import Attempt, Generation, Post, Segment, Stump
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ("retry", "ceiling", "thinking-cut")
+BACKENDS = ["sqlite", "postgresql"]
+TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a lone surrogate \ud83d"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgkit.Server]:
+    """One real PostgreSQL server for the session: fails (never skips) where none can be started."""
+    with pgkit.server() as server:
+        yield server
+
+
+@pytest.fixture(params=BACKENDS)
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's ledger is: a SQLite file's path, or a fresh PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.db")
+    server: pgkit.Server = request.getfixturevalue("pg_server")
+    return server.create()
+
+
+def rows(location: str, statement: str) -> list[tuple[Any, ...]]:
+    """A statement's rows read straight from the backend (no ledger code in between)."""
+    if location.startswith("postgresql://"):
+        return pgkit.fetch(location, statement)
+    with closing(sqlite3.connect(location)) as con:
+        return con.execute(statement).fetchall()
+
+
+def change(location: str, statement: str) -> None:
+    """A row changed behind the ledger's back, as a person with the database's own client would."""
+    if location.startswith("postgresql://"):
+        pgkit.execute(location, statement)
+        return
+    with closing(sqlite3.connect(location)) as con:
+        con.execute(statement)
+        con.commit()
+
+
+async def test_a_new_ledger_records_every_migration_once(location: str) -> None:
+    async with Ledger.open(location):
+        pass
+    async with Ledger.open(location) as lg:  # a second start applies nothing new
+        names = [r[0] for r in await lg.db.execute_fetchall("SELECT name FROM _migrations ORDER BY name")]
+    assert names == sorted(name for name, _ in MIGRATIONS)
+
+
+async def test_every_record_round_trips_byte_exact(location: str) -> None:
+    """Texts (a lone surrogate too), attempts with blocks, stumps and posts read back as written."""
+    g = Generation(id="g-1", residence="cairn", channel="room", model="m", request={"system": TRICKY})
+    a = Attempt(id="a-1", generation_id="g-1", segment=0, index=0)
+    async with Ledger.open(location) as lg:
+        await lg.start_attempt(a, new_generation=g)
+        await lg.add_chunk("a-1", 0, TRICKY[:10])
+        assert await lg.streamed_text("a-1") == TRICKY[:10]
+        a.text, a.outcome, a.stop_reason = TRICKY, "truncated", "max_tokens"
+        g.text, g.status, g.stop_reason = TRICKY, "truncated", "max_tokens"
+        g.segments = [Segment(0, "a-1", "max_tokens", len(TRICKY), None)]
+        stump = Stump(
+            id="s-1",
+            generation_id="g-1",
+            attempt_id="a-1",
+            cause="max-tokens",
+            text=TRICKY,
+            output_tokens=None,
+            residence="cairn",
+            scope="output",
+        )
+        await lg.finish_generation(g, [stump], last_attempt=a)
+        post = Post(id="p-1", generation_id="g-1", seq=1, kind="partial", content=TRICKY, channel="room")
+        await lg.add_posts([post])
+        await lg.mark_delivered(post, "m-9")
+    async with Ledger.open(location, read_only=True) as lg:
+        got = await lg.get_generation("g-1")
+        assert got is not None
+        assert got.text == TRICKY and got.request == {"system": TRICKY}
+        assert [(x.text, x.outcome) for x in got.attempts] == [(TRICKY, "truncated")]
+        assert [(s.text, s.published) for s in got.stumps] == [(TRICKY, True)]  # published by the trigger
+        assert [(p.content, p.message_id) for p in got.posts] == [(TRICKY, "m-9")]
+        assert await lg.undelivered_posts_of("cairn") == []
+        assert [s.id for s in await lg.list_stump_meta()] == ["s-1"]
+        assert [r["id"] for r in await lg.list_generations("cairn")] == ["g-1"]
+    [(stored,)] = rows(location, "SELECT text FROM generations WHERE id = 'g-1'")
+    assert bytes(stored) == TRICKY.encode("utf-8", "surrogatepass")
+
+
+async def write_history(location: str) -> tuple[int, str]:
+    """One fixed history (ids, times, texts): the chain's head it ends on."""
+    g = Generation(id="g-7", residence="cairn", channel="room", model="m", created_at=1.0)
+    a = Attempt(id="a-7", generation_id="g-7", segment=0, index=0, started_at=1.0)
+    async with Ledger.open(location) as lg:
+        await lg.start_attempt(a, new_generation=g)
+        a.text, a.outcome, a.stop_reason, a.ended_at = TRICKY, "completed", "end_turn", 2.0
+        g.text, g.status, g.stop_reason, g.finished_at = TRICKY, "completed", "end_turn", 2.0
+        g.segments = [Segment(0, "a-7", "end_turn", len(TRICKY), 12)]
+        await lg.finish_generation(g, [], last_attempt=a)
+        post = Post(id="p-7", generation_id="g-7", seq=1, kind="speech", content=TRICKY, channel="room")
+        await lg.add_posts([post])
+        await lg.mark_delivered(post, "m-1")
+    [(seq, digest)] = rows(location, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    return int(seq), str(digest)
+
+
+async def test_the_same_history_ends_on_the_same_head_on_both_backends(
+    tmp_path: Path, pg_server: pgkit.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain hashes the same canonical bytes for the same records, whichever backend stores them (on
+    PostgreSQL the hash is computed by the database's own `chain_hash`): one head on both."""
+    monkeypatch.setattr(chain, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # each entry's `at`
+    on_sqlite = await write_history(str(tmp_path / "l.db"))
+    url = pg_server.create()
+    on_postgresql = await write_history(url)
+    assert on_sqlite == on_postgresql and on_sqlite[0] == 4  # attempt, generation, post, delivered
+    sqlite_rows = rows(str(tmp_path / "l.db"), "SELECT seq, kind, record, prev, body, hash FROM chain ORDER BY seq")
+    assert [tuple(r) for r in rows(url, "SELECT seq, kind, record, prev, body, hash FROM chain ORDER BY seq")] == [
+        tuple(r) for r in sqlite_rows
+    ]
+
+
+def replayed(location: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Scenarios replayed on the real pipeline into the ledger at `location` (a path or a URL)."""
+    for name in SCENARIOS:
+        assert cli.main(["replay", str(ROOT / "scenarios" / f"{name}.yaml"), "--db", location, "--json"]) == 0
+    capsys.readouterr()
+
+
+def test_replayed_scenarios_verify_with_their_head(location: str, capsys: pytest.CaptureFixture[str]) -> None:
+    replayed(location, capsys)
+    [(last, head)] = rows(location, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    assert cli.main(["ledger", "verify", "--db", location, "--strict"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].endswith(f"; chain of {last} entries, head {head}"), out
+
+
+def test_verify_names_a_row_changed_behind_the_ledgers_back(location: str, capsys: pytest.CaptureFixture[str]) -> None:
+    replayed(location, capsys)
+    [(sid,)] = rows(location, "SELECT id FROM stumps WHERE cause = 'retry-abandoned'")
+    change(location, f"UPDATE stumps SET output_tokens = 999 WHERE id = '{sid}'")
+    assert cli.main(["ledger", "verify", "--db", location]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out and any(sid in line for line in out), out
+
+
+def test_an_entry_of_the_chain_cannot_be_changed(location: str, capsys: pytest.CaptureFixture[str]) -> None:
+    replayed(location, capsys)
+    error = Exception if location.startswith("postgresql://") else sqlite3.IntegrityError
+    with pytest.raises(error, match="append-only"):
+        change(location, "UPDATE chain SET body = '{}' WHERE seq = 1")
+    with pytest.raises(error, match="append-only"):
+        change(location, "DELETE FROM chain WHERE seq = 1")
+
+
+def test_list_show_stumps_and_export_read_a_path_or_a_url(location: str, capsys: pytest.CaptureFixture[str]) -> None:
+    replayed(location, capsys)
+    assert cli.main(["ledger", "list", "--db", location, "--json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ids = [r[0] for r in rows(location, "SELECT id FROM generations ORDER BY created_at DESC")]
+    assert [g["id"] for g in (listed[0] if isinstance(listed[0], list) else listed)] == ids
+    assert cli.main(["ledger", "show", ids[-1], "--db", location, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["id"] == ids[-1]
+    assert cli.main(["ledger", "stumps", "--db", location]) == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("s-")]) == 3
+    assert cli.main(["ledger", "export", "--db", location]) == 0
+    exported = capsys.readouterr().out.splitlines()
+    [(count,)] = rows(location, "SELECT count(*) FROM chain")
+    assert len(exported) == count
+
+
+async def test_a_second_writer_is_refused_in_one_line(location: str) -> None:
+    """While one process writes the ledger, another is refused before it reads or writes anything, exit 2
+    and one line naming the writer: the lock on a file, an advisory lock on PostgreSQL. Once the first
+    closes, the next starts."""
+    first = await Ledger.open(location)
+    try:
+        again = await Ledger.open(location)  # the same process may open its ledger again (the demo does)
+        await again.close()
+        second = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "residents", "ledger", "migrate", "--db", location],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        err = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(err) == 1, second
+        assert re.fullmatch(
+            rf"residents: .+: in use by process {os.getpid()} on {re.escape(socket.gethostname())};"
+            r" one process writes a ledger at a time \(the read-only `residents ledger` verbs work beside it\)",
+            err[0],
+        ), err
+    finally:
+        await first.close()
+    async with Ledger.open(location):  # the first writer gone: the next one starts
+        pass
+
+
+async def test_the_real_pipeline_writes_a_turn_to_either_backend(location: str) -> None:
+    server = ProviderServer()
+    await server.start()
+    ledger = await Ledger.open(location)
+    p = Pipeline(server, ledger, [])
+    try:
+        text = TRICKY
+        reply, posts = await p.turn(
+            p.resident(residence()), Room(), "go", [Call(sse=sse.stream(text, "max_tokens", 4096, size=5))]
+        )
+        assert reply.generation.status == "truncated" and [x.kind for x in posts][:1] == ["partial"]
+        stored = await ledger.get_generation(reply.generation.id)
+        assert stored is not None and stored.text == text and [s.text for s in stored.stumps] == [text]
+    finally:
+        await p.client.close()
+        await ledger.close()
+        await server.stop()
+
+
+async def test_an_unreachable_server_is_one_clear_line(pg_server: pgkit.Server) -> None:
+    url = f"postgresql://ledger:secret@127.0.0.1:{pg_server.port}/no_such_database"
+    with pytest.raises(LedgerError) as got:
+        await Ledger.open(url)
+    message = str(got.value)
+    assert "no_such_database" in message and "cannot open the ledger" in message and "secret" not in message
+    assert "\n" not in message
