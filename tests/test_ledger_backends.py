@@ -33,6 +33,8 @@ from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
 from residents.records import Attempt, Generation, Post, Segment, Stump
 
+pytestmark = pytest.mark.e2e  # a server, the whole CLI and a second `residents` process
+
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
 BACKENDS = ["sqlite", "postgresql"]
@@ -257,3 +259,28 @@ async def test_an_unreachable_server_is_one_clear_line(pg_server: pgkit.Server) 
     message = str(got.value)
     assert "no_such_database" in message and "cannot open the ledger" in message and "secret" not in message
     assert "\n" not in message
+
+
+def test_residents_yaml_names_the_ledger_when_no_db_is_given(
+    tmp_path: Path, pg_server: pgkit.Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ledger:` in residents.yaml takes a URL (or a path) as --db does; --db still wins over it."""
+    url = pg_server.create()
+    replayed(url, capsys)
+    (tmp_path / "residents.yaml").write_text(f"ledger: {url}\n")
+    assert cli.main(["--config", str(tmp_path), "ledger", "verify"]) == 0
+    [(count,)] = rows(url, "SELECT count(*) FROM chain")
+    assert f"chain of {count} entries" in capsys.readouterr().out
+    (tmp_path / "residents.yaml").write_text("ledger:\n  db: mysql://somewhere/ledger\n")
+    assert cli.main(["--config", str(tmp_path), "ledger", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "ledger.db" in err and "give a path (SQLite) or a postgresql:// URL" in err
+
+
+def test_without_postgresql_binaries_the_tests_fail_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no server can be started, the PostgreSQL half of these tests errors with this line; it is
+    never skipped (CI installs the binaries)."""
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(pgkit.glob, "glob", lambda pattern: [])
+    with pytest.raises(RuntimeError, match=r"server binaries \(initdb, postgres\) are not installed"):
+        pgkit.binaries()

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from ..config import load_project
 from ..ledger import Ledger, postgres
 
 DEFAULT_DB = "data/ledger.db"
@@ -68,8 +69,16 @@ def in_config(relative: str) -> str:
 
 
 def ledger_path(db: str | None) -> str:
-    """`--db` as typed, or the default ledger under the configuration folder."""
-    return db if db is not None else in_config(DEFAULT_DB)
+    """`--db` as typed; else `ledger:` in residents.yaml (a path under the configuration folder, or a
+    postgresql:// URL); else the default ledger under the configuration folder."""
+    if db is not None:
+        return db
+    configured = load_project(config_dir()).ledger.db
+    if configured is None:
+        return in_config(DEFAULT_DB)
+    if postgres.is_url(configured) or Path(configured).is_absolute():
+        return configured
+    return in_config(configured)
 
 
 def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:

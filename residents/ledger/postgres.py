@@ -14,15 +14,18 @@ does for a file, whichever process or connection asks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import urllib.parse
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 
 from .connection import Connection, Params, said
+
+T = TypeVar("T")
 
 # The advisory lock keys of a ledger (one database): its write transactions, and its one writer process.
 WRITE_LOCK = 0x7265736964656E74  # "resident"
@@ -199,6 +202,30 @@ class WriterHold:
             del self._held[self._url]
             await held[0].close()
         self._url = None
+
+
+class HeldWriter:
+    """A `WriterHold` taken and let go of from code that is not a coroutine (a command before its loop
+    starts), as a file's lock is: `release()` once."""
+
+    def __init__(self, hold: WriterHold) -> None:
+        self._hold = hold
+
+    def release(self) -> None:
+        _off_loop(self._hold.release())
+
+
+def hold_writer(url: str) -> HeldWriter | str:
+    """`WriterHold.acquire`, from outside any coroutine: a hold, or who holds the lock instead."""
+    got = _off_loop(WriterHold.acquire(url))
+    return HeldWriter(got) if isinstance(got, WriterHold) else got
+
+
+def _off_loop(work: Coroutine[Any, Any, T]) -> T:
+    """A coroutine run to its end on a loop of its own, in a thread of its own (the caller's thread may
+    have a loop running)."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ledger-hold") as pool:
+        return pool.submit(asyncio.run, work).result()
 
 
 def _take_writer_lock(conn: PgSession) -> str | None:

@@ -70,9 +70,23 @@ class LedgerInUse(LedgerError):
     """Another process writes this ledger: a second writer is refused before it reads or writes anything."""
 
 
-def hold_ledger(path: str) -> lock.Hold:
+def hold_ledger(path: str) -> lock.Hold | postgres.HeldWriter:
     """This process's writer's lock on the ledger at `path` (its folder made if missing): LedgerInUse
-    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file."""
+    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file.
+    A PostgreSQL URL: the database's writer lock (`postgres.WriterHold`), shared the same way."""
+    if postgres.is_url(path):
+        try:
+            held = postgres.hold_writer(path)
+        except Exception as e:
+            raise LedgerError(f"{postgres.shown(path)}: cannot open the ledger: {postgres.reason(e)}") from None
+        if isinstance(held, str):
+            raise _in_use(postgres.shown(path), held)
+        return held
+    return _hold_file(path)
+
+
+def _hold_file(path: str) -> lock.Hold:
+    """The writer's lock on a SQLite ledger's file (`lock.py`)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         return lock.acquire(path)
@@ -228,7 +242,7 @@ class Ledger:
         hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
-            hold = hold_ledger(path)
+            hold = _hold_file(path)
             if not p.exists():
                 # Created readable by its owner only: stumps may hold text a room never saw.
                 os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -316,7 +330,7 @@ class Ledger:
 
     def _orphaned(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and (e := done.exception()) is not None:
-            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.path, e)
+            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.db.name, e)
 
     def _commit_waiting(self) -> None:
         """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
@@ -332,7 +346,7 @@ class Ledger:
         loop = asyncio.get_running_loop()
         if self.db.closed:
             for _, done in batch:
-                done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
+                done.set_exception(LedgerError(f"{self.db.name}: the ledger is closed"))
             return
         changes = [st for st, _ in batch]
 
@@ -356,7 +370,7 @@ class Ledger:
             if err is None:
                 done.set_result(None)
             else:
-                done.set_exception(_as_write_error(self.path, err))
+                done.set_exception(_as_write_error(self.db.name, err))
         self._idle.set()
         if self._queue:
             self._commit_waiting()
