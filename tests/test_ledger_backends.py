@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import os
 import re
 import socket
@@ -303,3 +304,53 @@ def test_verify_shared_by_worker_processes_reads_either_backend(
     monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
     assert cli.main(["ledger", "verify", "--db", location]) == 1
     assert capsys.readouterr().out == alone
+
+
+async def test_run_writes_a_url_and_a_second_run_is_refused_by_the_database(
+    tmp_path: Path, pg_server: pgkit.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`residents run --db URL` against the local room: its table names the URL without the password, and
+    a second `run` on the same database stops at once, exit 2, naming the first."""
+    from roomkit import running_room
+
+    (tmp_path / "residences").mkdir()
+    (tmp_path / "residences" / "cairn.yaml").write_text(
+        "name: cairn\nmodel: claude-3-opus-20240229\nmax_tokens: 1024\n"
+        "discord:\n  token_env: BACKENDS_CAIRN_TOKEN\n  channels: [general]\n"
+    )
+    url = pg_server.create().replace("ledger@", "ledger:hunter2@")  # (trust: the server asks for none)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    provider = ProviderServer()
+    await provider.start()
+    env.update(ANTHROPIC_BASE_URL=provider.url, ANTHROPIC_API_KEY="k", PYTHONPATH=str(ROOT))
+
+    async def run(room_url: str) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "residents", "run", "--discord-api", room_url, "--db", url,
+            cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+
+    try:
+        async with running_room(["general"]) as room:
+            first = await run(room.url)
+            try:
+                assert first.stdout is not None
+                line = (await asyncio.wait_for(first.stdout.readline(), timeout=40)).decode().strip()
+                assert line.startswith("residents run: 1 resident connected; ledger postgresql://ledger:***@"), line
+                assert "hunter2" not in line
+                second = await run(room.url)
+                _, err = await asyncio.wait_for(second.communicate(), timeout=40)
+                lines = err.decode().strip().splitlines()
+                assert second.returncode == 2 and len(lines) == 1, lines
+                assert f"in use by process {first.pid} on " in lines[0] and "hunter2" not in lines[0]
+                first.send_signal(signal.SIGINT)
+                await asyncio.wait_for(first.communicate(), timeout=20)
+            finally:
+                if first.returncode is None:
+                    first.kill()
+                    await first.wait()
+            assert first.returncode == 0
+    finally:
+        await provider.stop()
+    assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", url]) == 0
