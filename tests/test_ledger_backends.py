@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import os
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
