@@ -415,3 +415,32 @@ def test_every_bundled_scenario_writes_the_same_ledger_on_both_backends(
     assert [r[0] for r in rows(url, kinds)] == [r[0] for r in rows(path, kinds)]
     for location in (path, url):
         assert cli.main(["ledger", "verify", "--db", location, "--strict"]) == 0, capsys.readouterr()
+
+
+async def test_a_change_that_fails_leaves_the_others_of_its_commit_alone(location: str) -> None:
+    """The group commit on either backend: three changes asked together go in one commit, each in a
+    savepoint of its own; the one that fails (a stump id taken) is told so and leaves nothing, its chain
+    entry included, and the other two are written with theirs."""
+    g = Generation(id="g-group", residence="cairn", channel="room", model="m")
+
+    def stump(sid: str, text: str) -> Stump:
+        return Stump(sid, g.id, None, "retry-abandoned", text, None, residence="cairn")
+
+    async with Ledger.open(location) as lg:
+        await lg.create_generation(g)
+        await lg.add_stumps([stump("s-a", "first")])
+        got = await asyncio.gather(
+            lg.add_stumps([stump("s-b", "second")]),
+            lg.add_stumps([stump("s-a", "taken")]),
+            lg.add_stumps([stump("s-c", "third")]),
+            return_exceptions=True,
+        )
+        assert got[0] is None and got[2] is None and isinstance(got[1], Exception), got
+        assert "s-a" in str(got[1]) or "unique" in str(got[1]).lower() or "UNIQUE" in str(got[1])
+    assert [tuple(r) for r in rows(location, "SELECT id, text FROM stumps ORDER BY id")] == [
+        ("s-a", b"first"),
+        ("s-b", b"second"),
+        ("s-c", b"third"),
+    ]
+    assert [r[0] for r in rows(location, "SELECT record FROM chain ORDER BY seq")] == ["s-a", "s-b", "s-c"]
+    assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", location]) == 0

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+import asyncpg
+
 from . import chain, postgres, rows
 from .connection import placeholders, sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
@@ -131,8 +133,8 @@ def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tupl
         return walking.result(), [f.result() for f in ranges]
     except BrokenProcessPool:
         raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
-    except (OSError, sqlite3.Error) as e:
-        raise LedgerError(f"{path}: a worker process checking the ledger failed: {e}") from None
+    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
