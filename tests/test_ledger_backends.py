@@ -444,3 +444,23 @@ async def test_a_change_that_fails_leaves_the_others_of_its_commit_alone(locatio
     ]
     assert [r[0] for r in rows(location, "SELECT record FROM chain ORDER BY seq")] == ["s-a", "s-b", "s-c"]
     assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", location]) == 0
+
+
+def test_a_url_without_a_ledger_or_a_server_is_one_line_from_every_verb(
+    pg_server: pgkit.Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The read-only verbs never make a ledger: an empty database is named as not a ledger; a server that
+    does not answer is named with the reason; one line each, exit 1, no password, no traceback."""
+    empty = pg_server.create()
+    for verb in (["list"], ["stumps"], ["verify"], ["export"], ["show", "g-x"]):
+        assert cli.main(["ledger", *verb, "--db", empty]) == 1, verb
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].endswith("not a ledger (it has no _migrations table)"), (verb, err)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"postgresql://ledger:secret@127.0.0.1:{s.getsockname()[1]}/ledger"
+        assert cli.main(["ledger", "list", "--db", nobody]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot open the ledger" in err[0] and "secret" not in err[0], err
+    assert "Traceback" not in "\n".join(err)
+    assert rows(empty, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]

@@ -23,8 +23,9 @@ POSTGRESQL: dict[str, str | Callable[[Session], None]] = {}
 
 
 def step(name: str, sql: str, postgresql: str | None = None) -> None:
-    """A step; `postgresql`: the same step said for PostgreSQL (needed for every step after the baseline;
-    None: `sql` says it in both)."""
+    """A step; `postgresql`: the same step in PostgreSQL's words (types BIGINT, DOUBLE PRECISION, BYTEA:
+    `schema_postgres`). Every step after the baseline needs one, even when the text is the same: a
+    PostgreSQL ledger's migration stops at a step without one, naming it, rather than guess."""
     MIGRATIONS.append((name, sql))
     if postgresql is not None:
         POSTGRESQL[name] = postgresql
