@@ -206,23 +206,25 @@ CREATE TABLE attachments (
   PRIMARY KEY (generation_id, message_id, position)
 );
 
-CREATE INDEX generations_residence ON generations(residence, created_at);
+-- SQLite's indexes end in the row's rowid implicitly; these say it, so the newest-first pages ordered by
+-- (created_at, rowid) walk an index here too.
+CREATE INDEX generations_residence ON generations(residence, created_at, rowid);
 CREATE INDEX attempts_generation ON attempts(generation_id, segment, idx);
-CREATE INDEX stumps_residence ON stumps(residence, created_at);
+CREATE INDEX stumps_residence ON stumps(residence, created_at, rowid);
 CREATE INDEX stumps_generation ON stumps(generation_id);
 CREATE INDEX posts_message ON posts(message_id);
 CREATE INDEX stump_access_changes_stump ON stump_access_changes(stump_id, set_at);
 CREATE INDEX stump_reads_stump ON stump_reads(stump_id, read_at);
 CREATE INDEX posts_stump ON posts(stump_id) WHERE stump_id IS NOT NULL;
 CREATE INDEX live_messages_generation ON live_messages(generation_id);
-CREATE INDEX generations_created ON generations(created_at);
+CREATE INDEX generations_created ON generations(created_at, rowid);
 CREATE INDEX generations_pending ON generations(created_at) WHERE status = 'pending';
-CREATE INDEX stumps_created ON stumps(created_at);
-CREATE INDEX stumps_cause ON stumps(cause, created_at);
+CREATE INDEX stumps_created ON stumps(created_at, rowid);
+CREATE INDEX stumps_cause ON stumps(cause, created_at, rowid);
 CREATE INDEX attempts_streaming ON attempts(generation_id) WHERE outcome = 'streaming';
-CREATE INDEX generations_channel ON generations(residence, channel, created_at);
+CREATE INDEX generations_channel ON generations(residence, channel, created_at, rowid);
 CREATE INDEX live_messages_live ON live_messages(residence, created_at) WHERE state = 'live';
-CREATE INDEX generations_unplanned ON generations(created_at) WHERE planned = 0 AND status != 'pending';
+CREATE INDEX generations_unplanned ON generations(created_at, rowid) WHERE planned = 0 AND status != 'pending';
 CREATE INDEX chain_record_kind ON chain(record, kind, seq);
 CREATE INDEX posts_refused ON posts(id) WHERE refused IS NOT NULL;
 CREATE INDEX generations_trigger ON generations(trigger, residence) WHERE trigger IS NOT NULL;
