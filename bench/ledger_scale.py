@@ -316,7 +316,8 @@ async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
 def verify(path: str) -> dict[str, Any]:
     """`residents ledger verify` as a whole process: its time, CPU and peak RSS (the kernel's high-water
     mark of that process, read until it ends: a forked child's rusage would count this process too), and
-    the highest of the worker processes it starts to share the check of a long ledger (`verify.PARALLEL_FROM`).
+    the highest of the processes it starts (a worker sharing the check of a long ledger,
+    `verify.PARALLEL_FROM`, and multiprocessing's resource tracker), and every process's peak summed.
     CPU is theirs and its own together."""
     exe = os.path.join(os.path.dirname(sys.executable), "residents")
     said = tempfile.TemporaryFile()  # (a pipe read only at the end would stop a ledger of many lines)
@@ -347,6 +348,7 @@ def verify(path: str) -> dict[str, Any]:
         "peak_rss_mib": peak_kib / 1024,
         "workers": len(workers),
         "worker_peak_rss_mib": max(workers.values(), default=0) / 1024,
+        "total_peak_rss_mib": (peak_kib + sum(workers.values())) / 1024,
     }
 
 
@@ -420,6 +422,7 @@ def verify_runs(path: str, n: int, runs: int = VERIFY_RUNS) -> dict[str, Any]:
         cpu_s=statistics.median(g["cpu_s"] for g in got),
         peak_rss_mib=max(g["peak_rss_mib"] for g in got),
         worker_peak_rss_mib=max(g["worker_peak_rss_mib"] for g in got),
+        total_peak_rss_mib=max(g["total_peak_rss_mib"] for g in got),
         start_s=start,
     )
     # (a ledger checked in about the time the interpreter takes to start has no rate of its own to give)
@@ -490,7 +493,8 @@ def verify_line(v: dict[str, Any]) -> str:
         f" {v['start_s']:.2f} s (an empty ledger's run): {checked};"
         f" CPU {v['cpu_s']:.1f} s ({v['generations_per_cpu_s']:,.0f}/s of CPU); peak RSS {v['peak_rss_mib']:.0f} MiB"
         + (
-            f" (+ {v['workers']} worker process(es) sharing the check, each ≤ {v['worker_peak_rss_mib']:.0f} MiB)"
+            f" (+ {v['workers']} child process(es), each ≤ {v['worker_peak_rss_mib']:.0f} MiB;"
+            f" every process's peak summed {v['total_peak_rss_mib']:.0f} MiB)"
             if v["workers"]
             else ""
         )

@@ -78,6 +78,9 @@ class Continuation(Strict):
     min_progress_chars: int | None = Field(default=None, ge=1, le=100_000)
     similarity_abort: float | None = Field(default=None, ge=0.0, le=1.0)
     min_overlap_chars: int = Field(default=8, ge=1, le=10_000)
+    # Who may press the Continue button on a cut output's receipt (standing `on-request`): moderators, as
+    # for /continue; `asker`: moderators and the person the reply answered; `anyone` who sees the channel.
+    button: Literal["moderators", "asker", "anyone"] = "moderators"
 
     @model_validator(mode="after")
     def _bounds_required(self) -> Continuation:
@@ -140,6 +143,27 @@ class Attachments(Strict):
     request_budget_tokens: int | None = Field(default=None, ge=0, le=10_000_000)
 
 
+MAX_DAILY_TOKENS = 1_000_000_000_000  # a budget above this is a typo, not a budget
+
+
+class PersonBudgets(Strict):
+    """Tokens a day (UTC) the replies one person's mentions ask for may take, counted per person (their
+    room user id), by the provider's own counts. None: no such budget."""
+
+    daily_input_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    daily_output_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+
+
+class Budgets(Strict):
+    """Daily (UTC) token budgets of the residence, by the provider's own counts of every attempt that day:
+    input (with cache writes and reads) and output. Once one is spent no provider call is made, and the
+    channel is told once a day (`residents.truth.budget_notice`). None: no such budget."""
+
+    daily_input_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    daily_output_tokens: int | None = Field(default=None, ge=0, le=MAX_DAILY_TOKENS)
+    per_person: PersonBudgets = PersonBudgets()
+
+
 MAX_CATCH_UP_SECONDS = 24 * 3600
 
 
@@ -176,12 +200,67 @@ class Policy(Strict):
     delivery: Delivery = Delivery()
     attachments: Attachments = Attachments()
     catch_up: CatchUp = CatchUp()
+    budgets: Budgets = Budgets()
 
 
 def _channel_ref(ref: str) -> str:
     if not re.fullmatch(r"[^/\s]+(/[^/\s]+)?", ref):
         raise ValueError("a channel is a name, an id or guild/channel")
     return ref
+
+
+SHARDS_FORM = "`auto`, or {count: N} with optional ids: [...] (the shards this process runs, of 0..N-1)"
+
+
+class ShardSettings(Strict):
+    """`discord.shards`: the bot's gateway split in `count` sessions (discord.py's AutoShardedBot), each
+    carrying the guilds on its shard, `(guild_id >> 22) % count`. `auto` (count None) takes the count
+    Discord recommends; `ids` are the shards this process runs (all of 0..count-1 when not given), so a
+    process may be handed a subset of a fixed count."""
+
+    count: int | None = Field(ge=1)
+    ids: list[int] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_given(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "count" not in data:
+            raise _KeyError(
+                "count",
+                "required: how many shards the bot runs in"
+                + (" (ids are some of 0..count-1; `auto` cannot be split)" if "ids" in data else ""),
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _ids_within_count(self) -> ShardSettings:
+        if self.ids is None:
+            return self
+        if self.count is None:
+            raise _KeyError("ids", "ids need a fixed count (`auto` cannot be split)")
+        if not self.ids:
+            raise _KeyError("ids", "an empty list runs no shard (leave ids out to run all of them)")
+        outside = [i for i in self.ids if not 0 <= i < self.count]
+        if outside:
+            raise _KeyError("ids", f"{outside[0]} is not a shard of {self.count} (ids run from 0 to {self.count - 1})")
+        twice = sorted({i for i in self.ids if self.ids.count(i) > 1})
+        if twice:
+            raise _KeyError("ids", f"shard {twice[0]} is listed twice")
+        return self
+
+    @property
+    def auto(self) -> bool:
+        return self.count is None
+
+
+def _shards_form(value: Any) -> Any:
+    """`auto` stands for a count Discord recommends; any other plain value is a mistake said in one line."""
+    if value == "auto":
+        return {"count": None}
+    if value is None or isinstance(value, dict):
+        return value
+    hint = f" (write {{count: {value}}})" if isinstance(value, int) and not isinstance(value, bool) else ""
+    raise ValueError(f"must be {SHARDS_FORM}{hint}")
 
 
 class DiscordSettings(Strict):
@@ -191,6 +270,8 @@ class DiscordSettings(Strict):
     # This bot registers the moderators' slash commands and answers them for every resident of the
     # process (one copy per guild); without any such residence, the first one does.
     commands: bool = False
+    # Several gateway sessions for a bot in more guilds than one session may carry (`ShardSettings`).
+    shards: Annotated[ShardSettings | None, BeforeValidator(_shards_form)] = None
 
 
 DEFAULT_PROVIDER = "anthropic"  # a residence that names no `provider:` is sent to Anthropic's API
@@ -336,6 +417,12 @@ class ModelRow(Strict):
     prefill: bool = False
     images: bool = False
     context_window: int | None = Field(default=None, ge=1_000, le=100_000_000)  # tokens; None: 128,000
+    # US dollars per million tokens, for `residents usage`'s estimate; a price not stated is the built-in row's,
+    # and the cache's follow the input price as models.yaml's `cache_prices` say.
+    input_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    output_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0, le=10_000)
 
 
 # A checkpoint's cadence, as `every:` writes it: a number and its unit, or several (`1h30m`).
@@ -620,12 +707,25 @@ def read_project(path: Path) -> models.ModelTable:
     rows = []
     for model_id, r in project.models.items():
         try:
-            rows.append(
-                models.row(model_id, r.family, r.output_ceiling, r.prefill, r.images, context_window=r.context_window)
-            )
+            rows += models.rows_from({model_id: _row_data(model_id, r)}, models.CACHE_PRICES)
         except ValueError as e:
             raise ConfigError(path, dotted(("models", model_id)), str(e), line_of(node, ("models", model_id))) from None
     return models.BUILTIN.with_overrides(rows)
+
+
+_PRICES = ("input_per_mtok", "output_per_mtok", "cache_write_per_mtok", "cache_read_per_mtok")
+
+
+def _row_data(model_id: str, r: ModelRow) -> dict[str, Any]:
+    """An operator's row as models.yaml writes one; prices it leaves out are the built-in row's for that id."""
+    data: dict[str, Any] = r.model_dump(exclude=set(_PRICES))
+    builtin = models.BUILTIN.lookup(model_id)
+    stated = {f: getattr(r, f) for f in _PRICES if getattr(r, f) is not None}
+    if builtin is not None:
+        # the cache's prices follow the input price: the built-in ones only with the built-in input price
+        taken = _PRICES if "input_per_mtok" not in stated else ("output_per_mtok",)
+        stated = {f: getattr(builtin, f) for f in taken if getattr(builtin, f) is not None} | stated
+    return data | stated
 
 
 def use_project_models(base: Path) -> None:

@@ -33,6 +33,8 @@ class ModelCaps:
     context_window: int = DEFAULT_CONTEXT_WINDOW  # tokens one request may hold, as published: sets the file budget
     input_per_mtok: float | None = None  # US dollars per million input tokens
     output_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None  # per million input tokens written to the prompt cache
+    cache_read_per_mtok: float | None = None  # per million input tokens read from it
     status: ModelStatus = ModelStatus.ACTIVE
     released: date | None = None
     deprecated: date | None = None
@@ -139,25 +141,67 @@ class ModelTable:
         return found[0] if found else None
 
 
-def rows_from(data: Mapping[str, Any]) -> list[Row]:
-    """Rows from a `models:` mapping whose values are already checked (config validates the operator's)."""
+def rows_from(data: Mapping[str, Any], cache_prices: Mapping[str, Mapping[str, float]] | None = None) -> list[Row]:
+    """Rows from a `models:` mapping whose values are already checked (config validates the operator's).
+
+    `cache_prices`: per provider, the prompt cache's prices as multiples of a row's input price (`write`,
+    `read`), for a row with an input price that states no cache price of its own."""
     fixed = ("family", "output_ceiling", "prefill", "images")
-    return [
-        row(
-            k,
-            v.get("family", ""),
-            v["output_ceiling"],
-            v.get("prefill", False),
-            v.get("images", False),
-            **{f: x for f, x in v.items() if f not in fixed},
+    out = []
+    for k, v in data.items():
+        published = {f: x for f, x in v.items() if f not in fixed}
+        times = (cache_prices or {}).get(published.get("provider", "anthropic"))
+        if times and published.get("input_per_mtok") is not None:
+            published.setdefault("cache_write_per_mtok", _priced(published["input_per_mtok"], times["write"]))
+            published.setdefault("cache_read_per_mtok", _priced(published["input_per_mtok"], times["read"]))
+        out.append(
+            row(
+                k,
+                v.get("family", ""),
+                v["output_ceiling"],
+                v.get("prefill", False),
+                v.get("images", False),
+                **published,
+            )
         )
-        for k, v in data.items()
-    ]
+    return out
+
+
+def _priced(per_mtok: float, times: float) -> float:
+    """A price times a multiplier, to a millionth of a dollar (1.25 x $3 is $3.75, not 3.7500000000000004)."""
+    return round(per_mtok * times, 6)
+
+
+def estimated_cost(
+    caps: ModelCaps, input_tokens: int, output_tokens: int, cache_write_tokens: int, cache_read_tokens: int
+) -> float | None:
+    """US dollars for these counts at the table's list prices: an estimate (the provider's invoice is the
+    bill: discounts, batch or long-context prices are not here). None when a count with tokens has no price."""
+    total = 0.0
+    for count, price in (
+        (input_tokens, caps.input_per_mtok),
+        (output_tokens, caps.output_per_mtok),
+        (cache_write_tokens, caps.cache_write_per_mtok),
+        (cache_read_tokens, caps.cache_read_per_mtok),
+    ):
+        if count:
+            if price is None:
+                return None
+            total += count * price / 1_000_000
+    return total
+
+
+def _read_builtin() -> dict[str, Any]:
+    text = resources.files(__package__).joinpath("models.yaml").read_text(encoding="utf-8")
+    return yaml.safe_load(text)
+
+
+_DATA = _read_builtin()
+CACHE_PRICES: dict[str, dict[str, float]] = _DATA.get("cache_prices") or {}
 
 
 def _builtin() -> ModelTable:
-    text = resources.files(__package__).joinpath("models.yaml").read_text(encoding="utf-8")
-    return ModelTable(rows_from(yaml.safe_load(text)["models"]))
+    return ModelTable(rows_from(_DATA["models"], CACHE_PRICES))
 
 
 BUILTIN = _builtin()

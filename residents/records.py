@@ -72,6 +72,7 @@ class PostReason(StrEnum):
     KEY_REJECTED = "key-rejected"  # the provider refused the API key (at most one per channel per window)
     RECOVERED = "recovered"  # a stump's text, or the receipt after it, published at the resident's request
     LIVE_SET_ASIDE = "live-set-aside"  # an attempt whose text was shown live was set aside for a retry
+    BUDGET_REACHED = "budget-reached"  # a daily token budget was spent: no reply (at most one per channel a day)
     UNKNOWN = "unknown"  # a post recorded before posts said why (see migration m016_post_reason)
 
 
@@ -242,6 +243,11 @@ class Attempt:
     discard_reason: str | None = None
     error: str | None = None
     output_tokens: int | None = None
+    # The rest of the provider's own count of the call (None where it gave none): input not read from
+    # or written to its prompt cache, input written to it, input read from it.
+    input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_read_tokens: int | None = None
     request_id: str | None = None
     replaced_by: str | None = None
     started_at: float = field(default_factory=time.time)
@@ -277,6 +283,9 @@ class Attempt:
             "error": self.error,
             "chars": self.chars,
             "output_tokens": self.output_tokens,
+            "input_tokens": self.input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
             "request_id": self.request_id,
             "replaced_by": self.replaced_by,
             "started_at": self.started_at,
@@ -406,6 +415,28 @@ _REASON_OF_KIND = {
 
 
 @dataclass(frozen=True)
+class BudgetRefusal:
+    """A reply not generated because a daily token budget was spent: no provider call was made.
+
+    `scope`: whose budget (`residence`, or `person`: the trigger's author's); `tokens`: which (`input` or
+    `output`); `budget` and `spent` in tokens, `spent` as counted when it was refused; `day` the UTC day;
+    `post_id` the notice the channel got, None where it had been told that day already."""
+
+    id: str
+    residence: str
+    channel: str
+    trigger: str | None
+    person: str | None
+    scope: str
+    tokens: str
+    budget: int
+    spent: int
+    day: str
+    post_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
 class Planned:
     """A post as delivery plans it, before it is numbered and recorded: what it is, says, and why."""
 
@@ -449,6 +480,7 @@ class Generation:
     standing: Standing = "none"
     continuation_ended: ContinuationEnd = ContinuationEnd.NOT_NEEDED
     trigger: str | None = None
+    person: str | None = None  # the room user id of the trigger's author: whose daily budget it counts against
     seen_upto: str | None = None  # the newest room message its request was compiled from
     request: dict[str, Any] | None = None
     attempts: list[Attempt] = field(default_factory=list)

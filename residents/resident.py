@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import truth
+from . import observe, truth
 from .config import Residence
 from .context import RoomMessage
 from .context.compile import compile_with_files, ledger_message_ids, own_generation_ids
+from .context.window import Window
 from .delivery import plan, plan_continuation
 from .delivery.keys import KeyRejections
 from .delivery.live import LiveBoard, LiveView, shared_board, supports_live
@@ -30,11 +32,14 @@ from .delivery.outbox import Outbox
 from .delivery.plan import notice as notice_post
 from .delivery.plan import plan_recovered
 from .delivery.send import Room
+from .generation import budgets
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
 from .ledger import Ledger
+from .ledger import budgets as ledger_budgets
 from .ledger.retry import until_written
-from .records import Generation, Planned, Post, PostReason, SharedFile, numbered
+from .observe import UNOBSERVED, Observer
+from .records import BudgetRefusal, Generation, Planned, Post, PostReason, SharedFile, new_id, numbered
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,9 @@ class Resident:
         self.outbox = outbox
         self.key_rejections = key_rejections  # `residents run`: refused-key failures logged, room told once
         self._busy: dict[str, asyncio.Lock] = {}
+        self.windows: dict[str, Window] = {}  # per channel: where its requests start showing the room
         self.board: LiveBoard = shared_board()  # live messages in progress, across the process
+        self.observer: Observer = UNOBSERVED  # told each turn's time (`residents.metrics`)
 
     def busy(self, channel: str) -> asyncio.Lock:
         """Held while this resident works in `channel`: generating or recording a reply, up to its enqueue."""
@@ -78,11 +85,16 @@ class Resident:
     def name(self) -> str:
         return self.residence.name
 
-    async def compile(self, history: list[RoomMessage]) -> dict:
-        return (await self.compile_with_files(history))[0]
+    async def compile(self, history: list[RoomMessage], channel: str | None = None) -> dict:
+        return (await self.compile_with_files(history, channel))[0]
 
-    async def compile_with_files(self, history: list[RoomMessage]) -> tuple[dict[str, Any], list[SharedFile]]:
-        """The request, and the files it carries or describes (for the ledger: never their bytes)."""
+    async def compile_with_files(
+        self, history: list[RoomMessage], channel: str | None = None
+    ) -> tuple[dict[str, Any], list[SharedFile]]:
+        """The request, and the files it carries or describes (for the ledger: never their bytes).
+
+        `channel`: where the turn is taken; its window (`residents.context.window`) is kept between
+        turns, so the older part of its requests stays the same and a provider's cache can read it."""
         posts = await self.ledger.posts_by_message(ledger_message_ids(history))
         gens = await self.ledger.generations_brief(own_generation_ids(history, posts))
         own = {m.id for m in history if m.is_self}
@@ -94,7 +106,8 @@ class Resident:
             and p.stump_id
             and (s := await self.ledger.get_stump(p.stump_id)) is not None
         }
-        return compile_with_files(self.residence, history, posts, gens, recovered)
+        window = self.windows.setdefault(channel, Window()) if channel is not None else None
+        return compile_with_files(self.residence, history, posts, gens, recovered, window)
 
     def tools(self, room: Room, channel: str) -> StumpsTool | None:
         """The resident's own `stumps` tool for a turn in `channel`, where its policy gives it."""
@@ -133,13 +146,65 @@ class Resident:
         trigger: str | None = None,
         superseded: Callable[[], bool] = never,
         queued: Callable[[list[Post]], None] | None = None,
+        person: str | None = None,
     ) -> Reply:
         """One turn, returned once its posts are in the room (or set aside).
 
-        `queued(posts)` is called as the reply's posts are handed to delivery (floor control)."""
-        async with self.busy(channel):
-            reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued)
-        return await self._delivered(reply, waiting)
+        `queued(posts)` is called as the reply's posts are handed to delivery (floor control). `person`: the
+        room user id of whoever asked (the trigger's author), whose daily budget the reply counts against."""
+        began = time.monotonic()
+        with observe.working_on(residence=self.name, channel=channel):
+            async with self.busy(channel):
+                refused = await self._over_budget(channel, trigger, person)
+                if refused is not None:
+                    reply, waiting = refused, self._enqueue(refused.posts, queued)
+                else:
+                    reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued, person)
+            reply = await self._delivered(reply, waiting)
+        self.observer.turn_ended(self.name, channel, time.monotonic() - began)
+        return reply
+
+    async def _over_budget(self, channel: str, trigger: str | None, person: str | None) -> Reply | None:
+        """None when no daily budget is spent; else the refusal, recorded with the channel's one notice of
+        the day (none if it had it already): no provider call is made. Asked under the channel's lock, so
+        two turns of this resident never both post the day's notice."""
+        now = time.time()
+        found = await budgets.reached(self.ledger, self.name, self.residence.policy.budgets, person, now)
+        if found is None:
+            return None
+        day = budgets.utc_day(now)[0]
+        posts = []
+        if not await ledger_budgets.told(self.ledger, self.name, channel, day):
+            line = truth.budget_notice(found.tokens, found.scope, found.budget)
+            posts = numbered([notice_post(line, PostReason.BUDGET_REACHED)], None, channel, 1)
+        refusal = BudgetRefusal(
+            id=new_id("b-"),
+            residence=self.name,
+            channel=channel,
+            trigger=trigger,
+            person=person,
+            scope=found.scope,
+            tokens=found.tokens,
+            budget=found.budget,
+            spent=found.spent,
+            day=day,
+            post_id=posts[0].id if posts else None,
+            created_at=now,
+        )
+        await until_written(
+            f"{self.name}: a reply refused by its budget", ledger_budgets.refuse, self.ledger, refusal, posts
+        )
+        log.info(
+            "%s: daily %s budget (%s) of %d tokens reached (%d counted); no reply in %s%s",
+            self.name,
+            found.tokens,
+            found.scope,
+            found.budget,
+            found.spent,
+            channel,
+            "" if posts else " (the channel was told today already)",
+        )
+        return Reply(None, posts)
 
     async def _respond(
         self,
@@ -149,8 +214,9 @@ class Resident:
         trigger: str | None,
         superseded: Callable[[], bool],
         queued: Callable[[list[Post]], None] | None,
+        person: str | None = None,
     ) -> tuple[Reply, list[asyncio.Future[bool]]]:
-        request, files = await self.compile_with_files(history)
+        request, files = await self.compile_with_files(history, channel)
         view = self._live_view(room, channel)
         try:
             g = await self.generator.generate(
@@ -163,6 +229,7 @@ class Resident:
                 tools=self.tools(room, channel),
                 watch=view,
                 attachments=files,
+                person=person,
             )
         finally:
             if view is not None:
@@ -221,6 +288,7 @@ class Resident:
         generation_id: str | None,
         superseded: Callable[[], bool] = never,
         within: float | None = None,
+        offered: int | None = None,
     ) -> Reply:
         """A moderator asked for more of a cut output: one segment at most, under the standing.
 
@@ -228,13 +296,18 @@ class Resident:
         their posts to reach the room), then reads the generation afresh: a second /continue on one
         generation runs after the first, or is declined with the reason. Returns once its posts are in
         the room, or after `within` seconds with `Reply.waiting` saying how many are not yet.
+
+        `offered`: a Continue button's request, made from a receipt showing that many segments. Once the
+        generation has more (a second press of a double-click, a press on an older receipt) it is declined
+        to the presser alone, with no notice in the room: one press, one continuation at most.
         """
-        async with self.busy(channel):
-            reply, waiting = await self._continue(channel, generation_id, superseded)
-        return await self._delivered(reply, waiting, within)
+        with observe.working_on(residence=self.name, channel=channel):
+            async with self.busy(channel):
+                reply, waiting = await self._continue(channel, generation_id, superseded, offered)
+            return await self._delivered(reply, waiting, within)
 
     async def _continue(
-        self, channel: str, generation_id: str | None, superseded: Callable[[], bool]
+        self, channel: str, generation_id: str | None, superseded: Callable[[], bool], offered: int | None = None
     ) -> tuple[Reply, list[asyncio.Future[bool]]]:
         g = (
             await self.ledger.get_generation(generation_id)
@@ -249,6 +322,9 @@ class Resident:
                     "unknown-generation" if generation_id else "no-generation-here", self.name, generation_id
                 ),
             )
+        if offered is not None and len(g.segments) != offered:
+            why = truth.Declined("already-continued", self.name, g.id, str(len(g.segments)))
+            return Reply(g, [], declined=truth.declined_reason(why), decline=why), []
         result = await self.generator.continue_on_request(g, self.residence, superseded)
         if result.refused:
             return await self._decline(channel, g, result.refused)

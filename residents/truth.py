@@ -314,7 +314,14 @@ def live_set_aside_notice(chars: int) -> str:
 
 # Why a /continue makes no provider call, each worded once below from the facts it names.
 DeclineReason = Literal[
-    "unknown-generation", "no-generation-here", "standing", "not-cut", "no-request", "tool-calls", "stopped"
+    "unknown-generation",
+    "no-generation-here",
+    "standing",
+    "not-cut",
+    "no-request",
+    "tool-calls",
+    "stopped",
+    "already-continued",
 ]
 
 _DECLINED: dict[str, str] = {
@@ -325,6 +332,8 @@ _DECLINED: dict[str, str] = {
     "no-request": "generation {generation_id} has no recorded request to continue",
     "tool-calls": "generation {generation_id} made tool calls, and continuation never mixes with the tool loop",
     "stopped": "continuation of {generation_id} stopped: {detail}",
+    # A Continue button pressed after its receipt's output was continued (a second press of a double-click)
+    "already-continued": "generation {generation_id} was already continued from that receipt; it has {detail} segments now",
 }
 
 
@@ -352,6 +361,23 @@ def declined_continue(d: Declined) -> str:
 def not_continued(d: Declined) -> str:
     """A moderator's own (ephemeral) answer to a /continue that was declined."""
     return f"Not continued: {declined_reason(d)}."
+
+
+def continue_label(left: int) -> str:
+    """The Continue button's label on a cut output's receipt: how many continuations its policy still allows."""
+    return f"Continue ({left} left)"
+
+
+# Who may press a Continue button (policy `continuation.button`), as a refused press is told it.
+_PRESSERS: dict[str, str] = {
+    "moderators": "moderators of this channel",
+    "asker": "moderators of this channel and the person this reply answered",
+}
+
+
+def press_refused(button: str, residence: str) -> str:
+    """The (ephemeral) answer to a Continue press its policy does not allow: who may press, as a fact."""
+    return f"Continuing this output is for {_PRESSERS[button]}, under the continuation policy of {residence}."
 
 
 def context_boundary_note(e: Ending) -> str:
@@ -435,6 +461,18 @@ def key_rejected_notice(error: str) -> str:
         f"Provider rejected the API key ({error}); no text was generated. The operator's log has "
         f"the remedy; further rejections here within {minutes} minutes are not posted."
     )
+
+
+# A daily token budget (`policy.budgets`): which tokens it counts, and whose.
+BUDGET_TOKENS = ("input", "output")
+BUDGET_SCOPES = ("residence", "person")
+
+
+def budget_notice(tokens: str, scope: str, budget: int) -> str:
+    """The room's one line, per channel per UTC day, when a daily budget is spent and a reply is not
+    generated: a fact about the budget, never about whoever asked."""
+    whose = " per person" if scope == "person" else ""
+    return _compact(f"Daily {tokens} budget{whose} of {fmt_tokens(budget)} tokens reached; no reply was generated.")
 
 
 def context_room_line_note(author: str, line: str) -> str:

@@ -220,11 +220,13 @@ E2E_MODULES = frozenset(
     {
         "test_browser",
         "test_browser_guilds",
+        "test_caching_discord",
         "test_catch_up",
         "test_checkpoints",
         "test_chain",
         "test_cli",
         "test_commands_once",
+        "test_continue_button",
         "test_crash",
         "test_demo",
         "test_discord_e2e",
@@ -239,6 +241,7 @@ E2E_MODULES = frozenset(
         "test_live",
         "test_load",
         "test_localroom",
+        "test_metrics_process",
         "test_moderation",
         "test_openai_run",
         "test_packaging",
@@ -246,10 +249,14 @@ E2E_MODULES = frozenset(
         "test_provider_key",
         "test_refused_posts",
         "test_room_input",
+        "test_room_buttons",
         "test_room_layout",
+        "test_room_shards",
         "test_room_uploads",
         "test_run_start",
+        "test_shards",
         "test_tooling",
+        "test_usage",
     }
 )
 

@@ -210,10 +210,15 @@ async def deployed(
                 )
 
             def synced(name: str) -> bool:
-                """The bot has put its command list in every guild of the room (on_ready syncs them one by one):
-                the moderators' commands for the commands bot, an empty list for the others."""
+                """The bot has put its command list in every guild of the room its gateway sessions carry (all of
+                them, unless it runs some of its shards; on_ready syncs them one by one): the moderators' commands
+                for the commands bot, an empty list for the others."""
                 app = room.state.bot_by_name(name)
-                return app is not None and all((app.id, g.id) in room.state.synced for g in room.state.guilds.values())
+                if app is None:
+                    return False
+                sessions = room.gateway.live_sessions(app)
+                carried = [g for g in room.state.guilds.values() if any(s.carries(g.id) for s in sessions)]
+                return bool(carried) and all((app.id, g.id) in room.state.synced for g in carried)
 
             await eventually(ready, timeout=READY_TIMEOUT)
             ledger = await Ledger.open(db)

@@ -26,9 +26,15 @@ from typing import Any
 import aiohttp
 import discord
 import pytest
+from conftest import residence, specimen
 from discord import app_commands
 from discord.ext import commands
+from discordkit import deployed
 from imagekit import png
+
+from residents import truth
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 try:
     from roomkit import running_bot, running_room
@@ -683,3 +689,68 @@ async def test_a_person_attaches_files_on_the_page(browser: BrowserContext) -> N
             ("notes.txt", 6, "text/plain"),
         ]
         assert await page.locator("#files").evaluate("el => el.files.length") == 0
+
+
+async def test_a_person_presses_continue_on_the_page_as_the_policy_allows(
+    browser: BrowserContext, tmp_path: Path
+) -> None:
+    """The real resident (`run_bots`) cuts a reply; its receipt shows Continue (2 left) on the page. Pressed as
+    bob (no role) it answers who may press, in the panel, and nothing happens; pressed as a moderator it
+    continues, and the button leaves that receipt."""
+    cairn = residence(
+        name="cairn",
+        max_tokens=600,
+        policy={
+            "retries": {"max_attempts": 3, "backoff_seconds": 0},
+            "floor": {"cooldown_seconds": 0},
+            "continuation": {
+                "standing": "on-request",
+                "max_segments": 2,
+                "max_output_tokens": 12288,
+                "min_progress_chars": 16,
+                "similarity_abort": 0.92,
+            },
+        },
+        discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]},
+    )
+    ending = "Beyond the breakwater the channel bends twice, and the bell buoy rings last of all before the sea."
+    calls = [Call(sse=specimen("cont-first.sse")), Call(sse=sse.stream(ending, "end_turn", 30))]
+    async with deployed(tmp_path, [cairn], calls=calls) as d:
+        d.room.state.person("moddy", moderator=True)
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        await page.goto(d.room.url)
+        await page.wait_for_selector("body[data-ready='1']")
+        await page.fill("#author", "alice")
+        await page.fill("#content", "@cairn write it all, please")
+        await page.press("#content", "Enter")
+        await d.wait_receipt()
+        await d.quiet(0.1)
+        [g] = await d.generations()
+        receipt = page.locator("#messages li.msg[data-author='cairn']").last
+        button = receipt.locator("button.component")
+        await expect(button).to_have_text("Continue (2 left)")
+        await expect(button).to_have_attribute("data-custom-id", f"residents:continue:{g.id}:1")
+
+        await page.fill("#author", "bob")
+        await button.click()
+        answer = page.locator("#mod-out .ephemeral").first
+        await expect(answer.locator(".cmd")).to_have_text("Continue (2 left) · cairn")
+        await expect(answer.locator(".answer")).to_have_text(truth.press_refused("moderators", "cairn"))
+        await d.quiet(0.1)
+        assert len(d.provider.requests) == 1
+        await expect(button).to_be_enabled()
+
+        await page.fill("#author", "moddy")
+        await button.click()
+        answer = page.locator("#mod-out .ephemeral").first
+        await expect(answer.locator(".answer")).to_have_text(
+            f"Continued {g.id}: now completed, 2 segment(s), continuation completed."
+        )
+        await expect(page.locator("#messages li.msg[data-author='cairn'] .subtext").last).to_contain_text(
+            "Output assembled from 2 segments"
+        )
+        await expect(page.locator("#messages button.component")).to_have_count(0)  # nothing is left to press
+        assert len(d.provider.requests) == 2
+        assert not errors, errors

@@ -17,7 +17,15 @@ from residents.discord.app import commands_bot_of
 from residents.localservers import sse
 from residents.localservers.provider import Call
 
-COMMANDS = ["continue", "generation", "policy", "stumps", "provenance", "Provenance"]  # all on the one commands bot
+COMMANDS = [
+    "continue",
+    "generation",
+    "policy",
+    "stumps",
+    "usage",
+    "provenance",
+    "Provenance",
+]  # all on the one commands bot
 
 
 def registered(d: Deployed) -> Counter[tuple[str, str]]:

@@ -258,6 +258,19 @@ def test_check_names_every_bound_a_granted_standing_still_needs_at_once(tmp_path
     ]
 
 
+def test_check_names_a_bad_continue_button_value_and_who_may_press_by_default(tmp_path, monkeypatch, capsys):
+    """`continuation.button` says who may press Continue; by default who may /continue: moderators."""
+    assert load_policy("default", ROOT).continuation.button == "moderators"
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "policies/p.yaml", "continuation:\n  standing: none\n  button: everyone\n")
+    assert cli.main(["check", "policies/p.yaml"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "policies/p.yaml:3: continuation.button: Input should be 'moderators', 'asker' or 'anyone' (got 'everyone')"
+    ]
+    write(tmp_path, "policies/p.yaml", "continuation:\n  standing: none\n  button: asker\n")
+    assert load_policy("p", tmp_path).continuation.button == "asker"
+
+
 def test_check_names_a_bad_file_budget_and_one_above_the_models_context_window(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "policies/default.yaml", "retries: {max_attempts: 3}\n")

@@ -290,7 +290,7 @@ def test_without_postgresql_binaries_the_tests_fail_saying_so(monkeypatch: pytes
 def test_verify_shared_by_worker_processes_reads_either_backend(
     location: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A long ledger is checked by worker processes, each on a read-only session of its own: on a URL too,
+    """A long ledger is checked with a worker process, on a read-only session of its own: on a URL too,
     with the same lines as one process gives."""
     from residents.ledger import verify
 
@@ -301,7 +301,6 @@ def test_verify_shared_by_worker_processes_reads_either_backend(
     alone = capsys.readouterr().out
     monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
     monkeypatch.setattr(verify, "CHUNK", 2)
-    monkeypatch.setattr(verify.os, "cpu_count", lambda: 2)
     assert cli.main(["ledger", "verify", "--db", location]) == 1
     assert capsys.readouterr().out == alone
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from residents import cli, models
+from residents import cli, config, models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -294,3 +294,31 @@ def test_an_openai_model_without_provider_names_the_provider_it_belongs_to(work,
         f"{work}/residences/r.yaml:2: model: 'gpt-4o' is OpenAI's model, but without `provider:` a residence is "
         "sent to Anthropic's API; add `provider: openai-compatible` with `base_url` and `api_key_env`\n"
     )
+
+
+def test_cache_prices_follow_the_input_price_and_an_operator_row_may_set_any_price(work):
+    """Anthropic's pricing page: a cache write is 1.25 times the input price, a read 0.1 times (models.yaml's
+    cache_prices); a chat model has none. An operator's row keeps the built-in prices it does not state."""
+    c = models.caps("claude-sonnet-4-5")
+    assert (c.input_per_mtok, c.output_per_mtok, c.cache_write_per_mtok, c.cache_read_per_mtok) == (3, 15, 3.75, 0.3)
+    assert models.caps("gpt-4o").cache_read_per_mtok is None
+    assert models.estimated_cost(c, 1_000_000, 100_000, 200_000, 2_000_000) == pytest.approx(3 + 1.5 + 0.75 + 0.6)
+    assert models.estimated_cost(models.caps("gpt-4o"), 10, 0, 0, 0) is None
+    (work / "residents.yaml").write_text(
+        "models:\n"
+        "  claude-sonnet-4-5: {output_ceiling: 64000, input_per_mtok: 2}\n"
+        "  claude-haiku-4-5: {output_ceiling: 64000, cache_read_per_mtok: 0.05}\n"
+    )
+    try:
+        config.use_project_models(work)
+        mine = models.caps("claude-sonnet-4-5")
+        assert (mine.input_per_mtok, mine.output_per_mtok, mine.cache_write_per_mtok, mine.cache_read_per_mtok) == (
+            2,
+            15,
+            2.5,
+            0.2,
+        )
+        haiku = models.caps("claude-haiku-4-5")
+        assert (haiku.input_per_mtok, haiku.cache_write_per_mtok, haiku.cache_read_per_mtok) == (1, 1.25, 0.05)
+    finally:
+        models.use(models.BUILTIN)

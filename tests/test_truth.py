@@ -328,6 +328,10 @@ def test_the_tool_description_is_impersonal():
             "generation g-1 made tool calls, and continuation never mixes with the tool loop",
         ),
         (truth.Declined("stopped", "cairn", "g-1", "segment-limit"), "continuation of g-1 stopped: segment-limit"),
+        (
+            truth.Declined("already-continued", "cairn", "g-1", "2"),
+            "generation g-1 was already continued from that receipt; it has 2 segments now",
+        ),
     ],
 )
 def test_every_reason_to_decline_a_continue_is_worded_here_from_facts(d, clause):
@@ -337,3 +341,36 @@ def test_every_reason_to_decline_a_continue_is_worded_here_from_facts(d, clause)
     assert notice == f"Continuation not available: {clause}." and len(notice) <= truth.MAX_LINE
     assert not SECOND_PERSON.search(notice)
     assert truth.not_continued(d) == f"Not continued: {clause}."
+
+
+@pytest.mark.parametrize(
+    "button, who",
+    [
+        ("moderators", "moderators of this channel"),
+        ("asker", "moderators of this channel and the person this reply answered"),
+    ],
+)
+def test_a_refused_continue_press_says_who_may_press_as_a_fact(button, who):
+    line = truth.press_refused(button, "cairn")
+    assert line == f"Continuing this output is for {who}, under the continuation policy of cairn."
+    assert len(line) <= truth.MAX_LINE and not SECOND_PERSON.search(line)
+    assert truth.continue_label(2) == "Continue (2 left)"
+
+
+@pytest.mark.parametrize(
+    "tokens, scope, budget, line",
+    [
+        ("output", "residence", 200_000, "Daily output budget of 200,000 tokens reached; no reply was generated."),
+        ("input", "residence", 5_000_000, "Daily input budget of 5,000,000 tokens reached; no reply was generated."),
+        (
+            "output",
+            "person",
+            20_000,
+            "Daily output budget per person of 20,000 tokens reached; no reply was generated.",
+        ),
+    ],
+)
+def test_a_spent_budget_is_one_fact_about_the_budget(tokens, scope, budget, line):
+    """The room's line states the budget and that no reply was made: never whom it addresses, nor anyone's conduct."""
+    said = truth.budget_notice(tokens, scope, budget)
+    assert said == line and len(said) <= truth.MAX_LINE and not SECOND_PERSON.search(said)

@@ -16,9 +16,11 @@ from typing import Any
 
 from .. import models, truth
 from ..config import Residence
+from ..provider import REGISTRY, caching
 from ..records import Generation, Post, SharedFile, Stump
 from .attachments import Fetched, Placed, content, decide, within_request
 from .marks import one_line, quoted, said
+from .window import Window, frozen_count
 
 QUIET_NOTE = "[No new messages since the reply above.]"
 START_NOTE = "[Earlier messages in this room are not shown.]"
@@ -77,11 +79,14 @@ def _turns(
     own_stumps_visible: bool,
     recovered: dict[str, Stump] | None = None,
     files: dict[str, list[Placed]] | None = None,
-) -> list[tuple[str, Content]]:
-    turns: list[tuple[str, Content]] = []
+) -> list[list[tuple[str, Content]]]:
+    """The turns each message of `history` makes, in reading order (a message may make none)."""
+    groups: list[list[tuple[str, Content]]] = []
     seen: set[str] = set()
     published: set[str] = set()  # stumps whose recovered text is already in the turns
     for m in in_reading_order(history, posts, gens):
+        turns: list[tuple[str, Content]] = []
+        groups.append(turns)
         if not m.is_self:
             post = posts.get(m.id) if m.is_bot else None
             if post is not None and post.kind in ("receipt", "notice"):  # a room line about its output
@@ -109,7 +114,7 @@ def _turns(
             continue
         seen.add(g.id)
         turns += _own_generation(g, own_stumps_visible)
-    return turns
+    return groups
 
 
 def _own_generation(g: Generation, own_stumps_visible: bool) -> list[tuple[str, str]]:
@@ -199,19 +204,50 @@ def compile_with_files(
     posts: dict[str, Post],
     gens: dict[str, Generation],
     recovered: dict[str, Stump] | None = None,
+    window: Window | None = None,
 ) -> tuple[dict[str, Any], list[SharedFile]]:
     """`compile_request`, and each file the request carries or describes, as the ledger keeps it.
 
-    Files of others' messages only (a resident posts none; an image may stand only in a user turn)."""
-    shown = history[-res.policy.floor.history_limit :]
+    Files of others' messages only (a resident posts none; an image may stand only in a user turn).
+    `window`: where this channel's requests start (`residents.context.window`), kept by the caller
+    between turns; without one, the last `history_limit` messages are shown."""
+    limit = res.policy.floor.history_limit
+    shown = window.shown(history, limit) if window is not None else history[-limit:]
     images_ok = models.caps(res.model).accepts_images
     with_files = [m for m in shown if m.files and not m.is_self]
     per_message = [decide(m.id, m.files, images_ok) for m in with_files]
     within_request(per_message, file_budget(res))
     files = {m.id: placed for m, placed in zip(with_files, per_message, strict=True)}
-    turns = _turns(shown, posts, gens, res.policy.stumps.resident_reads_own, recovered, files)
+    groups = _turns(shown, posts, gens, res.policy.stumps.resident_reads_own, recovered, files)
+    turns = [t for group in groups for t in group]
+    frozen = sum(len(group) for group in groups[: frozen_count(len(groups), limit)])
     if not turns or turns[0][0] != "user":
         turns.insert(0, ("user", START_NOTE))
+        frozen += 1 if frozen else 0
+    while 0 < frozen < len(turns) and turns[frozen - 1][0] == turns[frozen][0]:
+        frozen -= 1  # the frozen part ends where the role changes, so no message spans both parts
     if turns[-1][0] != "user":
         turns.append(("user", QUIET_NOTE))
-    return {**base_request(res), "messages": _merge(turns)}, [p.record for placed in per_message for p in placed]
+    older, tail = _merge(turns[:frozen]), _merge(turns[frozen:])
+    request = {**base_request(res), "messages": older + tail}
+    if REGISTRY[res.provider].breakpoints:
+        request = with_breakpoints(request, len(older))
+    return request, [p.record for placed in per_message for p in placed]
+
+
+def with_breakpoints(request: dict[str, Any], frozen: int) -> dict[str, Any]:
+    """`request` marked for a provider that caches only where it is told (`residents.provider.caching`):
+    the system prompt, the end of its first `frozen` messages (the frozen part), each where the
+    prefix up to it can be cached at all, and the last block (a top-level mark), so the next turn
+    reads this whole request. Tools are marked where they are added (`residents.generation.tools`)."""
+    out = dict(request)
+    system = out.get("system")
+    if system and caching.estimated_tokens(system) >= caching.MIN_CACHEABLE_TOKENS:
+        out["system"] = caching.with_breakpoint(system)
+    messages = list(out["messages"])
+    if frozen and caching.estimated_tokens([system, messages[:frozen]]) >= caching.MIN_CACHEABLE_TOKENS:
+        last = messages[frozen - 1]
+        messages[frozen - 1] = {**last, "content": caching.with_breakpoint(last["content"])}
+    out["messages"] = messages
+    out["cache_control"] = dict(caching.BREAKPOINT)
+    return out

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..ledger import Ledger, LedgerWriteError
+from ..observe import UNOBSERVED, Observer
 from ..records import Post
 from .resume import ResumeRoom, RoomRefused, RoomUnavailable, resume_generation
 
@@ -68,6 +69,7 @@ class _Entry:
     post: Post
     fresh: bool  # never tried in this process: it cannot be in the room already
     done: asyncio.Future[bool]  # True once delivered or set aside; False when the outbox closed first
+    since: float = field(default_factory=time.time)  # when this process queued it
 
     @property
     def reply(self) -> str:
@@ -96,6 +98,7 @@ class Outbox:
         self.rooms: dict[str, ResumeRoom] = {}
         self.channels: dict[str, _Channel] = {}
         self.closed = False
+        self.observer: Observer = UNOBSERVED  # told each post that leaves (`residents.metrics`)
 
     @classmethod
     def of_room(cls, ledger: Ledger, residence: str, room: ResumeRoom) -> Outbox:
@@ -115,6 +118,13 @@ class Outbox:
         """Replies with posts still waiting in `channel` (generation ids, or `post:ID`): not in the room yet."""
         ch = self.channels.get(channel)
         return {e.reply for e in ch.queue} if ch else set()
+
+    def backlog(self) -> dict[str, tuple[int, float | None]]:
+        """Per channel ever used: how many posts wait, and since when (time.time()) the oldest was queued here."""
+        return {
+            channel: (len(ch.queue), min((e.since for e in ch.queue), default=None))
+            for channel, ch in self.channels.items()
+        }
 
     def enqueue(self, residence: str, posts: Iterable[Post]) -> list[asyncio.Future[bool]]:
         """Append a reply's recorded posts behind everything already waiting in their channels."""
@@ -267,6 +277,7 @@ class Outbox:
     def _resolve(self, e: _Entry) -> None:
         if (e.post.message_id is not None or e.post.refused is not None) and not e.done.done():
             e.done.set_result(True)
+            self.observer.post_delivered(e.residence, e.post)
 
     def _pop_delivered(self, ch: _Channel) -> None:
         while ch.queue and (ch.queue[0].post.message_id is not None or ch.queue[0].post.refused is not None):

@@ -1,18 +1,22 @@
 """The Discord side: one `commands.Bot` per residence, its cogs loaded in `setup_hook`.
 
 A bot knows its own resident and the registry of every resident in the process (moderators may
-ask one bot about another's stumps); the pipeline itself knows nothing of Discord.
+ask one bot about another's stumps); the pipeline itself knows nothing of Discord. A residence with
+`discord.shards` runs on discord.py's AutoShardedBot (`sharded`): one bot, several gateway sessions,
+each carrying the guilds on its shard; a shard that loses its session catches up on its own guilds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, cast
 
+import aiohttp
 import discord
 from discord.ext import commands
 
-from ..config import Checkpoints, ConfigError, Residence
+from ..config import Checkpoints, ConfigError, Residence, ShardSettings
 from ..resident import Resident
 from . import checks
 
@@ -35,6 +39,34 @@ def intents() -> discord.Intents:
     return i
 
 
+IDENTIFY_WINDOW_S = 5.0  # Discord starts `max_concurrency` sessions of a bot per 5 seconds
+
+
+class IdentifyPacer:
+    """Discord's session start rate: one IDENTIFY per 5 s in each bucket `shard_id % max_concurrency`.
+
+    discord.py's own hook waits 5 s before every shard but the first, whatever the bot's
+    `max_concurrency`; this waits only as long as the shard's bucket needs."""
+
+    def __init__(self, window: float = IDENTIFY_WINDOW_S) -> None:
+        self.window = window
+        self.max_concurrency: int | None = None  # learnt from GET /gateway/bot on the first IDENTIFY
+        self.last: dict[int, float] = {}
+
+    async def wait(self, shard_id: int) -> None:
+        loop = asyncio.get_running_loop()
+        bucket = shard_id % (self.max_concurrency or 1)
+        last = self.last.get(bucket)
+        if last is not None and loop.time() - last < self.window:
+            await asyncio.sleep(last + self.window - loop.time())
+        self.last[bucket] = loop.time()
+
+
+def shard_options(settings: ShardSettings) -> dict[str, Any]:
+    """discord.py's AutoShardedBot arguments for `discord.shards`: no count asks Discord for one (`auto`)."""
+    return {"shard_count": settings.count, "shard_ids": list(settings.ids) if settings.ids is not None else None}
+
+
 class ResidentBot(commands.Bot):
     def __init__(
         self,
@@ -46,7 +78,13 @@ class ResidentBot(commands.Bot):
         peers: dict[str, ResidentBot] | None = None,
         checkpoints: Checkpoints | None = None,
     ) -> None:
+        settings = resident.residence.discord
+        self.shard_settings = settings.shards if settings is not None else None
+        if self.shard_settings is not None and not self.sharded:
+            raise TypeError(f"{resident.residence.name} has discord.shards: build its bot with sharded(ResidentBot)")
+        self.identify_pacer = IdentifyPacer()
         super().__init__(
+            **(shard_options(self.shard_settings) if self.shard_settings is not None else {}),
             command_prefix=commands.when_mentioned,
             intents=intents(),
             help_command=None,
@@ -70,10 +108,37 @@ class ResidentBot(commands.Bot):
         self.checkpoints = checkpoints
         self.checkpoint_channel: discord.TextChannel | None = None
         self.settled = asyncio.Event()  # set once ready: commands synced, channels found
+        # A gateway session: READY or RESUMED since the last disconnect (`/readyz`, the sessions gauge).
+        self.gateway_session = False
 
     @property
     def residence(self):
         return self.resident.residence
+
+    @property
+    def sharded(self) -> bool:
+        """Several gateway sessions (discord.py's AutoShardedClient), as `discord.shards` asks."""
+        return isinstance(self, discord.AutoShardedClient)
+
+    @property
+    def all_shards(self) -> bool:
+        """Whether this process runs every shard of the bot, so every guild of the bot is in `guilds`."""
+        settings = self.shard_settings
+        return settings is None or settings.ids is None or len(settings.ids) == settings.count
+
+    async def before_identify_hook(self, shard_id: int | None, *, initial: bool = False) -> None:
+        """A sharded bot's sessions start as fast as Discord's `max_concurrency` lets them (see IdentifyPacer)."""
+        if not isinstance(self, discord.AutoShardedClient) or shard_id is None:
+            await super().before_identify_hook(shard_id, initial=initial)
+            return
+        pacer = self.identify_pacer
+        if pacer.max_concurrency is None:
+            try:
+                pacer.max_concurrency = max(1, (await self.fetch_session_start_limits()).max_concurrency)
+            except (discord.HTTPException, discord.GatewayNotFound, aiohttp.ClientError, OSError) as e:
+                log.info("%s: session start limits not known (%s): one IDENTIFY per 5 s", self.residence.name, e)
+                pacer.max_concurrency = 1
+        await pacer.wait(shard_id)
 
     async def on_message(self, message: discord.Message) -> None:
         """Residents have no prefix commands: a mention is conversation, handled by the resident cog."""
@@ -85,9 +150,16 @@ class ResidentBot(commands.Bot):
             await self.load_extension(ext)
         self.tree.error(checks.on_app_command_error)  # every slash command is answered, errors included
 
+    async def on_resumed(self) -> None:
+        self.gateway_session = True
+
+    async def on_disconnect(self) -> None:
+        self.gateway_session = False
+
     async def on_ready(self) -> None:
         """Commands are synced per guild (immediate, unlike global ones; a bot that is not the commands bot
         puts an empty list, removing any copies an earlier version registered); configured channels are checked."""
+        self.gateway_session = True
         for guild in self.guilds:
             if guild.id in self.synced:
                 continue
@@ -99,7 +171,8 @@ class ResidentBot(commands.Bot):
             found = {
                 e: [c for g in self.guilds for c in g.text_channels if names_channel(e, c)] for e in settings.channels
             }
-            missing = [e for e, cs in found.items() if not cs]
+            # A process that runs some of the bot's shards sees only their guilds: the rest may be elsewhere.
+            missing = [e for e, cs in found.items() if not cs] if self.all_shards else []
             where = f"residences/{self.residence.name}.yaml: discord.channels"
             ambiguous = [(e, cs) for e, cs in found.items() if len(cs) > 1]
             if missing:
@@ -124,16 +197,42 @@ class ResidentBot(commands.Bot):
             log.info(self.startup_problem)  # run_bots raises it as the one line start-up stops with
             await self.close()
             return
-        log.info("%s ready as %s in %d guild(s)", self.residence.name, self.user, len(self.guilds))
+        shards = (
+            f", shards {sorted(self.shards)} of {self.shard_count}"
+            if isinstance(self, discord.AutoShardedClient)
+            else ""
+        )
+        log.info("%s ready as %s in %d guild(s)%s", self.residence.name, self.user, len(self.guilds), shards)
         self.settled.set()
         # discord.py calls on_ready for every new gateway session (the first, and each IDENTIFY after a
         # RESUME was refused), never after a successful RESUME: the resident cog catches up on what it missed.
-        self.dispatch("new_session")
+        # A sharded bot hears on_ready once all its shards are up, and again only if it runs one shard.
+        self.dispatch("new_session", None)
+
+    async def on_shard_ready(self, shard_id: int) -> None:
+        """A shard's new session, once the bot has settled (its first ones are on_ready's): the resident
+        catches up in the guilds of that shard only; the other shards never stopped."""
+        if self.settled.is_set() and isinstance(self, discord.AutoShardedClient) and len(self.shards) > 1:
+            log.info("%s: shard %s has a new gateway session", self.residence.name, shard_id)
+            self.dispatch("new_session", shard_id)
 
     def listens_in(self, channel: discord.abc.Messageable) -> bool:
         settings = self.residence.discord
         names = settings.channels if settings else []
         return not names or any(names_channel(e, channel) for e in names)
+
+
+_SHARDED: dict[type[ResidentBot], type[ResidentBot]] = {}
+
+
+def sharded(cls: type[ResidentBot]) -> type[ResidentBot]:
+    """`cls` on discord.py's AutoShardedBot instead of Bot: the same resident, its gateway in shards.
+
+    Built from `cls` (not a second class written out) so a subclass of ResidentBot, a test's included,
+    shards the same way; one class per `cls`."""
+    if cls not in _SHARDED:
+        _SHARDED[cls] = cast(type[ResidentBot], type(f"Sharded{cls.__name__}", (cls, commands.AutoShardedBot), {}))
+    return _SHARDED[cls]
 
 
 def commands_bot_of(residences: list[Residence]) -> str:

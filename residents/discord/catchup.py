@@ -41,10 +41,17 @@ class Sightings:
         """A message a catch-up read and judged: the next catch-up starts after it."""
         self.newest[channel] = max(self.newest.get(channel, 0), message_id)
 
-    def dropped(self) -> None:
-        """The gateway connection closed: what comes next is a RESUME (a replay) or a new session (a gap)."""
-        self.at_drop = dict(self.newest)
-        self.live_from = {}
+    def dropped(self, channels: Iterable[int] | None = None) -> None:
+        """The gateway connection closed (only that carrying `channels`, for one shard of a sharded bot):
+        what comes next there is a RESUME (a replay) or a new session (a gap). The other shards' channels
+        keep what their connections saw."""
+        if channels is None:
+            self.at_drop = dict(self.newest)
+            self.live_from = {}
+            return
+        cut = set(channels)
+        self.at_drop = {**(self.at_drop or {}), **{c: n for c, n in self.newest.items() if c in cut}}
+        self.live_from = {c: m for c, m in self.live_from.items() if c not in cut}
 
     def last_seen(self, channel: int) -> int | None:
         """The newest message seen in `channel` before the gap, if this process saw one."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -60,13 +61,15 @@ class DiscordRoom:
     def __init__(self, channel: discord.abc.Messageable) -> None:
         self.channel = channel
 
-    async def send(self, post: Post) -> str:
-        """Post it (valid UTF-8: lone surrogates leave as U+FFFD); any failure to do so raises RoomUnavailable."""
+    async def send(self, post: Post, view: discord.ui.View | None = None) -> str:
+        """Post it (valid UTF-8: lone surrogates leave as U+FFFD), with `view`'s buttons if given; any
+        failure to do so raises RoomUnavailable."""
+        content, quiet = outbound(post.content)[0], discord.AllowedMentions.none()
         try:
             message = await asyncio.wait_for(
-                self.channel.send(
-                    outbound(post.content)[0], nonce=post.id, allowed_mentions=discord.AllowedMentions.none()
-                ),
+                self.channel.send(content, nonce=post.id, allowed_mentions=quiet)
+                if view is None
+                else self.channel.send(content, nonce=post.id, allowed_mentions=quiet, view=view),
                 timeout=SEND_TIMEOUT,
             )
         except ROOM_ERRORS as e:
@@ -179,8 +182,11 @@ class DiscordResumeRoom:
     post while the bot runs; a post whose send failed is looked for here before it is sent again.
     """
 
-    def __init__(self, bot: ResidentBot) -> None:
+    def __init__(
+        self, bot: ResidentBot, views: Callable[[Post], Awaitable[discord.ui.View | None]] | None = None
+    ) -> None:
         self.bot = bot
+        self.views = views  # the buttons a post goes out with (`buttons.receipt_view`), if any
 
     async def _channel(self, ref: str) -> discord.abc.Messageable:
         if not ref.isdigit():
@@ -211,11 +217,12 @@ class DiscordResumeRoom:
             raise unavailable(e) from e
 
     async def send(self, post: Post) -> str:
+        """Post it; a cut output's latest receipt carries the Continue button where its policy offers one."""
         try:
             channel = await asyncio.wait_for(self._channel(post.channel), timeout=SEND_TIMEOUT)
         except ROOM_ERRORS as e:
             raise unavailable(e) from e
-        return await DiscordRoom(channel).send(post)
+        return await DiscordRoom(channel).send(post, await self.views(post) if self.views is not None else None)
 
     async def delete(self, channel_ref: str, message_id: str) -> None:
         """Remove one of the bot's messages (a live reply a stopped process left in progress)."""

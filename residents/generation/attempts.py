@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .. import truth
+from .. import observe, truth
 from ..config import Retries
 from ..ledger import Ledger, LedgerWriteError
 from ..ledger.retry import until_written
+from ..observe import UNOBSERVED, Observer
 from ..provider import BlockSink, Provider
 from ..records import Attempt, Generation, Outcome, Stump, StumpScope, join_text, make_stump, new_id
 
@@ -59,9 +60,12 @@ class LedgerSink(BlockSink):
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._failing = False  # the last write failed: its retries are not logged again, nor asked per delta
+        self.first_content: float | None = None  # time.monotonic() when the first content block began
 
     def start(self, index: int, btype: str, content: str, start: dict[str, Any] | None) -> bool:
         self._new_block = True
+        if self.first_content is None:
+            self.first_content = time.monotonic()
         due = super().start(index, btype, content, start)
         if self._timer is None:
             self._timer = self._loop.call_later(FLUSH_TIMER, self._due)
@@ -239,6 +243,7 @@ class AttemptRunner:
     provider: Provider | Mapping[str, Provider]
     ledger: Ledger
     sleep: Sleep = asyncio.sleep
+    observer: Observer = UNOBSERVED  # told each attempt's end (`residents.metrics`)
 
     def provider_of(self, residence: str) -> Provider:
         p = self.provider
@@ -267,6 +272,7 @@ class AttemptRunner:
         for index in range(1, policy.max_attempts + 1):
             a = Attempt(id=new_id("a-"), generation_id=g.id, segment=segment, index=index)
             g.attempts.append(a)
+            observe.set_ids(attempt=a.id)  # the turn's scope (`observe.working_on`) restores it
             if prev is not None:
                 prev.replaced_by = a.id
                 for s in g.stumps:
@@ -282,16 +288,21 @@ class AttemptRunner:
             sink = LedgerSink(self.ledger, a.id) if watch is None else LiveLedgerSink(self.ledger, a.id, watch)
             if watch is not None:
                 watch.started(a, sink)  # type: ignore[arg-type]
+            called = time.monotonic()
             try:
                 end = await self.provider_of(g.residence).stream(request, sink, timeout=policy.timeout_seconds)
             finally:
                 if watch is not None:
                     await watch.halt()
                 await sink.close()
+            seconds = time.monotonic() - called
+            first = sink.first_content - called if sink.first_content is not None else None
             a.blocks = sink.blocks()
             a.text, a.stop_reason, a.output_tokens = join_text(a.blocks), end.stop_reason, end.output_tokens
             a.request_id, a.ended_at, a.stop_details = end.request_id, time.time(), end.stop_details
             a.request_replacements = end.request_replacements
+            a.input_tokens, a.cache_write_tokens = end.input_tokens, end.cache_write_tokens
+            a.cache_read_tokens = end.cache_read_tokens
             f = end.failure
             if f is not None:
                 a.error = f.kind
@@ -302,6 +313,7 @@ class AttemptRunner:
                     stumps += block_stumps(g, a, truth.RETRY_ABANDONED)
                     g.stumps += stumps
                     await until_written(f"attempt {a.id} set aside", self.ledger.finish_attempt, a, stumps)
+                    self.observer.attempt_ended(g, a, seconds, first)
                     if watch is not None:
                         await watch.set_aside(a, stumps)
                     wait = backoff(index, f.retry_after, policy)
@@ -321,6 +333,7 @@ class AttemptRunner:
                 log.warning("attempt %s (%s) failed: %s: %s", a.id, g.residence, f.kind, f.message)
             else:
                 a.outcome = truth.outcome_of_stop(end.stop_reason, has_tools=tools)
+            self.observer.attempt_ended(g, a, seconds, first)
             if settle_last:
                 await until_written(f"attempt {a.id} settled", self.ledger.finish_attempt, a)
             return a

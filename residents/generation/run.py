@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import truth
+from .. import observe, truth
 from ..config import Residence
 from ..continuation import continuation_request, judge_segment
 from ..ledger.access import tool_calls_of, use_default_access
@@ -49,6 +49,23 @@ class ContinueResult:
     refused: truth.Declined | None = None  # why no provider call was made, when none was
 
 
+def continuations_left(g: Generation, res: Residence) -> int:
+    """How many more /continue requests `g` may still be granted: 0 unless its residence's standing is
+    `on-request` and it is cut at the output ceiling; else what `max_segments` and `max_output_tokens`
+    leave, by the same counts `continue_on_request` stops at (the Continue button's "n left").
+
+    Tool calls, which also rule continuation out, are the caller's to check (they are in the ledger)."""
+    cont = res.policy.continuation
+    if cont.standing != "on-request" or g.status != "truncated" or not truth.is_ceiling(g.stop_reason):
+        return 0
+    if g.request is None:
+        return 0
+    spent = sum(s.output_tokens if s.output_tokens is not None else g.request["max_tokens"] for s in g.segments)
+    if spent >= (cont.max_output_tokens or 0):
+        return 0
+    return max(0, (cont.max_segments or 0) - (len(g.segments) - 1))
+
+
 class Generator:
     def __init__(self, runner: AttemptRunner) -> None:
         self.runner = runner
@@ -73,6 +90,7 @@ class Generator:
         tools: Toolbox | None = None,
         watch: AttemptWatch | None = None,
         attachments: list[SharedFile] | None = None,
+        person: str | None = None,
     ) -> Generation:
         """One reply; with `tools`, a tool loop of rounds (`residents.generation.tools`) whose text is joined.
 
@@ -88,10 +106,12 @@ class Generator:
             model=res.model,
             standing=res.policy.continuation.standing,
             trigger=trigger,
+            person=person,
             request=request,
             seen_upto=seen_upto,
             attachments=list(attachments or []),
         )
+        observe.set_ids(generation=g.id)  # the turn's scope (`observe.working_on`) restores it
         loop = ToolLoop(self.runner, tools, res.policy.tools.max_rounds) if tools is not None else None
         if loop is not None:
             final = await loop.run(g, request, res.policy.retries, watch=watch)
@@ -117,6 +137,7 @@ class Generator:
                 unsettled = None
                 await self._continue(g, res, superseded, max_new=res.policy.continuation.max_segments or 0)
         await self._settle(g, res, previous_output=None, last_attempt=unsettled, rounds=rounds)
+        self.runner.observer.generation_settled(g, new=True, stumps=g.stumps, continuations=len(g.segments) - 1)
         return g
 
     async def continue_on_request(
@@ -134,11 +155,15 @@ class Generator:
         if await tool_calls_of(self.ledger, g.id):
             return ContinueResult(g, "", truth.Declined("tool-calls", res.name, g.id))
         await self._use_default_access(res)
-        before = len(g.text)
+        observe.set_ids(generation=g.id)
+        before, stumps_before, segments_before = len(g.text), len(g.stumps), len(g.segments)
         previous = next((s for s in reversed(g.stumps) if s.scope == "output" and s.replaced_by is None), None)
         await self._continue(g, res, superseded, max_new=1)
         added = g.text[before:]
         await self._settle(g, res, previous_output=previous if added else None)
+        self.runner.observer.generation_settled(
+            g, new=False, stumps=g.stumps[stumps_before:], continuations=len(g.segments) - segments_before
+        )
         if not added and g.continuation_ended in (
             ContinuationEnd.SEGMENT_LIMIT,
             ContinuationEnd.TOKEN_LIMIT,

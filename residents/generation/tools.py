@@ -21,6 +21,7 @@ from ..config import Retries
 from ..ledger import Ledger
 from ..ledger.access import add_tool_calls
 from ..ledger.retry import until_written
+from ..provider import caching
 from ..records import TEXT_JOIN, Attempt, Block, Generation, Outcome, ToolCall
 from .attempts import AttemptRunner, AttemptWatch
 
@@ -42,7 +43,18 @@ class Toolbox(Protocol):
 
 
 def with_tools(request: dict[str, Any], toolbox: Toolbox) -> dict[str, Any]:
-    return {**request, "tools": toolbox.definitions()}
+    """`request` with the toolbox's tools. A request marked for a provider that caches only where it is
+    told (a top-level `cache_control`, `residents.context.compile.with_breakpoints`) gets its last tool
+    marked too, where the tools alone can be cached and a mark is left of the four."""
+    tools = toolbox.definitions()
+    if (
+        tools
+        and "cache_control" in request
+        and caching.estimated_tokens(tools) >= caching.MIN_CACHEABLE_TOKENS
+        and caching.breakpoints(request) < caching.MAX_BREAKPOINTS
+    ):
+        tools = [*tools[:-1], {**tools[-1], "cache_control": dict(caching.BREAKPOINT)}]
+    return {**request, "tools": tools}
 
 
 def without_tools(request: dict[str, Any]) -> dict[str, Any]:

@@ -7,14 +7,17 @@ An entry is a JSON object of hashes and metadata, never text (an export reveals 
 
 - `generation` — a settlement (again at each /continue): status, stop reason, counts, SHA-256 of the
   canonical text, its segments;
-- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts, SHA-256 of
-  its text and of each content block (reasoning and tool input included, by hash only);
+- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts (the
+  provider's input, cache-write and cache-read tokens where it gave them), SHA-256 of its text and of
+  each content block (reasoning and tool input included, by hash only);
 - `stump` — a stump as stored: cause, scope, counts, SHA-256 of its text;
 - `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
   lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
 - `delivered` — the message id a post got (`refused`, written by the delivery layer, in its place: a
   post set aside as undeliverable);
 - `stump-access`, `stump-read` — a stump's access chosen by its resident, a read of its text;
+- `budget-refusal` — a reply a spent daily budget refused: whose budget, which, what was counted, the
+  message, its author and the notice posted of it;
 - `genesis` — first on a ledger that had records before the chain: the `backfill` entries after it
   were written from those records when the chain began.
 
@@ -39,8 +42,9 @@ Checking (`ledger verify`): the walk links every entry to the one before and has
 read with all its entries, whose history must be one the ledger writes (`HISTORY`: a generation
 settled again only by a /continue, a post delivered or refused once, a stump's access changed by its
 resident), and whose latest entry of each kind must be, byte for byte, the entry its builder gives now
-(`confirms`). Every other entry is read again whole (`finish`). A witness's saved head is `head`'s
-`N:SHA256`.
+(`confirms`); every other entry of a record has its body read whole. The walk counts the entries
+that name a record, the records count the entries they read: only when the two differ are entries
+naming a record the ledger lacks looked for. A witness's saved head is `head`'s `N:SHA256`.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ import json
 import logging
 import sqlite3
 import time
-from array import array
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -133,7 +136,9 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 
 
 def attempt_payload(a: Attempt) -> dict[str, Any]:
-    return {
+    """An attempt's entry. The input counts (m045) are stated only where the provider gave one, so an entry
+    written before them is still the entry its attempt gives now, and a count added later is named."""
+    out = {
         "id": a.id,
         "generation_id": a.generation_id,
         "segment": a.segment,
@@ -150,6 +155,11 @@ def attempt_payload(a: Attempt) -> dict[str, Any]:
             for b in a.content_blocks()
         ],
     }
+    for name in ("input_tokens", "cache_write_tokens", "cache_read_tokens"):
+        value = getattr(a, name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 def generation_payload(g: Generation) -> dict[str, Any]:
@@ -228,6 +238,36 @@ def stump_access_payload(stump_id: str, access: str, set_by: str, generation_id:
 def stump_read_payload(stump_id: str, reader: str, reader_kind: str, generation_id: str | None) -> dict[str, Any]:
     """One read of a stump's text, by its resident's tool or a moderator: who, never what."""
     return {"id": stump_id, "reader": reader, "reader_kind": reader_kind, "generation_id": generation_id}
+
+
+def budget_refusal_payload(
+    refusal_id: str,
+    residence: str,
+    channel: str,
+    trigger: str | None,
+    person: str | None,
+    scope: str,
+    tokens: str,
+    budget: int,
+    spent: int,
+    day: str,
+    post_id: str | None,
+) -> dict[str, Any]:
+    """A reply a spent daily budget refused (`residents.ledger.budgets`): whose budget, which, what was
+    counted, the message and its author, and the notice posted of it (or none)."""
+    return {
+        "id": refusal_id,
+        "residence": residence,
+        "channel": channel,
+        "trigger": trigger,
+        "person": person,
+        "scope": scope,
+        "tokens": tokens,
+        "budget": budget,
+        "spent": spent,
+        "day": day,
+        "post_id": post_id,
+    }
 
 
 def generation(g: Generation) -> Statement:
@@ -333,8 +373,8 @@ def _backfill(conn: sqlite3.Connection) -> int:
 
 
 def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
-    """Each stump's latest access choice and latest read, as their entries must say (few: one per stump
-    a resident or moderator touched)."""
+    """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
+    entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
     for kind, sql, build in (
         (
@@ -343,6 +383,12 @@ def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
             stump_access_payload,
         ),
         ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
+        (
+            "budget-refusal",
+            "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id"
+            " FROM budget_refusals",
+            budget_refusal_payload,
+        ),
     ):
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
@@ -372,6 +418,10 @@ class Entry:
     hash: str
 
     @property
+    def where(self) -> str:
+        return f"chain entry {self.seq} ({self.kind}{' ' + self.record if self.record else ''})"
+
+    @property
     def line(self) -> str:
         return export_line(self.seq, self.prev, self.body, self.hash)
 
@@ -389,7 +439,6 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
 # An entry's columns, in `Entry`'s order.
 _ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
 _ENTRY_AT = _ENTRIES + " WHERE seq = $1"
-LATER = "SELECT 1 FROM chain WHERE record = $1 AND kind = $2 AND seq > $3 AND seq <= $4 LIMIT 1"
 
 
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
@@ -506,8 +555,8 @@ def _continued(before: list[Step], now: Step, text: str) -> str | None:
     if new[: len(old)] != old:
         return f"{why}: its segments do not extend that entry's"
     added = new[len(old) :]
-    same = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
-    for k in same:
+    unchanged = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
+    for k in unchanged:
         if was.get(k) != now_.get(k):
             return f"{why}: no segment added, but its {k} differs"
     if added and now_.get("chars") != (was.get("chars") or 0) + sum(s.get("chars") or 0 for s in added):
@@ -543,6 +592,7 @@ HISTORY: dict[str, tuple[str, dict[str, Rule]]] = {
     "generations": ("generation", {"generation": _continued}),  # again at each /continue
     "stumps": ("stump", {"stump-access": _by_its_resident, "stump-read": _anyone}),
     "posts": ("post", {"delivered": _delivered_or_refused_once, "refused": _delivered_or_refused_once}),
+    "budget_refusals": ("budget-refusal", {}),  # written once
 }
 TABLE_OF = {kind: table for table, (first, then) in HISTORY.items() for kind in (first, *then)}
 RECORD_KINDS = tuple(TABLE_OF)
@@ -579,19 +629,22 @@ class Record:
 
 @dataclass
 class Held:
-    """What holding records against their entries found: lines (seq, order, line), the entries confirmed,
-    the entries of a record that are not confirmed, and the records with no entry."""
+    """What holding records against their entries found: lines (seq, order, line), what has no entry,
+    and how many entries up to the walk's end the records read (and the sum of their seqs): the same
+    as the walk's count of entries naming a record, unless some entry names a record the ledger lacks."""
 
     lines: list[tuple[int, int, str]] = field(default_factory=list)
-    confirmed: array[int] = field(default_factory=lambda: array("q"))
-    accounted: list[int] = field(default_factory=list)
     unchained: list[str] = field(default_factory=list)
+    confirmed: int = 0  # latest entries their builders give byte for byte
+    count: int = 0
+    total: int = 0
 
     def add(self, other: Held) -> None:
         self.lines += other.lines
-        self.confirmed += other.confirmed
-        self.accounted += other.accounted
         self.unchained += other.unchained
+        self.confirmed += other.confirmed
+        self.count += other.count
+        self.total += other.total
 
 
 def _unattested(kind: str) -> str:
@@ -602,9 +655,9 @@ def _unattested(kind: str) -> str:
     )
 
 
-def hold(db: sqlite3.Cursor, records: list[Record]) -> Held:
-    """Each record's entries, read by its id: its history, and its latest entry of each kind it must have
-    against what its builder gives now."""
+def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
+    """Each record's entries, read by its id: its history; its latest entry of each kind it must have
+    confirmed against what its builder gives now; every other entry's body read whole."""
     out = Held()
     history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
@@ -615,6 +668,8 @@ def hold(db: sqlite3.Cursor, records: list[Record]) -> Held:
             steps = history.get((TABLE_OF.get(kind, ""), record))
             if steps is not None:
                 steps.append(Step(seq, kind, body))
+                if seq <= top:
+                    out.count, out.total = out.count + 1, out.total + seq
     for r in records:
         steps = history[r.table, r.id]
         if len(steps) > 1 or steps and steps[0].kind != HISTORY[r.table][0]:
@@ -622,7 +677,7 @@ def hold(db: sqlite3.Cursor, records: list[Record]) -> Held:
             if broken:
                 kind = next(s.kind for s in steps if s.seq == broken[0])
                 out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
-        confirmed = 0
+        confirmed = set()
         for kind, payload in r.expected.items():
             last = next((s for s in reversed(steps) if s.kind == kind), None)
             if last is None:
@@ -630,17 +685,19 @@ def hold(db: sqlite3.Cursor, records: list[Record]) -> Held:
                     out.unchained.append(f"delivery of post {r.id}" if kind == "delivered" else f"{kind} {r.id}")
             elif payload is None:
                 out.lines.append((last.seq, 2, f"chain entry {last.seq} ({kind} {r.id}): {_unattested(kind)}"))
-            else:
-                confirmed += _against(out, kind, r.id, payload, last.seq, last.body)
-        if confirmed < len(steps):
-            out.accounted += [s.seq for s in steps]
+            elif _against(out, kind, r.id, payload, last.seq, last.body):
+                confirmed.add(last.seq)
+                out.confirmed += 1
+        for s in steps:
+            problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
+            if problem:
+                out.lines.append((s.seq, 0, f"chain entry {s.seq} ({s.kind} {r.id}): {problem}"))
     return out
 
 
 def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: int, body: str) -> bool:
     """A record's latest entry of `kind` against its payload now: confirmed, or the line saying what differs."""
     if confirms(kind, payload, body):
-        out.confirmed.append(seq)
         return True
     stated = _parsed(body)
     diff = _differs(stated, payload) if stated is not None else []
@@ -652,7 +709,8 @@ def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: in
 
 
 def hold_access(db: sqlite3.Cursor) -> Held:
-    """Each stump's latest access choice and latest read against its latest entry of that kind."""
+    """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
+    that kind; an entry that does not confirm gets the line saying what differs."""
     out = Held()
     for kind, sid, payload in _access_now(db):
         got = db.execute(
@@ -670,130 +728,107 @@ def hold_access(db: sqlite3.Cursor) -> Held:
 
 @dataclass
 class Walked:
-    """The chain read once in order up to `top`: link lines, one bit per entry whose seq and prev follow
-    (`linked`) and whose hash matches its content (`hashed`), the count, last seq and head."""
+    """The chain read once in order up to `top`: its lines, how many entries name a record (and the sum
+    of their seqs, for `Held`'s), how many it has, its last seq and its head."""
 
-    lines: list[tuple[int, int, str]]
-    linked: bytearray
-    hashed: bytearray
-    count: int
-    last: int
-    head: str
+    lines: list[tuple[int, int, str]] = field(default_factory=list)
+    count: int = 0
+    total: int = 0
+    entries: int = 0
+    last: int = 0
+    head: str = GENESIS_PREV
 
 
 def walk(db: sqlite3.Cursor, top: int) -> Walked:
     """Each entry follows the one before (seq and prev) and hashes to itself, read as its stored bytes and
-    hashed as they are: no text is decoded. A body that is not ASCII with no DEL is never canonical JSON
-    (which escapes both): it is left unhashed, for the second look to name."""
-    lines: list[tuple[int, int, str]] = []
-    linked, hashed = bytearray(top // 8 + 1), bytearray(top // 8 + 1)
-    last_seq, last_hash, count = 0, GENESIS_PREV.encode(), 0
+    hashed as they are: no text is decoded. An entry whose link holds but whose hash does not (a body
+    that is not ASCII with no DEL is never canonical JSON, which escapes both), and one that names no
+    record, is read whole: its body named (`_body_problem`), else its hash."""
+    out = Walked()
+    last_hash = GENESIS_PREV.encode()
     sha = hashlib.sha256
-    while True:
-        got = db.execute(WALK, (last_seq, top, BATCH)).fetchall()
-        if not got:
-            break
-        count += len(got)
-        for seq, prev, body, digest in got:
-            if seq == last_seq + 1 and prev == last_hash:
-                byte, bit = seq >> 3, 1 << (seq & 7)
-                linked[byte] |= bit
-                if (
-                    body.isascii()
-                    and b"\x7f" not in body
-                    and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode()
-                    == digest
-                ):
-                    hashed[byte] |= bit
-            else:
+    while got := db.execute(WALK, (out.last, top, BATCH)).fetchall():
+        out.entries += len(got)
+        for seq, kind, record, prev, body, digest in got:
+            named = kind in TABLE_OF and record is not None
+            if named:
+                out.count, out.total = out.count + 1, out.total + seq
+            linked = seq == out.last + 1 and prev == last_hash
+            hashed = (
+                linked
+                and body.isascii()
+                and b"\x7f" not in body
+                and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode() == digest
+            )
+            if not (hashed and named):
                 e = Entry(*db.execute(_ENTRY_AT, (seq,)).fetchone())
-                problem = _link_problem(e, last_seq, last_hash.decode("utf-8", "replace"))
-                lines.append((seq, 0, f"chain entry {seq} ({e.kind}{' ' + e.record if e.record else ''}): {problem}"))
-            last_seq, last_hash = seq, digest
-    return Walked(lines, linked, hashed, count, last_seq, last_hash.decode("utf-8", "replace"))
+                problem: str | None
+                if not linked:
+                    problem = _link_problem(e, out.last, last_hash.decode("utf-8", "replace"))
+                else:
+                    problem = _body_problem(e.kind, e.record, e.body) or (
+                        None if hashed else "its hash does not match its content"
+                    )
+                if problem:
+                    out.lines.append((seq, 0, f"{e.where}: {problem}"))
+            out.last, last_hash = seq, digest
+    out.head = last_hash.decode("utf-8", "replace")
+    return out
 
 
 # The walk reads this many entries at a time, so its memory stays flat however long the chain is.
 BATCH = 20_000
 WALK = (
-    "SELECT seq, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain"
+    "SELECT seq, kind, record, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain"
     " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 )
 POSTGRESQL[WALK] = (
-    "SELECT seq, convert_to(prev, 'UTF8'), convert_to(body, 'UTF8'), convert_to(hash, 'UTF8') FROM chain"
-    " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+    "SELECT seq, kind, record, convert_to(prev, 'UTF8'), convert_to(body, 'UTF8'), convert_to(hash, 'UTF8')"
+    " FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 )
 
 
-def mark(bits: bytearray, seqs: bytes | array[int]) -> None:
-    """Set the bit of each entry in `seqs` (an array of them, or its bytes) that `bits` holds."""
-    found = seqs if isinstance(seqs, array) else array("q", seqs)
-    bound = len(bits) * 8
-    for seq in found:
-        if 0 < seq < bound:
-            bits[seq >> 3] |= 1 << (seq & 7)
-
-
-def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held, confirmed: bytearray) -> ChainReport:
-    """The walk and the records put together. Every entry not confirmed by a record (`held`, and the
-    `confirmed` bits) or whose hash failed is read again whole: is its body canonical JSON of its own
-    kind and record, and, where no record accounted for it, is its record still in the ledger. Lines
-    are ordered by entry, link problems first, as one pass over the chain would find them."""
+def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainReport:
+    """The walk and the records put together, lines ordered by entry, link problems first, as one pass
+    over the chain would find them. Where the records read fewer entries than name one, the entries
+    naming a record that is not in its table are found: each such record's latest entry of a kind
+    attests nothing."""
     found = walked.lines + held.lines
-    good = bytearray(confirmed[: len(walked.linked)].ljust(len(walked.linked), b"\0"))
-    mark(good, held.confirmed)
-    accounted = set(held.accounted)
-    for byte, bits in enumerate(good):
-        if bits & walked.hashed[byte] == 0xFF:
-            continue
-        for bit in (1 << n for n in range(8)):
-            seq = (byte << 3) | bit.bit_length() - 1
-            if 0 < seq <= walked.last and not bits & walked.hashed[byte] & bit:
-                linked, hashed = walked.linked[byte] & bit, walked.hashed[byte] & bit
-                attested = bool(bits & bit) or seq in accounted
-                found += _second_look(db, seq, top, bool(linked), bool(hashed), attested)
-    rep = ChainReport(entries=walked.count, head=walked.head)
+    if (held.count, held.total) != (walked.count, walked.total):
+        found += _unattested_entries(db, top)
     found += [(walked.last + 1, 1, f"{what}: not in the chain") for what in held.unchained]
-    found.sort(key=lambda f: (f[0], f[1]))
+    found = sorted(dict.fromkeys(found), key=lambda f: (f[0], f[1]))  # (an entry read twice is named once)
+    rep = ChainReport(entries=walked.entries, head=walked.head)
     rep.violations = [line for _, _, line in found]
     rep.first_broken = found[0][0] if found else None
     return rep
 
 
-def _second_look(
-    db: sqlite3.Cursor, seq: int, top: int, linked: bool, hashed: bool, attested: bool
-) -> list[tuple[int, int, str]]:
-    """An entry read whole: its body (where its link held), and whether a record it names is gone."""
-    got = db.execute(_ENTRY_AT, (seq,)).fetchone()
-    if got is None:
-        return []  # a missing entry: the next one's link says so
-    e, out = Entry(*got), []
-    where = f"chain entry {seq} ({e.kind}{' ' + e.record if e.record else ''})"
-    if linked:
-        problem = _body_problem(e, hashed)
-        if problem:
-            out.append((seq, 0, f"{where}: {problem}"))
-    if (
-        e.kind in TABLE_OF
-        and e.record is not None
-        and not attested
-        and not db.execute(LATER, (e.record, e.kind, seq, top)).fetchone()
-    ):
-        out.append((seq, 2, f"{where}: {_unattested(e.kind)}"))
+def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, str]]:
+    out: list[tuple[int, int, str]] = []
+    latest: dict[tuple[str, str | None], Entry] = {}
+    for table, (first, then) in HISTORY.items():
+        kinds = (first, *then)
+        sql = f"{_ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
+        for row in db.execute(f"{sql} AND record NOT IN (SELECT id FROM {table}) ORDER BY seq", (top, *kinds)):
+            e = Entry(*row)
+            problem = _body_problem(e.kind, e.record, e.body)
+            if problem:
+                out.append((e.seq, 0, f"{e.where}: {problem}"))
+            latest[e.kind, e.record] = e
+    out += [(e.seq, 2, f"{e.where}: {_unattested(e.kind)}") for e in latest.values()]
     return out
 
 
-def _body_problem(e: Entry, hash_ok: bool) -> str | None:
-    """What is wrong with an entry whose link held and which no record gives exactly, or which does not
-    hash to itself: its body, its hash, its kind and record columns."""
+def _body_problem(kind: str, record: str | None, body: str) -> str | None:
+    """What is wrong with an entry's body that no record's builder gives exactly: not canonical JSON, or
+    its kind and record columns not its own."""
     try:
-        obj = json.loads(e.body)
+        obj = json.loads(body)
     except ValueError:
         return "its body is not JSON"
-    if not isinstance(obj, dict) or canonical(obj) != e.body:
+    if not isinstance(obj, dict) or canonical(obj) != body:
         return "its body is not canonical JSON"
-    if not hash_ok:
-        return "its hash does not match its content"
-    if obj.get("kind") != e.kind or (obj.get("id") if e.kind != "genesis" else None) != e.record:
-        return f"its kind/record columns ({e.kind}, {e.record}) differ from the entry's own"
+    if obj.get("kind") != kind or (obj.get("id") if kind != "genesis" else None) != record:
+        return f"its kind/record columns ({kind}, {record}) differ from the entry's own"
     return None

@@ -37,6 +37,7 @@ _REASON_KINDS: dict[str, frozenset[str]] = {
     PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
     PostReason.KEY_REJECTED: frozenset({"notice"}),
     PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
+    PostReason.BUDGET_REACHED: frozenset({"notice"}),  # of no generation: none was made
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 
@@ -48,7 +49,7 @@ def _status_by_rule(stop_reason: str | None) -> str:
 
 
 def check_generation(
-    v: list[str],
+    lines: list[str],
     unsettled: list[str],
     g: dict[str, Any],
     attempts: list[dict[str, Any]],
@@ -66,41 +67,41 @@ def check_generation(
         a["text"] = stored_text(a["text"])
         if a["outcome"] != "streaming":
             if chunks.get(a["id"]):
-                v.append(
+                lines.append(
                     f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
                     "chunk(s) left in attempt_chunks"
                 )
             if a["chars"] != len(a["text"]):
-                v.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
+                lines.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
     for s in stumps:
         s["text"] = stored_text(s["text"])
         if s["chars"] != len(s["text"]):
-            v.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
+            lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
     for p in posts:
         p["content"] = stored_text(p["content"])
     if status == "pending":
         unsettled.append(gid)
         return
     if status not in SETTLED:
-        v.append(f"{where}: unknown status {status!r}")
+        lines.append(f"{where}: unknown status {status!r}")
         return
     if g["chars"] != len(text):
-        v.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
+        lines.append(f"{where}: chars {g['chars']} != {len(text)} characters of text")
     # The status follows from the stop reason by bot.truth's rule (a tool stop the loop did not go on
     # from, or the tool round limit, is incomplete); a failed generation stopped for no reason of the model's.
     expected = "failed" if status == "failed" and g["stop_reason"] is None else _status_by_rule(g["stop_reason"])
     if status != expected:
-        v.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
+        lines.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
     for a in attempts:
         if a["outcome"] == "streaming":
-            v.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
-    _check_texts_kept(v, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
-    _check_output_stump(v, where, g, text, stumps, posts)
-    _check_posts(v, where, g, text, attempts, segments, stumps, posts, rounds)
+            lines.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
+    _check_texts_kept(lines, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
+    _check_output_stump(lines, where, g, text, stumps, posts)
+    _check_posts(lines, where, g, text, attempts, segments, stumps, posts, rounds)
 
 
 def check_blocks(
-    v: list[str],
+    lines: list[str],
     g: dict[str, Any],
     attempts: list[dict[str, Any]],
     segments: list[dict[str, Any]],
@@ -118,12 +119,12 @@ def check_blocks(
         recs = [Block(b["idx"], b["type"], stored_text(b["content"])) for b in own]
         for b, rec in zip(own, recs, strict=False):
             if b["chars"] != rec.chars:
-                v.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
+                lines.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
         if join_text(recs) != a["text"]:
-            v.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
+            lines.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
         for b, rec in zip(own, recs, strict=False):
             if rec.is_text and b["text_offset"] != rec.offset:
-                v.append(
+                lines.append(
                     f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
                     f"not {rec.offset}"
                 )
@@ -133,16 +134,16 @@ def check_blocks(
         for s in held:
             match = [r for r in recs if r.index == s["block"]]
             if not match or match[0].content != s["text"]:
-                v.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
+                lines.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
         if cut is not None and due and not any(s["block"] == cut.index for s in held):
-            v.append(
+            lines.append(
                 f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
                 f"({cut.chars} characters), which is kept as no stump"
             )
 
 
 def _check_texts_kept(
-    v: list[str],
+    lines: list[str],
     where: str,
     text: str,
     g_stop: str | None,
@@ -160,7 +161,7 @@ def _check_texts_kept(
     for s in segments:
         a = by_id.get(s["attempt_id"])
         if a is None:
-            v.append(f"{where}: segment {s['idx']} names unknown attempt {s['attempt_id']}")
+            lines.append(f"{where}: segment {s['idx']} names unknown attempt {s['attempt_id']}")
             continue
         in_segment.add(a["id"])
         added = a["text"][s["overlap_removed"] :]
@@ -168,78 +169,85 @@ def _check_texts_kept(
             added, used = joined_upto(attempts, rounds, a["id"])
             in_segment |= used
         if s["chars"] != len(added) or text[offset : offset + s["chars"]] != added:
-            v.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
+            lines.append(f"{where}: segment {s['idx']} (attempt {a['id']}) is not the canonical text at char {offset}")
         offset += s["chars"]
     if segments and offset != len(text):
-        v.append(f"{where}: segments add up to {offset} characters, text has {len(text)}")
+        lines.append(f"{where}: segments add up to {offset} characters, text has {len(text)}")
     if not segments and text:
-        v.append(f"{where}: {len(text)} characters of text but no segment")
+        lines.append(f"{where}: {len(text)} characters of text but no segment")
     for a in attempts:
         if a["outcome"] == "abandoned":
             if a["discard_reason"] != truth.RETRY_ABANDONED:
-                v.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
+                lines.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
             if a["replaced_by"] is None and g_stop != truth.INTERRUPTED:  # a stop may come before the retry
-                v.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
+                lines.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
             if a["id"] in in_segment:
-                v.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
+                lines.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
         own = [s for s in stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
         if a["outcome"] == "abandoned":
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
-                v.append(
+                lines.append(
                     f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
                     f"{len(match)} retry-abandoned stumps"
                 )
             for s in match:
                 if s["text"] != a["text"]:
-                    v.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
+                    lines.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
                 if (
                     s["published"] and not s.get("recovered") and not s.get("shown_live")
                 ):  # published only at its resident's request, or shown live
-                    v.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
+                    lines.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
                 if s.get("shown_live") and not s["published"]:
-                    v.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
+                    lines.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
-            v.append(
+            lines.append(
                 f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
                 "nor kept as a stump"
             )
 
 
 def _check_output_stump(
-    v: list[str], where: str, g: dict[str, Any], text: str, stumps: list[dict[str, Any]], posts: list[dict[str, Any]]
+    lines: list[str],
+    where: str,
+    g: dict[str, Any],
+    text: str,
+    stumps: list[dict[str, Any]],
+    posts: list[dict[str, Any]],
 ) -> None:
     """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
     standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
     cause = truth.stump_cause(g["status"], g["stop_reason"])
     if cause is None or not text:
         if standing:
-            v.append(
+            lines.append(
                 f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
                 f"{len(standing)} standing output stump(s)"
             )
         return
     if len(standing) != 1:
-        v.append(f"{where}: {g['status']} text of {len(text)} characters has {len(standing)} standing output stumps")
+        lines.append(
+            f"{where}: {g['status']} text of {len(text)} characters has {len(standing)} standing output stumps"
+        )
         return
     s = standing[0]
     if s["text"] != text:
-        v.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
+        lines.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
     if s["cause"] != cause:
-        v.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
+        lines.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
     text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
     some = any(p["message_id"] is not None for p in text_posts)
     every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
     if s["published"] and not some:
-        v.append(f"stump {s['id']} ({where}): marked published but no text post of it was delivered")
+        lines.append(f"stump {s['id']} ({where}): marked published but no text post of it was delivered")
     if every and not s["published"]:
-        v.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
+        lines.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
 
 
 def _check_posts(
-    v: list[str],
+    lines: list[str],
     where: str,
     g: dict[str, Any],
     text: str,
@@ -258,10 +266,10 @@ def _check_posts(
         else 0
     )
     if len({p["seq"] for p in posts}) != len(posts):
-        v.append(f"{where}: duplicate post seq numbers")
+        lines.append(f"{where}: duplicate post seq numbers")
     text_posts, receipts, boundary_notices, kinds = [], [], [], set()
     for p in posts:
-        check_line(v, p, where)
+        check_line(lines, p, where)
         kind = p["kind"]
         kinds.add(kind)
         if kind in TEXT_KINDS:
@@ -271,20 +279,20 @@ def _check_posts(
         elif kind == "notice" and p["reason"] not in _SIDE_NOTICES:
             boundary_notices.append(p)
     if status != "completed" and "speech" in kinds:
-        v.append(f"{where}: speech post for a {status} generation")
+        lines.append(f"{where}: speech post for a {status} generation")
     if status == "completed" and calls == 0 and "partial" in kinds:
-        v.append(f"{where}: partial post for a generation completed in one settlement")
+        lines.append(f"{where}: partial post for a generation completed in one settlement")
     if status == "refused":
         if text_posts:
-            v.append(f"{where}: refused text posted ({len(text_posts)} {text_posts[0]['kind']} post(s))")
+            lines.append(f"{where}: refused text posted ({len(text_posts)} {text_posts[0]['kind']} post(s))")
         if receipts:
-            v.append(f"{where}: refused generation has {len(receipts)} receipt(s)")
+            lines.append(f"{where}: refused generation has {len(receipts)} receipt(s)")
         if len(boundary_notices) != 1:
-            v.append(f"{where}: refused generation has {len(boundary_notices)} notices of the refusal, expected 1")
+            lines.append(f"{where}: refused generation has {len(boundary_notices)} notices of the refusal, expected 1")
         return
     problem = cover(text, [p["content"] for p in text_posts])
     if problem:
-        v.append(f"{where}: text posts do not cover the text exactly once: {problem}")
+        lines.append(f"{where}: text posts do not cover the text exactly once: {problem}")
     # The first settlement's boundary line: a receipt after posted text; where no text could be posted
     # (none, or only whitespace) the line still stands, alone. Each /continue adds one receipt.
     first_text = text[: segments[0]["chars"]] if calls and segments else text
@@ -312,15 +320,15 @@ def _check_posts(
     )
     if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
-        v.append(
+        lines.append(
             f"{where}: {len(receipts)} receipt(s) and {len(boundary_notices)} boundary notice(s) for a {what}"
             f" with {'posted' if visible else 'no visible'} text, expected {want} boundary line(s)"
         )
     elif visible and boundary_notices:
-        v.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
+        lines.append(f"{where}: {len(boundary_notices)} boundary notice(s) after posted text, where a receipt is due")
 
 
-def check_line(v: list[str], p: dict[str, Any], about: str | None = None) -> None:
+def check_line(lines: list[str], p: dict[str, Any], about: str | None = None) -> None:
     """Posts fit a Discord message; receipts and notices are compact and never in the second person.
     Lines name the post (and `about`: its generation or stump), named only when one is found."""
     content = p["content"] if isinstance(p["content"], str) else stored_text(p["content"])
@@ -341,7 +349,7 @@ def check_line(v: list[str], p: dict[str, Any], about: str | None = None) -> Non
         found.append(f"a {kind} post with reason {reason!r}")
     if found:
         who = f"post {p['id']}" + (f" ({about})" if about else "")
-        v += [f"{who}: {what}" for what in found]
+        lines += [f"{who}: {what}" for what in found]
 
 
 def cover(text: str, contents: list[str]) -> str | None:
@@ -435,7 +443,7 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     return out
 
 
-def check_recovered(v: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
+def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
     """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing else."""
     by_stump: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in posts:
@@ -446,25 +454,25 @@ def check_recovered(v: list[str], stumps: dict[str, dict[str, Any]], posts: list
         who = f"stump {sid}"
         for p in ps:
             p["content"] = stored_text(p["content"])
-            check_line(v, p, who)
+            check_line(lines, p, who)
         s = stumps.get(sid)
         if s is None:
-            v.append(f"{who}: published by {len(ps)} post(s) but no such stump")
+            lines.append(f"{who}: published by {len(ps)} post(s) but no such stump")
             continue
         if s["scope"] != "attempt":
-            v.append(f"{who}: a {s['scope']} stump published as recovered text; only set-aside text is")
+            lines.append(f"{who}: a {s['scope']} stump published as recovered text; only set-aside text is")
         kinds = [p["kind"] for p in ps]
         if kinds.count("receipt") != 1 or kinds[-1] != "receipt" or set(kinds[:-1]) != {"recovered"}:
-            v.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
+            lines.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
         if len({p["generation_id"] for p in ps}) != 1:
-            v.append(f"{who}: published by posts of more than one generation")
+            lines.append(f"{who}: published by posts of more than one generation")
         problem = cover(stored_text(s["text"]), [p["content"] for p in ps if p["kind"] == "recovered"])
         if problem:
-            v.append(f"{who}: recovered posts are not its text exactly once: {problem}")
+            lines.append(f"{who}: recovered posts are not its text exactly once: {problem}")
         delivered = [p for p in ps if p["kind"] == "recovered" and p["message_id"] is not None]
         if delivered:
             published.add(sid)
         if delivered and not s["published"]:
-            v.append(f"{who}: its recovered posts were delivered but it is not marked published")
+            lines.append(f"{who}: its recovered posts were delivered but it is not marked published")
     for sid, s in stumps.items():
         s["recovered"] = sid in published

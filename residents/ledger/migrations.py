@@ -529,6 +529,39 @@ CREATE INDEX generations_trigger ON generations(trigger, residence) WHERE trigge
 """,
 )
 
+# What each provider call cost, as the provider counted it (`residents usage`, /usage, daily budgets): input
+# neither read from nor written to its prompt cache, input written to it, input read from it (output_tokens
+# is m001's); NULL where the provider gave no count. Budgets sum a day's attempts (`attempts_started`) and,
+# per person, the generations a person's mention asked for (`generations.person`: their room user id). A
+# reply a spent budget refused is recorded, and the one notice a channel gets of it a day (`post_id`; NULL
+# for a refusal the channel had already been told of that day).
+step(
+    "m045_usage_budgets",
+    """
+ALTER TABLE attempts ADD COLUMN input_tokens INTEGER;
+ALTER TABLE attempts ADD COLUMN cache_write_tokens INTEGER;
+ALTER TABLE attempts ADD COLUMN cache_read_tokens INTEGER;
+CREATE INDEX attempts_started ON attempts(started_at);
+ALTER TABLE generations ADD COLUMN person TEXT;
+CREATE TABLE budget_refusals (
+  id TEXT PRIMARY KEY,
+  residence TEXT NOT NULL,
+  channel TEXT NOT NULL,
+  trigger TEXT,                 -- the room message a reply was asked for
+  person TEXT,                  -- its author's room user id
+  scope TEXT NOT NULL,          -- residence | person: whose budget was spent
+  tokens TEXT NOT NULL,         -- input | output: which budget
+  budget INTEGER NOT NULL,      -- the daily budget, in tokens
+  spent INTEGER NOT NULL,       -- tokens counted that day when the reply was refused
+  day TEXT NOT NULL,            -- the UTC day, YYYY-MM-DD
+  post_id TEXT,                 -- the notice posted of it, or NULL
+  created_at REAL NOT NULL
+);
+CREATE INDEX budget_refusals_told ON budget_refusals(residence, channel, day) WHERE post_id IS NOT NULL;
+CREATE INDEX budget_refusals_trigger ON budget_refusals(trigger, residence) WHERE trigger IS NOT NULL;
+""",
+)
+
 
 class MigrationError(Exception):
     """A step this backend has no form of."""

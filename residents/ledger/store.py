@@ -20,6 +20,7 @@ from collections.abc import Coroutine, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..observe import UNOBSERVED, Observer
 from ..records import (
     Attempt,
     Block,
@@ -169,6 +170,7 @@ class Ledger:
         self.committed_at = 0.0
         self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
         self._writer: postgres.WriterHold | None = None  # ... on a PostgreSQL ledger
+        self.observer: Observer = UNOBSERVED  # told each commit's time (`residents.metrics`)
 
     @classmethod
     def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
@@ -351,26 +353,35 @@ class Ledger:
         changes = [st for st, _ in batch]
 
         def work(conn: Session) -> None:  # in the connection's thread
+            began = time.perf_counter()
             try:
                 errors = _commit(conn, changes)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
                 errors = [e] * len(changes)
-            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter())
+            loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter(), began)
 
         self._idle.clear()
         self.db.post(work)  # in order with every read; its outcome comes back through `_committed`
 
     def _committed(
-        self, batch: list[tuple[Any, asyncio.Future[None]]], errors: list[BaseException | None], at: float
+        self,
+        batch: list[tuple[Any, asyncio.Future[None]]],
+        errors: list[BaseException | None],
+        at: float,
+        began: float,
     ) -> None:
         self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
+        refused = False
         for (_, done), err in zip(batch, errors, strict=True):
+            failure = _as_write_error(self.db.name, err) if err is not None else None
+            refused = refused or isinstance(failure, LedgerWriteError)
             if done.done():
                 continue
-            if err is None:
+            if failure is None:
                 done.set_result(None)
             else:
-                done.set_exception(_as_write_error(self.db.name, err))
+                done.set_exception(failure)
+        self.observer.committed(at - began, refused)
         self._idle.set()
         if self._queue:
             self._commit_waiting()
@@ -394,8 +405,8 @@ class Ledger:
         return parts + [
             (
                 "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto)"
-                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15)",
+                " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto, person)"
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)",
                 (
                     g.id,
                     g.residence,
@@ -412,6 +423,7 @@ class Ledger:
                     packed.ref if packed is not None else None,
                     g.created_at,
                     g.seen_upto,
+                    g.person,
                 ),
             ),
             *attachments.insert(g.id, g.attachments),
@@ -495,8 +507,9 @@ class Ledger:
             chain.attempt(a, only_if_streaming=only_if_streaming),
             (
                 "UPDATE attempts SET outcome=$1, stop_reason=$2, discard_reason=$3, error=$4, text=$5, chars=$6,"
-                " output_tokens=$7, request_id=$8, replaced_by=$9, ended_at=$10, stop_details=$11, request_replacements=$12"
-                " WHERE id=$13" + guard,
+                " output_tokens=$7, request_id=$8, replaced_by=$9, ended_at=$10, stop_details=$11, request_replacements=$12,"
+                " input_tokens=$13, cache_write_tokens=$14, cache_read_tokens=$15"
+                " WHERE id=$16" + guard,
                 (
                     a.outcome,
                     a.stop_reason,
@@ -510,6 +523,9 @@ class Ledger:
                     a.ended_at,
                     json.dumps(a.stop_details) if a.stop_details is not None else None,
                     a.request_replacements,
+                    a.input_tokens,
+                    a.cache_write_tokens,
+                    a.cache_read_tokens,
                     a.id,
                 ),
             ),
@@ -765,12 +781,14 @@ class Ledger:
         return out
 
     async def answered(self, residence: str, message_ids: Iterable[str]) -> set[str]:
-        """The messages among `message_ids` that a generation of `residence` was started by (its trigger)."""
+        """The messages among `message_ids` that a generation of `residence` was started by (its trigger), or
+        that a spent daily budget refused a reply to (`residents.ledger.budgets`): each was handled once."""
         ids, out = list(message_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            sql = ANSWERED.format(marks=placeholders(len(part)), residence=len(part) + 1)
-            out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
+            for query in (ANSWERED, BUDGET_REFUSED):
+                sql = query.format(marks=placeholders(len(part)), residence=len(part) + 1)
+                out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
@@ -970,6 +988,7 @@ def _generation_rows(conn: Session, ids: list[str], brief: bool) -> dict[str, li
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
 ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=${residence}"
+BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=${residence}"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = (
     "SELECT id FROM generations WHERE residence=$1{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"

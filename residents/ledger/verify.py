@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import itertools
 import operator
-import os
 import sqlite3
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Set as AbstractSet
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from ..records import PostReason
 from . import chain, postgres, rows
 from .connection import placeholders, sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
@@ -65,8 +66,8 @@ async def check(ledger: Ledger, head: tuple[int, str] | None = None) -> Report:
     return await asyncio.to_thread(check_file, ledger.path, head)
 
 
-# A ledger of this many generations is checked by worker processes, one per core (at most 4), taking
-# its generations `CHUNK` at a time; read `BATCH` at a time, so memory stays flat however long it is.
+# From this many generations, one worker process shares the check; the generations are taken `CHUNK`
+# at a time and read `BATCH` at a time, so memory stays flat however long the ledger is.
 PARALLEL_FROM = 50_000
 CHUNK = 4_000
 BATCH = 1000
@@ -83,23 +84,19 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         db = conn.cursor()
         top = (chain.head(conn) or (0, ""))[0]
         prelude = _prelude(conn)
-        count = db.execute("SELECT count(*) FROM generations").fetchone()[0]
-        procs = min(os.cpu_count() or 1, 4)
-        confirmed = bytearray(top // 8 + 1)
+        shared = db.execute("SELECT count(*) FROM generations").fetchone()[0] >= PARALLEL_FROM
+        spans = _spans(_bounds(conn))
+        tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
+        walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         held = chain.hold_access(db)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, [_post_record(p) for p in orphans]))
-        if count < max(PARALLEL_FROM, 1) or procs < 2:
-            walked = chain.walk(db, top)
-            parts = [_range(conn, "", None, prelude, BATCH)]
-        else:
-            walked, parts = _shared(path, top, prelude, procs, _spans(_bounds(conn)))
+        held.add(chain.hold(db, [_post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
-            chain.mark(confirmed, part.confirmed)
-            part.confirmed = b""  # (a range's entries, marked: not held until the end)
-        links = chain.report(db, top, walked, held, confirmed)
-        rep = _assemble(prelude, parts, orphans)
+        links = chain.report(db, top, walked, held)
+        # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
+        told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
+        rep = _assemble(prelude, parts, orphans, told)
         if head is not None:
             rep.head_holds, rep.saved_head = _saved_head(db, head, links)
     rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
@@ -122,15 +119,21 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainRep
     return True, f"{said}: in this chain, and the {links.entries - seq} entries after it are consistent with it"
 
 
-def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tuple[str, str | None]]) -> Any:
-    """The walk and the ranges of generations, checked by worker processes (a fresh interpreter each:
-    nothing of this process is inherited); each range's findings in the order of the ranges. A worker
-    that fails stops the check, and the others with it."""
-    pool = _pool(procs)
+def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
+    """Each task `(fn, *args)` run as `fn(cursor, *args)`, the results in the tasks' order, shared with
+    one worker process (a fresh interpreter: nothing of this process is inherited). The worker takes the
+    tasks from the first, this process from the last, each one the worker has not begun (a future that
+    can still be cancelled): they meet wherever their speeds put them. A worker that fails stops the check.
+    (One worker: with this process, two on this machine's two cores; each more would cost its memory.)"""
+    pool = _pool()
     try:
-        walking = pool.submit(_walk_file, path, top)
-        ranges: list[Future[_Part]] = [pool.submit(_range_file, path, lo, hi, prelude, BATCH) for lo, hi in spans]
-        return walking.result(), [f.result() for f in ranges]
+        futures = [pool.submit(_in_worker, path, *task) for task in tasks]
+        results: list[Any] = [None] * len(tasks)
+        for i in reversed(range(len(tasks))):
+            if futures[i].cancel():
+                fn, *args = tasks[i]
+                results[i] = fn(db, *args)
+        return [f.result() if not f.cancelled() else got for f, got in zip(futures, results, strict=True)]
     except BrokenProcessPool:
         raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
     except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
@@ -139,8 +142,14 @@ def _shared(path: str, top: int, prelude: _Prelude, procs: int, spans: list[tupl
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _pool(procs: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=procs, mp_context=get_context("spawn"))
+def _pool() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+
+
+def _in_worker(path: str, fn: Any, *args: Any) -> Any:
+    """A worker's task: `fn` on a read-only connection of its own."""
+    with contextlib.closing(_read_only(path)) as conn:
+        return fn(conn.cursor(), *args)
 
 
 def _spans(bounds: list[str]) -> list[tuple[str, str | None]]:
@@ -181,27 +190,29 @@ def _read_only(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _walk_file(path: str, top: int) -> chain.Walked:
-    """A worker's task: the chain's walk up to `top`."""
-    with contextlib.closing(_read_only(path)) as conn:
-        return chain.walk(conn.cursor(), top)
-
-
-def _range_file(path: str, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
-    """A worker's task: one range of generations."""
-    with contextlib.closing(_read_only(path)) as conn:
-        return _range(conn, lo, hi, prelude, batch)
-
-
-def _assemble(prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]]) -> Report:
+def _assemble(
+    prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str] = frozenset()
+) -> Report:
     """The ranges' findings in one report: records of missing generations, posts of none, published
-    stumps, each generation's lines oldest first, then attachments."""
+    stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded refusals
+    of a spent budget name, the only posts that may say a budget was reached."""
     rep = Report()
     lines: list[str] = []
     for p in orphans:
-        check_line(lines, p)  # notices about no generation (a declined /continue)
+        check_line(lines, p)  # notices about no generation (a declined /continue, a spent budget)
         if p["kind"] != "notice":
             lines.append(f"post {p['id']}: a {p['kind']} post with no generation")
+        if (p["reason"] == PostReason.BUDGET_REACHED) != (p["id"] in told):
+            lines.append(
+                f"post {p['id']}: a notice of a spent budget that no refusal records"
+                if p["id"] not in told
+                else f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post"
+            )
+    orphan_ids = {p["id"] for p in orphans}
+    lines += [
+        f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
+        for pid in sorted(told - orphan_ids)
+    ]
     by_order: list[tuple[float, int, list[str]]] = []
     unsettled: list[tuple[float, int, str]] = []
     missing: list[str] = []
@@ -265,7 +276,6 @@ class _Part:
     generations: int = 0
     undelivered: int = 0
     held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
-    confirmed: bytes = b""  # `held`'s confirmed entries, packed (`chain.Held.confirmed`)
 
 
 # Only the columns the checks and the chain's builders read (a generation's request and trigger, an
@@ -279,7 +289,8 @@ _OF: list[tuple[str, str]] = [
     (
         "attempts",
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
-        " output_tokens, replaced_by FROM attempts WHERE generation_id > $1{upto}"
+        " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
+        " WHERE generation_id > $1{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
     (
@@ -311,15 +322,15 @@ _CALLS = (
 )
 
 
-def _range(conn: sqlite3.Connection, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
+def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prelude, batch: int) -> _Part:
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
-    recovered, db = prelude.recovered, conn.cursor()
+    recovered = prelude.recovered
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, _records(gens, of, blocks)))
+        out.held.add(chain.hold(db, _records(gens, of, blocks), top))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
@@ -334,26 +345,25 @@ def _range(conn: sqlite3.Connection, lo: str, hi: str | None, prelude: _Prelude,
             for st in stumps:
                 st["shown_live"] = st["id"] in prelude.shown_live
                 st["recovered"] = st["id"] in recovered
-            own = []
+            own_posts = []
             for p in posts:
                 if p["message_id"] is None and p["refused"] is None:  # a refused post is set aside, not waiting
                     out.undelivered += 1
                 if p["stump_id"] is None:
-                    own.append(p)
+                    own_posts.append(p)
             its_calls = calls.get(gid) or []
             rounds = round_finals(attempts, its_calls)
-            found_: list[str] = []
+            lines: list[str] = []
             pending: list[str] = []
-            check_generation(found_, pending, g, attempts, segments, stumps, own, prelude.chunks, rounds)
-            check_blocks(found_, g, attempts, segments, stumps, blocks)
-            check_tool_calls(found_, g, attempts, its_calls)
-            if found_:
-                out.by_order.append((g["created_at"], g["rowid"], found_))
+            check_generation(lines, pending, g, attempts, segments, stumps, own_posts, prelude.chunks, rounds)
+            check_blocks(lines, g, attempts, segments, stumps, blocks)
+            check_tool_calls(lines, g, attempts, its_calls)
+            if lines:
+                out.by_order.append((g["created_at"], g["rowid"], lines))
             out.unsettled += [(g["created_at"], g["rowid"], p) for p in pending]
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
         if len(gens) < batch:
-            out.confirmed, out.held.confirmed = out.held.confirmed.tobytes(), chain.array("q")
             return out
         lo = gens[-1]["id"]
 

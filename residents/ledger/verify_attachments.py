@@ -14,28 +14,28 @@ _IMAGES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
 _UNREAD = frozenset({NotShown.TOO_LARGE, NotShown.UNAVAILABLE})  # the only reasons a file may be unread
 
 
-def check_attachments(v: list[str], rows: list[dict[str, Any]], generations: set[str]) -> None:
+def check_attachments(lines: list[str], rows: list[dict[str, Any]], generations: set[str]) -> None:
     for r in rows:
         r = {**r, "name": text_of(r["name"]), "media_type": text_of(r["media_type"])}
         who = (
             f"attachment {r['name']!r} of generation {r['generation_id']} (message {r['message_id']} #{r['position']})"
         )
         if r["generation_id"] not in generations:
-            v.append(f"{who}: belongs to a missing generation")
+            lines.append(f"{who}: belongs to a missing generation")
         digest, shown, reason = r["sha256"], r["shown"], r["reason"]
         if digest is not None and not _SHA256.match(digest):
-            v.append(f"{who}: sha256 is not 64 lowercase hex digits")
+            lines.append(f"{who}: sha256 is not 64 lowercase hex digits")
         if shown not in set(Shown):
-            v.append(f"{who}: shown {shown!r} is not image, text or described")
+            lines.append(f"{who}: shown {shown!r} is not image, text or described")
         elif shown == Shown.DESCRIBED:
             if reason not in set(NotShown):
-                v.append(f"{who}: described without a known reason ({reason!r})")
+                lines.append(f"{who}: described without a known reason ({reason!r})")
             elif digest is None and reason not in _UNREAD:
-                v.append(f"{who}: described as {reason} but its bytes were not read")
+                lines.append(f"{who}: described as {reason} but its bytes were not read")
         else:
             if reason is not None:
-                v.append(f"{who}: shown as {shown} yet has a reason ({reason})")
+                lines.append(f"{who}: shown as {shown} yet has a reason ({reason})")
             if digest is None:
-                v.append(f"{who}: shown as {shown} without the SHA-256 of what was shown")
+                lines.append(f"{who}: shown as {shown} without the SHA-256 of what was shown")
             if shown == Shown.IMAGE and r["media_type"] not in _IMAGES:
-                v.append(f"{who}: shown as an image of type {r['media_type']!r}")
+                lines.append(f"{who}: shown as an image of type {r['media_type']!r}")

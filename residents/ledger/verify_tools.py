@@ -34,7 +34,7 @@ def joined_upto(attempts: list[dict[str, Any]], rounds: list[str], attempt_id: s
 
 
 def check_tool_calls(
-    v: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], calls: list[dict[str, Any]]
+    lines: list[str], g: dict[str, Any], attempts: list[dict[str, Any]], calls: list[dict[str, Any]]
 ) -> None:
     """Each call was made by its round's last attempt, stopped at tool_use, and a next round answered it."""
     if not calls or g["status"] == "pending":
@@ -46,19 +46,19 @@ def check_tool_calls(
     for c in calls:
         a = by_id.get(c["attempt_id"])
         if a is None:
-            v.append(f"{where}: tool call {c['round']}.{c['pos']} names unknown attempt {c['attempt_id']}")
+            lines.append(f"{where}: tool call {c['round']}.{c['pos']} names unknown attempt {c['attempt_id']}")
             continue
         if a["segment"] != c["round"] or a["id"] not in rounds:
-            v.append(
+            lines.append(
                 f"{where}: tool call {c['round']}.{c['pos']} was not made by the last attempt of round {c['round']}"
             )
         if not truth.is_tool_round(a["stop_reason"]) or a["outcome"] != "completed":
-            v.append(
+            lines.append(
                 f"{where}: tool call {c['round']}.{c['pos']} made by attempt {a['id']}, which is "
                 f"{a['outcome']} ({a['stop_reason']}), not a completed tool_use round"
             )
         if c["round"] + 1 not in segments and g["stop_reason"] != truth.INTERRUPTED:
-            v.append(f"{where}: tool call {c['round']}.{c['pos']} was never answered by a round {c['round'] + 1}")
+            lines.append(f"{where}: tool call {c['round']}.{c['pos']} was never answered by a round {c['round'] + 1}")
     called = sorted({c["round"] for c in calls})
     if called != list(range(1, len(called) + 1)):
-        v.append(f"{where}: tool calls in rounds {called}, not in rounds 1..{len(called)}")
+        lines.append(f"{where}: tool calls in rounds {called}, not in rounds 1..{len(called)}")

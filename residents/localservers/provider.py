@@ -4,6 +4,9 @@ on loopback, both answering from recorded calls (one queue: a scenario's calls, 
 The real SDK talks to it over a real socket, so replay, tests, benchmarks and the demo exercise
 the same client code as production. Each call is served from a queue (recorded specimens, HTTP
 errors, cut connections, stalls) or, when the queue is empty, from an optional responder.
+On `/v1/messages` it keeps a prompt cache by Anthropic's rules (`promptcache`) and reports each
+stream's input tokens, cache writes and cache reads in its `message_start` (and `message_delta`),
+whatever figures the recorded stream carried; `usages` keeps what it reported, request by request.
 Like the real API it can demand a key (`api_keys`: any other key is answered 401 or 403) and lists
 models at `GET /v1/models`; with `models=False` that endpoint is missing (404), as on servers
 that only speak `POST /v1/messages`.
@@ -20,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from aiohttp import web
+
+from . import sse
+from .promptcache import Accounting, PromptCache, TooManyBreakpoints
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -65,6 +71,9 @@ class Call:
     chunk_bytes: int = 0  # 0: write the body at once; else in pieces of this size
     chunk_delay: float = 0.0  # with chunk_bytes: seconds between pieces, so a stream takes a known time
     delay_seconds: float = 0.0  # silence after the headers, before the body: streams sent at one moment
+    # True: the stream's usage goes out as recorded, not replaced by the prompt cache's accounting (a test
+    # of how a provider's own figures, or their absence, are read).
+    usage_as_recorded: bool = False
 
 
 Responder = Callable[[dict[str, Any]], Call | None]
@@ -81,6 +90,12 @@ class ProviderServer:
     ) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
+        # Per request, the prompt cache's accounting of it (None: not an Anthropic stream request).
+        self.usages: list[dict[str, Any] | None] = []
+        self.cache = PromptCache()
+        # What each answered stream reported as its usage (`sse.usage_of`, after the cache's figures are
+        # spliced in), in order: what the ledger's token counts must add up to.
+        self.usage: list[dict[str, int]] = []
         self.responder = responder
         self.api_keys = api_keys  # None: any key will do; may change while running (a revoked key)
         self.models = models
@@ -97,6 +112,8 @@ class ProviderServer:
         self.queue.clear()
         self.queue.extend(calls)
         self.requests.clear()
+        self.usages.clear()
+        self.usage.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -117,22 +134,35 @@ class ProviderServer:
             self._runner = None
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, error_body, "request-id")
+        return await self._answer(request, error_body, "request-id", cached=True)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/chat/completions`: the same recorded calls, errors shaped as OpenAI's."""
         return await self._answer(request, chat_error_body, "x-request-id")
 
     async def _answer(
-        self, request: web.Request, errors: Callable[[int, str | None], dict[str, Any]], id_header: str
+        self,
+        request: web.Request,
+        errors: Callable[[int, str | None], dict[str, Any]],
+        id_header: str,
+        cached: bool = False,
     ) -> web.StreamResponse:
+        """`cached`: the route keeps a prompt cache (Anthropic's Messages) and reports its usage."""
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             return _json(400, errors(400, "request body is not JSON"))
         self.requests.append(body)
+        self.usages.append(None)
+        at = len(self.usages) - 1
         if not self._key_accepted(request):
             return self._reject(errors)
+        plan: Accounting | None = None
+        if cached and isinstance(body, dict):
+            try:
+                plan = self.cache.plan(body)
+            except TooManyBreakpoints as e:
+                return _json(400, errors(400, str(e)))
         call = self.queue.popleft() if self.queue else (self.responder(body) if self.responder else None)
         if call is None:
             return _json(500, errors(500, "no call was recorded for this request"))
@@ -149,10 +179,17 @@ class ProviderServer:
                 **call.headers,
             },
         )
+        data = call.sse or b""
+        if plan is not None and not call.usage_as_recorded:
+            self.cache.commit(plan)
+            if at < len(self.requests) and self.requests[at] is body:  # not cleared by a `reset` meanwhile
+                self.usages[at] = plan.usage
+            data = sse.with_usage(data, plan.usage)
         await resp.prepare(request)
         if call.delay_seconds > 0:
             await asyncio.sleep(call.delay_seconds)
-        data = call.sse or b""
+        if data:
+            self.usage.append(sse.usage_of(data))
         if call.chunk_bytes > 0:
             for i in range(0, len(data), call.chunk_bytes):
                 if i and call.chunk_delay > 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -14,7 +15,20 @@ def event(name: str, data: dict[str, Any]) -> bytes:
         return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def head(model: str, input_tokens: int = 10, message_id: str = "msg_local") -> bytes:
+def head(
+    model: str,
+    input_tokens: int = 10,
+    message_id: str = "msg_local",
+    cache_write_tokens: int | None = None,
+    cache_read_tokens: int | None = None,
+) -> bytes:
+    """The message's start, its usage as Anthropic reports it: `input_tokens` (input neither written to nor
+    read from the prompt cache) and, where given, `cache_creation_input_tokens` and `cache_read_input_tokens`."""
+    usage: dict[str, int] = {"input_tokens": input_tokens, "output_tokens": 1}
+    if cache_write_tokens is not None:
+        usage["cache_creation_input_tokens"] = cache_write_tokens
+    if cache_read_tokens is not None:
+        usage["cache_read_input_tokens"] = cache_read_tokens
     return event(
         "message_start",
         {
@@ -27,7 +41,7 @@ def head(model: str, input_tokens: int = 10, message_id: str = "msg_local") -> b
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": 1},
+                "usage": usage,
             },
         },
     ) + event(
@@ -75,6 +89,35 @@ def stream(
     if finish:
         body += tail(stop_reason, output_tokens if output_tokens is not None else max(1, len(text) // 4))
     return body
+
+
+def usage_of(raw: bytes) -> dict[str, int]:
+    """The usage a recorded stream reports, as a client reads it: Anthropic's `message_start` usage, then
+    each `message_delta`'s over it (its counts are cumulative; the start's `output_tokens` is a placeholder,
+    left out), or a chat stream's usage chunk. Only whole numbers; {} for a stream reporting none."""
+    out: dict[str, int] = {}
+    for block in raw.decode("utf-8", "replace").split("\n\n"):
+        for line in block.splitlines():
+            if not line.startswith("data: "):
+                continue
+            try:
+                d = json.loads(line[6:])
+            except ValueError:
+                continue
+            if not isinstance(d, dict):
+                continue
+            kind, message = d.get("type"), d.get("message")
+            if kind == "message_start":  # its output_tokens is a placeholder, not a count of the output
+                usage = message.get("usage") if isinstance(message, dict) else None
+                usage = {k: v for k, v in usage.items() if k != "output_tokens"} if isinstance(usage, dict) else None
+            else:  # a message_delta, or a chat chunk (no `type`)
+                usage = d.get("usage") if kind in ("message_delta", None) else None
+            if isinstance(usage, dict):
+                out.update({k: v for k, v in usage.items() if type(v) is int})
+                details = usage.get("prompt_tokens_details")
+                if isinstance(details, dict) and type(details.get("cached_tokens")) is int:
+                    out["cached_tokens"] = details["cached_tokens"]
+    return out
 
 
 def text_of(raw: bytes) -> str:
@@ -133,3 +176,33 @@ def tool_use_stream(
             },
         )
     return body + event("message_stop", {"type": "message_stop"})
+
+
+# A whole usage-carrying event: its `event:` line at a block's start, one `data:` line, the blank line.
+_USAGE_EVENT = re.compile(rb"(?:^|(?<=\n\n))event: (message_start|message_delta)\ndata: ([^\n]*)\n\n")
+
+
+def with_usage(raw: bytes, usage: dict[str, Any]) -> bytes:
+    """`raw` with the input-token figures of its `message_start` (and of each `message_delta`, which
+    repeats the counts, without the breakdown by lifetime) set to `usage`, as the provider counted
+    this request; every other byte unchanged, and the body not copied piece by piece (a recorded
+    stream may be megabytes of small deltas).
+
+    Only well-formed events (`event:` then `data:` holding a JSON object) are rewritten: a recorded
+    stream that is malformed on purpose stays exactly as recorded."""
+    out: list[bytes] = []
+    done = 0
+    for m in _USAGE_EVENT.finditer(raw):
+        name = m.group(1).decode()
+        try:
+            data = json.loads(m.group(2))
+        except ValueError:
+            continue
+        holder = data.get("message") if name == "message_start" and isinstance(data, dict) else data
+        if not isinstance(holder, dict) or not isinstance(holder.get("usage"), dict):
+            continue
+        given = usage if name == "message_start" else {k: v for k, v in usage.items() if k.endswith("_tokens")}
+        holder["usage"] = {**holder["usage"], **given}
+        out += [raw[done : m.start()], event(name, data)]
+        done = m.end()
+    return b"".join(out) + raw[done:] if out else raw

@@ -26,6 +26,8 @@ class Registration:
     `base_path`: what follows a server's root in this provider's base URL (OpenAI's clients put `/v1`
     there), so the local provider server, which speaks every protocol, can be named for each.
     `server`: what `base_url_env` may name, in the words of a message that asks for it.
+    `breakpoints`: the provider caches a prompt's prefix only where the request marks it
+    (`cache_control`, `residents.provider.caching`); others cache a repeated prefix by themselves.
     """
 
     module: str
@@ -34,6 +36,7 @@ class Registration:
     prefill: bool = False
     base_path: str = ""
     server: str = "a compatible server"
+    breakpoints: bool = False
 
     @property
     def configured_in_residence(self) -> bool:
@@ -47,6 +50,7 @@ REGISTRY: dict[str, Registration] = {
         "ANTHROPIC_BASE_URL",
         prefill=True,
         server="an Anthropic-compatible server",
+        breakpoints=True,
     ),
     "openai-compatible": Registration("residents.provider.openai_compatible", base_path="/v1"),
 }

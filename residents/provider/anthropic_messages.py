@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 # Error types inside a stream (`event: error`) that a later attempt may not meet again.
 _RETRYABLE_TYPES = frozenset({"overloaded_error", "api_error", "rate_limit_error", "timeout_error"})
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+# Request keys sent in the body as given, whatever the installed SDK's signature names.
+_IN_BODY = ("temperature", "cache_control")
 
 
 def _initial(btype: str, start: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
@@ -86,11 +88,11 @@ async def stream_once(
         request, end.request_replacements = outbound_json(request)
         if end.request_replacements:
             log.warning("request body carried %d lone surrogate(s); sent as U+FFFD", end.request_replacements)
-        # Sampling settings the installed SDK's signature may not name travel in the body as they are.
-        params = {k: v for k, v in request.items() if k != "temperature"}
-        extra: dict[str, Any] = (
-            {"extra_body": {"temperature": request["temperature"]}} if "temperature" in request else {}
-        )
+        # Settings the installed SDK's signature may not name (sampling, the top-level cache mark)
+        # travel in the body as they are.
+        params = {k: v for k, v in request.items() if k not in _IN_BODY}
+        in_body = {k: request[k] for k in _IN_BODY if k in request}
+        extra: dict[str, Any] = {"extra_body": in_body} if in_body else {}
         if timeout is not None:
             extra["timeout"] = call_timeout(timeout)
         raw = await opened.enter_async_context(
@@ -188,6 +190,14 @@ async def _read(events: Any, response: httpx2.Response, sink: BlockSink, end: St
                 usage = ev.get("usage")
                 tokens = usage.get("output_tokens") if usage.__class__ is dict else None
                 end.output_tokens = tokens if isinstance(tokens, int) else None
+                if usage.__class__ is dict:  # (the API's counts here are cumulative: they stand over message_start's)
+                    _input_usage(usage, end)
+                continue
+            elif t == "message_start":
+                msg = ev.get("message")
+                usage = msg.get("usage") if msg.__class__ is dict else None
+                if usage.__class__ is dict:
+                    _input_usage(usage, end)
                 continue
             elif t == "message_stop":
                 stopped = True
@@ -204,6 +214,23 @@ async def _read(events: Any, response: httpx2.Response, sink: BlockSink, end: St
         await sink.flush()
     if not stopped and end.stop_reason is not None:
         log.info("stream ended after stop reason %s without message_stop", end.stop_reason)
+
+
+# Anthropic's usage fields for the input, and where `StreamEnd` keeps each.
+_INPUT_USAGE = (
+    ("input_tokens", "input_tokens"),
+    ("cache_creation_input_tokens", "cache_write_tokens"),
+    ("cache_read_input_tokens", "cache_read_tokens"),
+)
+
+
+def _input_usage(usage: dict[str, Any], end: StreamEnd) -> None:
+    """The input counts a usage object gives (message_start's, then message_delta's where it repeats
+    them): a whole number is taken as the provider's own; a field absent or of another type leaves what was."""
+    for field, attr in _INPUT_USAGE:
+        value = usage.get(field)
+        if value.__class__ is int and value >= 0:
+            setattr(end, attr, value)
 
 
 def _error_event(body: Any, data: str, response: httpx2.Response) -> anthropic.APIStatusError:

@@ -37,6 +37,11 @@ class StreamEnd:
     stop_reason: str | None = None
     stop_details: dict[str, Any] | None = None
     output_tokens: int | None = None
+    # The provider's own input counts, None where it gave none (never an estimate): input neither read
+    # from nor written to its prompt cache, input written to the cache, input read from it.
+    input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_read_tokens: int | None = None
     request_id: str | None = None
     failure: Failure | None = None
     request_replacements: int = 0  # lone surrogates replaced by U+FFFD in the body sent

@@ -6,7 +6,8 @@ Built on `chat.completions.create(stream=True, stream_options={"include_usage": 
 SDK's own retries off, so every call is one attempt the generation layer names, keeps and retries.
 The request the rest of the project builds stays Anthropic Messages-shaped; it is translated here
 (`chat_request`). The stop reason is the stream's `finish_reason` as given (what it means is
-`residents.truth`'s); the token count is the final usage chunk's `completion_tokens`, or None. Reasoning
+`residents.truth`'s); the token counts are the final usage chunk's (`completion_tokens`; `prompt_tokens`
+less `prompt_tokens_details.cached_tokens`, which are cache reads), or None. Reasoning
 deltas (`reasoning_content`, `reasoning`) are kept as `thinking` blocks, a `refusal` as a block of
 its own, tool calls as `tool_use` blocks (their arguments as streamed), so only text is ever posted.
 """
@@ -234,8 +235,8 @@ async def openai_stream_once(
                 d = chunk.to_dict(mode="json", warnings=False)
                 due = False
                 usage = d.get("usage")
-                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                    end.output_tokens = usage["completion_tokens"]
+                if isinstance(usage, dict):
+                    _usage(usage, end)
                 for choice in d.get("choices") or []:
                     if choice.get("index", 0) != 0:
                         continue
@@ -273,6 +274,22 @@ async def openai_stream_once(
     if end.stop_reason != finish:  # a refusal, or tools called: the finish_reason as given stays on record
         end.stop_details = {"finish_reason": finish}
     return end
+
+
+def _usage(usage: dict[str, Any], end: StreamEnd) -> None:
+    """The final usage chunk's counts, in the columns' one meaning (Anthropic's): `prompt_tokens` counts
+    the cached tokens too, so input is `prompt_tokens` less `prompt_tokens_details.cached_tokens`, and those
+    are cache reads (a chat server reports no cache writes: it caches by itself). A count it did not give
+    stays None; cached tokens not given leave the whole prompt as input."""
+    out, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    if isinstance(out, int):
+        end.output_tokens = out
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int) and cached >= 0:
+        end.cache_read_tokens = cached
+    if isinstance(prompt, int) and prompt >= 0:
+        end.input_tokens = max(0, prompt - (end.cache_read_tokens or 0))
 
 
 def _classify(e: BaseException, started: bool) -> Failure:

@@ -1,4 +1,5 @@
-"""Moderators' slash commands: inspect stumps and provenance, show a policy, ask for a continuation.
+"""Moderators' slash commands: inspect stumps and provenance, show a policy, ask for a continuation, see
+what the provider counted (/usage).
 
 Registered with `default_member_permissions` (Manage Messages) and checked again at run time by the
 cog's one `interaction_check` (`checks.moderator_check`), since a guild can override the default.
@@ -13,6 +14,7 @@ tree's error handler (`checks.on_app_command_error`).
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 import discord
 import yaml
@@ -21,20 +23,17 @@ from discord.ext import commands
 
 from ... import truth
 from ...delivery import split_text
-from ...ledger import views
+from ...ledger import usage, views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
-from ...records import Generation
+from ...records import Generation, PostKind
 from ...text import outbound
 from ..app import ResidentBot, names_channel
+from ..buttons import CONTINUE_DELIVERY_WAIT, continued, take_button_away
 from ..checks import Scope, moderation_scope, moderator_check
 from ..room import DiscordRoom
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
-# How long a /continue's answer waits for the continuation's posts to reach the room: an outbox held by
-# earlier posts the room does not take yet must not keep the moderator waiting (Discord lets a deferred
-# interaction be answered for 15 minutes only); the posts still go out, in order, when it can.
-CONTINUE_DELIVERY_WAIT = 5.0
 STUMPS_PER_PAGE = 20
 
 
@@ -224,27 +223,42 @@ class Moderation(commands.Cog):
             await self._say(interaction, f"The channel of {g.id} is not reachable.")
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
+        shown = [p for p in g.posts if p.kind == PostKind.RECEIPT and p.message_id]  # the receipts before it
         reply = await owner.continue_generation(
             DiscordRoom(channel),  # type: ignore[arg-type]
             g.channel,
             g.id,
             within=CONTINUE_DELIVERY_WAIT,
         )
-        if reply.decline:
-            await interaction.followup.send(truth.not_continued(reply.decline), ephemeral=True)
+        if not reply.decline and shown:  # the receipt it continued from keeps no Continue button
+            latest = max(shown, key=lambda p: p.seq)
+            assert latest.message_id is not None
+            await take_button_away(channel, latest.message_id)  # type: ignore[arg-type]
+        await interaction.followup.send(continued(g.id, reply), ephemeral=True)
+
+    @app_commands.command(name="usage", description="Tokens the provider counted here, and their cost (an estimate)")
+    @app_commands.describe(by="sum by residence, channel or UTC day", since="a UTC day, YYYY-MM-DD (default: all)")
+    @app_commands.default_permissions(manage_messages=True)
+    @app_commands.guild_only()
+    async def usage_(
+        self,
+        interaction: discord.Interaction,
+        by: Literal["residence", "channel", "day"] = "residence",
+        since: str | None = None,
+    ) -> None:
+        """The provider's counts of the calls made for this guild's channels the member moderates."""
+        try:
+            start = usage.since_of(since) if since else None
+        except ValueError as e:
+            await self._say(interaction, f"since: {e}.")
             return
-        assert reply.generation is not None
-        await interaction.followup.send(
-            f"Continued {g.id}: now {reply.generation.status}, {len(reply.generation.segments)} segment(s), "
-            f"continuation {reply.generation.continuation_ended}."
-            + (
-                f" {reply.waiting} post(s) of it wait for the room, behind earlier posts it has not taken yet;"
-                " they go out in order."
-                if reply.waiting
-                else ""
-            ),
-            ephemeral=True,
-        )
+        scope = moderation_scope(interaction)
+        rep = await usage.usage(self.ledger, by, start, channels=scope.ids)
+        if by == "channel":  # named as the member sees them
+            for line in rep.lines:
+                known = scope.channel(line.key)
+                line.key = f"#{known.name}" if known is not None else line.key
+        await self._send_pages(interaction, fenced_pages([usage.table(rep)]))
 
 
 async def setup(bot: ResidentBot) -> None:

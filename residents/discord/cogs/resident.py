@@ -31,6 +31,7 @@ from discord.ext import commands
 
 from ...delivery.outbox import Backoff
 from ..app import ResidentBot
+from ..buttons import ContinueButton
 from ..catchup import CATCH_UP_READ, Claims, Sightings, age_words, ledger_bound, oldest_first, window_start
 from ..floor import Floor, replies, shared_floor, since_person
 from ..room import ROOM_ERRORS, SEND_TIMEOUT, Attachments, DiscordRoom
@@ -154,16 +155,29 @@ class ResidentCog(commands.Cog):
 
     @commands.Cog.listener()
     async def on_disconnect(self) -> None:
-        self.sightings.dropped()
+        if not self.bot.sharded:  # a sharded bot's shards each say which dropped (on_shard_disconnect)
+            self.sightings.dropped()
 
     @commands.Cog.listener()
-    async def on_new_session(self) -> None:
-        """Every channel the resident listens in, at once; within each, one turn at a time, oldest first."""
+    async def on_shard_disconnect(self, shard_id: int) -> None:
+        """One shard's connection closed: only the channels of its guilds have a gap to come."""
+        self.sightings.dropped(c.id for g in self.bot.guilds if g.shard_id == shard_id for c in g.text_channels)
+
+    @commands.Cog.listener()
+    async def on_new_session(self, shard_id: int | None = None) -> None:
+        """Every channel the resident listens in (on shard `shard_id` only, when one shard has a new session),
+        at once; within each, one turn at a time, oldest first."""
         me = self.bot.user
         if me is None or self.bot.is_closed():
             return
         gap = self.sightings.at_drop  # replaced, never changed, at each drop: this session's gap stays as it is
-        channels = [c for g in self.bot.guilds for c in g.text_channels if self.bot.listens_in(c)]
+        channels = [
+            c
+            for g in self.bot.guilds
+            if shard_id is None or g.shard_id == shard_id
+            for c in g.text_channels
+            if self.bot.listens_in(c)
+        ]
         await asyncio.gather(*(self._catch_up(c, gap) for c in channels))
 
     async def _catch_up(self, channel: discord.TextChannel, gap: dict[int, int] | None) -> None:
@@ -398,6 +412,7 @@ class ResidentCog(commands.Cog):
                     trigger=str(message.id),
                     superseded=lambda: self.moved_on[ch],
                     queued=lambda _posts: shared.generating[ch].discard(me.id),
+                    person=str(message.author.id),
                 )
         finally:
             shared.generating[ch].discard(me.id)
@@ -417,3 +432,5 @@ class ResidentCog(commands.Cog):
 
 async def setup(bot: ResidentBot) -> None:
     await bot.add_cog(ResidentCog(bot))
+    # The Continue button on this bot's receipts, pressed now or after any number of restarts.
+    bot.add_dynamic_items(ContinueButton)

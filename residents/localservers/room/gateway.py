@@ -3,6 +3,11 @@
 Each IDENTIFY opens a session with its own sequence numbers and an event history, so a
 bot whose socket drops can RESUME and receive exactly the events it missed, as on Discord.
 Frames are JSON text; discord.py asks for zlib-stream but only inflates binary frames.
+
+Sharding follows Discord's rules: IDENTIFY's `shard` is `[shard_id, num_shards]`, and a session
+hears of a guild (READY's list, GUILD_CREATE, every event in it) only if the guild is on its shard,
+`(guild_id >> 22) % num_shards == shard_id`; direct messages go to shard 0. A bad `shard` is closed
+with 4010, a session that would carry more guilds than the room's `max_guilds_per_session` with 4011.
 """
 
 from __future__ import annotations
@@ -40,6 +45,24 @@ APPLICATION_FLAGS = (1 << 12) | (1 << 14) | (1 << 18)
 
 OP_DISPATCH, OP_HEARTBEAT, OP_IDENTIFY, OP_PRESENCE, OP_VOICE = 0, 1, 2, 3, 4
 OP_RESUME, OP_RECONNECT, OP_REQUEST_MEMBERS, OP_INVALID_SESSION, OP_HELLO, OP_HEARTBEAT_ACK = 6, 7, 8, 9, 10, 11
+
+CLOSE_INVALID_SHARD = 4010  # "You sent us an invalid shard when identifying."
+CLOSE_SHARDING_REQUIRED = 4011  # "The session would have handled too many guilds"
+
+
+def shard_of(guild_id: int, num_shards: int) -> int:
+    """The shard a guild is on: Discord's `(guild_id >> 22) % num_shards`."""
+    return (guild_id >> 22) % num_shards
+
+
+def parse_shard(value: Any) -> tuple[int, int] | None:
+    """IDENTIFY's `shard` as (shard_id, num_shards), or None when it is not a valid pair."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    shard_id, num_shards = value
+    return (shard_id, num_shards) if num_shards >= 1 and 0 <= shard_id < num_shards else None
 
 
 class Connection:
@@ -91,11 +114,11 @@ class Connection:
 class Session:
     """An identified gateway session: sequence numbers plus history for RESUME."""
 
-    def __init__(self, session_id: str, bot: User, intents: int, shard: list[int] | None) -> None:
+    def __init__(self, session_id: str, bot: User, intents: int, shard: tuple[int, int] | None) -> None:
         self.id = session_id
         self.bot = bot
         self.intents = intents
-        self.shard = shard
+        self.shard = shard  # (shard_id, num_shards) as IDENTIFY sent it; None: unsharded, i.e. (0, 1)
         self.seq = 0
         self.history: deque[tuple[int, str]] = deque(maxlen=HISTORY_LIMIT)
         self.conn: Connection | None = None
@@ -108,8 +131,17 @@ class Session:
         if self.conn is not None:
             self.conn.send(frame)
 
+    @property
+    def shard_id(self) -> int:
+        return self.shard[0] if self.shard is not None else 0
+
     def wants(self, intent: int) -> bool:
         return bool(self.intents & intent)
+
+    def carries(self, guild_id: int | None) -> bool:
+        """Whether events of this guild (None: a direct message) come through this session."""
+        shard_id, num_shards = self.shard or (0, 1)
+        return shard_id == 0 if guild_id is None else shard_of(guild_id, num_shards) == shard_id
 
 
 class Gateway:
@@ -130,11 +162,14 @@ class Gateway:
 
     # ----- lifecycle ---------------------------------------------------------------------
 
-    async def drop(self, *, code: int = 4000, hold: bool = False) -> int:
-        """Close every bot's socket with a resumable code; `hold` delays their HELLO until release()."""
+    async def drop(self, *, code: int = 4000, hold: bool = False, shard: int | None = None) -> int:
+        """Close every bot's socket with a resumable code (only shard `shard`'s sessions, if given); `hold`
+        delays the HELLO of any new connection until release()."""
         if hold:
             self._open.clear()
-        conns = list(self.connections)
+        conns = [
+            c for c in self.connections if shard is None or (c.session is not None and c.session.shard_id == shard)
+        ]
         for conn in conns:
             if conn.session is not None:
                 conn.session.conn = None  # from now on events only go to history
@@ -142,16 +177,17 @@ class Gateway:
         log.info("dropped %d gateway connection(s) with close code %s", len(conns), code)
         return len(conns)
 
-    async def invalidate(self, *, hold: bool = False) -> int:
-        """End every bot's session and close its socket with a resumable code, as when Discord invalidates
-        sessions: the bot's RESUME is answered INVALID_SESSION (not resumable) and it must IDENTIFY anew.
-        Events meanwhile are kept for no one: what was said in between reaches the bot only through history."""
-        ended = list(self.sessions.values())
+    async def invalidate(self, *, hold: bool = False, shard: int | None = None) -> int:
+        """End every bot's session (only shard `shard`'s, if given) and close its socket with a resumable
+        code, as when Discord invalidates sessions: the bot's RESUME is answered INVALID_SESSION (not
+        resumable) and it must IDENTIFY anew. Events meanwhile are kept for no one: what was said in between
+        reaches the bot only through history."""
+        ended = [s for s in self.sessions.values() if shard is None or s.shard_id == shard]
         for session in ended:
             session.valid = False
-        self.sessions.clear()
-        log.info("invalidated %d gateway session(s)", len(ended))
-        return await self.drop(hold=hold)
+            del self.sessions[session.id]
+        log.info("invalidated %d gateway session(s)%s", len(ended), "" if shard is None else f" of shard {shard}")
+        return await self.drop(hold=hold, shard=shard)
 
     def release(self) -> None:
         self._open.set()
@@ -238,9 +274,31 @@ class Gateway:
         if not isinstance(intents, int) or intents < 0:
             await conn.close(4013, flush=True)  # invalid intents
             return
+        shard = None
+        if data.get("shard") is not None:
+            shard = parse_shard(data["shard"])
+            if shard is None:
+                log.info("bot %s sent an invalid shard %r: closing with 4010", bot.name, data["shard"])
+                await conn.close(CLOSE_INVALID_SHARD, flush=True)
+                return
+        shard_id, num_shards = shard or (0, 1)
+        guilds = [
+            g for g in self.state.guilds.values() if bot.id in g.members and shard_of(g.id, num_shards) == shard_id
+        ]
+        limit = self.state.layout.sharding.max_guilds_per_session
+        if len(guilds) > limit:
+            log.info(
+                "bot %s would carry %d guilds on shard %s of %s (at most %d per session): closing with 4011",
+                bot.name,
+                len(guilds),
+                shard_id,
+                num_shards,
+                limit,
+            )
+            await conn.close(CLOSE_SHARDING_REQUIRED, flush=True)
+            return
         bot.intents = intents
-        shard = data.get("shard")
-        session = Session(secrets.token_hex(16), bot, intents, shard if isinstance(shard, list) else None)
+        session = Session(secrets.token_hex(16), bot, intents, shard)
         self.sessions[session.id] = session
         session.conn = conn
         conn.session = session
@@ -255,7 +313,7 @@ class Gateway:
                 "flags": 0,
                 "locale": "en-US",
             },
-            "guilds": [{"id": str(g.id), "unavailable": True} for g in self.state.guilds.values()],
+            "guilds": [{"id": str(g.id), "unavailable": True} for g in guilds],
             "session_id": session.id,
             "session_type": "normal",
             "resume_gateway_url": self.gateway_url(),
@@ -269,11 +327,17 @@ class Gateway:
             "_trace": ["residents-room"],
         }
         if session.shard is not None:
-            ready["shard"] = session.shard
+            ready["shard"] = list(session.shard)
         session.dispatch("READY", ready)
-        for guild in self.state.guilds.values():
+        for guild in guilds:
             session.dispatch("GUILD_CREATE", payloads.guild(guild))
-        log.info("bot %s identified (session %s, intents %s)", bot.name, session.id, intents)
+        log.info(
+            "bot %s identified (session %s, intents %s%s)",
+            bot.name,
+            session.id,
+            intents,
+            "" if shard is None else f", shard {shard_id} of {num_shards}: {len(guilds)} guild(s)",
+        )
 
     async def _resume(self, conn: Connection, data: dict[str, Any]) -> None:
         session = self.sessions.get(str(data.get("session_id")))
@@ -318,7 +382,9 @@ class Gateway:
             seeing = [
                 s
                 for s in sessions
-                if s.wants(INTENT_GUILD_MESSAGES) and state.permissions(s.bot, msg.channel).view_channel
+                if s.carries(msg.guild.id)
+                and s.wants(INTENT_GUILD_MESSAGES)
+                and state.permissions(s.bot, msg.channel).view_channel
             ]
             if event.kind == "message_delete":
                 data: dict[str, Any] = {
@@ -343,7 +409,8 @@ class Gateway:
             }
             for session in sessions:
                 if (
-                    session.wants(INTENT_GUILD_MESSAGE_TYPING)
+                    session.carries(guild.id)
+                    and session.wants(INTENT_GUILD_MESSAGE_TYPING)
                     and session.bot.id != event.user.id
                     and state.permissions(session.bot, event.channel).view_channel
                 ):
@@ -352,8 +419,13 @@ class Gateway:
             name = "GUILD_MEMBER_ADD" if event.kind == "member_add" else "GUILD_MEMBER_UPDATE"
             data = {**payloads.member(event.guild.members[event.user.id]), "guild_id": str(event.guild.id)}
             for session in sessions:
-                if session.wants(INTENT_GUILD_MEMBERS) and session.bot.id != event.user.id:
+                if (
+                    session.carries(event.guild.id)
+                    and session.wants(INTENT_GUILD_MEMBERS)
+                    and session.bot.id != event.user.id
+                ):
                     session.dispatch(name, data)
         elif event.kind == "interaction_create" and event.interaction is not None:
             for session in self.live_sessions(event.interaction.bot):
-                session.dispatch("INTERACTION_CREATE", event.interaction.payload)
+                if session.carries(event.interaction.channel.guild.id):
+                    session.dispatch("INTERACTION_CREATE", event.interaction.payload)

@@ -1,7 +1,11 @@
-"""Slash commands as people invoke them, and every way a bot answers: callback, defer, follow-ups, edits.
+"""Slash commands as people invoke them, buttons as people press them, and every way a bot answers:
+callback, defer, follow-ups, edits.
 
 The invoking member's roles and the channel's overwrites decide the permissions the bot is told
-(`member.permissions`), as on Discord.
+(`member.permissions`), as on Discord. A button press (MESSAGE_COMPONENT, type 3) goes to the
+application whose message carries the button; besides a message (4) or "thinking" (5), it may be
+answered by acknowledging it quietly (6, DEFERRED_UPDATE_MESSAGE) or by editing the message it is on
+(7, UPDATE_MESSAGE), after which `@original` is that message.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from . import payloads
+from . import payloads, validation
 from .model import (
+    BUTTON_LINK,
     FLAG_EPHEMERAL,
     FLAG_LOADING,
     ApiError,
@@ -76,6 +81,45 @@ class Interactions:
             resolved["messages"] = {str(message.id): payloads.message(message)}
         inter.payload = payloads.interaction(
             inter, channel.guild.members[user.id], perms, state.permissions(bot, channel), resolved
+        )
+        state.interactions[inter.id] = inter
+        state.emit(RoomEvent("interaction_create", interaction=inter, channel=channel))
+        return inter
+
+    def press(self, channel: Channel, member: str, message_id: str, custom_id: str) -> Interaction:
+        """`member` presses the button `custom_id` on a message of `channel`; dispatched as INTERACTION_CREATE
+        (type 3) to the application that sent the message. Only an enabled button that sends interactions
+        (not a link) can be pressed, by someone who can see the channel."""
+        state = self.state
+        user = state.person(member, channel.guild)
+        perms = state.permissions(user, channel)
+        if not perms.view_channel:
+            raise ApiError(403, 50001, f"{user.name} cannot see {channel.ref}")
+        message = state.message(channel, message_id)
+        button = next(
+            (b for b in validation.buttons(message.components) if b.get("custom_id") == custom_id),
+            None,
+        )
+        if button is None or button.get("style") == BUTTON_LINK:
+            raise ApiError(400, 50035, f"message {message.id} has no button with custom_id {custom_id!r}")
+        if button.get("disabled"):
+            raise ApiError(400, 50035, f"the button {custom_id!r} on message {message.id} is disabled")
+        if not message.author.bot:
+            raise ApiError(400, 50035, f"message {message.id} was not sent by an application")
+        bot = message.author
+        inter = Interaction(
+            id=state.ids.next(),
+            token=secrets.token_urlsafe(32).replace("-", "x").replace("_", "y"),
+            bot=bot,
+            channel=channel,
+            user=user,
+            command=None,
+            options=[],
+            source=message,
+            custom_id=custom_id,
+        )
+        inter.payload = payloads.interaction(
+            inter, channel.guild.members[user.id], perms, state.permissions(bot, channel), {}
         )
         state.interactions[inter.id] = inter
         state.emit(RoomEvent("interaction_create", interaction=inter, channel=channel))
@@ -164,10 +208,23 @@ class Interactions:
         return entry
 
     def callback(self, inter: Interaction, body: dict[str, Any], attachments: Sequence[Upload] = ()) -> dict[str, Any]:
-        """Apply an interaction callback (4: a message, 5: "thinking"); returns the `?with_response=1` body."""
+        """Apply an interaction callback (4: a message, 5: "thinking"; for a button, also 6: acknowledged,
+        7: its message edited); returns the `?with_response=1` body."""
         ctype = int(body.get("type", 0))
         data = body.get("data") or {}
         state = self.state
+        message: Message | None
+        if ctype in (6, 7) and inter.source is not None:
+            message = inter.source
+            if ctype == 7:
+                state.edit_message(message, data)
+            inter.callback_type = ctype
+            inter.original = message  # from here on `@original` is the message the button is on
+            self.record(inter, "callback", ctype=ctype, message=message if ctype == 7 else None)
+            return {
+                "interaction": payloads.callback_interaction(inter, message),
+                "resource": {"type": ctype, **({"message": payloads.message(message)} if ctype == 7 else {})},
+            }
         if ctype == 4:
             message = state.create_message(
                 inter.channel,
@@ -196,7 +253,8 @@ class Interactions:
             raise form_error(
                 ["type"],
                 "INTERACTION_RESPONSE_TYPE_INVALID",
-                f"Interaction response type {ctype} is not valid for an application command",
+                f"Interaction response type {ctype} is not valid for "
+                + ("an application command" if inter.command is not None else "a message component"),
             )
         inter.callback_type = ctype
         inter.original = message

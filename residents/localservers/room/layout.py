@@ -6,6 +6,10 @@
         roles: {mods: [manage_messages]}          # role -> discord.Permissions flag names
         members: {alice: [], mo: [mods]}           # person -> role names
         overwrites: {dock: {mods: {deny: [view_channel]}}}   # channel -> role, member or @everyone
+    sharding:                                      # optional: the gateway's shard rules (Discord's defaults)
+      guilds_per_shard: 1000                       # GET /gateway/bot recommends one shard per this many guilds
+      max_guilds_per_session: 2500                 # a session that would carry more is closed with 4011
+      max_concurrency: 1                           # IDENTIFYs a bot may send per 5 seconds (/gateway/bot says)
 
 Every mistake is one `LayoutError` line naming the file, the key and (where the YAML has one) the line.
 Without a layout the room is one guild whose `moderator` role the /_room/ `moderator` flag gives.
@@ -54,10 +58,33 @@ class GuildLayout:
     overwrites: dict[str, tuple[ChannelOverwrite, ...]] = field(default_factory=dict)
 
 
+# Discord recommends a shard per 1,000 guilds, requires sharding past 2,500 guilds in one session, and
+# lets an ordinary bot start one session per 5 seconds (`session_start_limit.max_concurrency`).
+GUILDS_PER_SHARD = 1000
+MAX_GUILDS_PER_SESSION = 2500
+MAX_CONCURRENCY = 1
+
+
+@dataclass(frozen=True)
+class ShardRules:
+    """How the room's gateway treats sharding: what `GET /gateway/bot` recommends, and when a session
+    carries too many guilds (close code 4011, "sharding required"). Small numbers let a test shard a
+    few guilds the way Discord shards thousands."""
+
+    guilds_per_shard: int = GUILDS_PER_SHARD
+    max_guilds_per_session: int = MAX_GUILDS_PER_SESSION
+    max_concurrency: int = MAX_CONCURRENCY  # told, not enforced: what a bot paces its IDENTIFYs by
+
+    def recommended(self, guilds: int) -> int:
+        """The shard count `GET /gateway/bot` recommends for a bot in `guilds` guilds (at least 1)."""
+        return max(1, -(-guilds // self.guilds_per_shard))
+
+
 @dataclass(frozen=True)
 class Layout:
     guilds: tuple[GuildLayout, ...]
     source: str = "<default>"
+    sharding: ShardRules = ShardRules()
 
 
 def default_layout(channels: Sequence[str] = ("general",), guild_name: str = "residents") -> Layout:
@@ -135,9 +162,9 @@ class _Parser:
 
     def layout(self, data: Any) -> Layout:
         top = self.mapping(data, (), "keys")
-        unknown_keys = set(top) - {"guilds"}
+        unknown_keys = set(top) - {"guilds", "sharding"}
         if unknown_keys:
-            raise self.fail((sorted(unknown_keys)[0],), "unknown key (a layout has only `guilds`)")
+            raise self.fail((sorted(unknown_keys)[0],), "unknown key (a layout has `guilds` and `sharding`)")
         guilds = top.get("guilds")
         if not isinstance(guilds, list) or not guilds:
             raise self.fail(("guilds",), "required: a list of at least one guild")
@@ -147,7 +174,25 @@ class _Parser:
             if g.name in seen:
                 raise self.fail(("guilds", i, "name"), f"a second guild named {g.name!r}")
             seen.add(g.name)
-        return Layout(tuple(built), self.source)
+        return Layout(tuple(built), self.source, self.sharding(top.get("sharding")))
+
+    def sharding(self, data: Any) -> ShardRules:
+        rules = self.mapping(data, ("sharding",), "sharding rules")
+        defaults = {
+            "guilds_per_shard": GUILDS_PER_SHARD,
+            "max_guilds_per_session": MAX_GUILDS_PER_SESSION,
+            "max_concurrency": MAX_CONCURRENCY,
+        }
+        extra = set(rules) - set(defaults)
+        if extra:
+            raise self.fail(("sharding", sorted(extra)[0]), f"unknown key ({', '.join(defaults)})")
+        values = {}
+        for key, default in defaults.items():
+            value = rules.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise self.fail(("sharding", key), f"must be a whole number, at least 1 (got {value!r})")
+            values[key] = value
+        return ShardRules(**values)
 
     def guild(self, data: Any, loc: tuple[str | int, ...]) -> GuildLayout:
         g = self.mapping(data, loc, "guild keys")

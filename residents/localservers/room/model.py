@@ -91,6 +91,16 @@ class Snowflakes:
         self._last = max(self._last + 1, discord.utils.time_snowflake(now()))
         return self._last
 
+    def milliseconds_apart(self, n: int) -> list[int]:
+        """`n` ids in consecutive milliseconds of their own (`id >> 22` one apart): guilds built together
+        then sit on consecutive shards (`(guild_id >> 22) % num_shards`), spread evenly in the order built,
+        as guilds created over months spread on Discord."""
+        first = max(((self._last >> 22) + 1) << 22, discord.utils.time_snowflake(now()))
+        ids = [first + (i << 22) for i in range(n)]
+        if ids:
+            self._last = ids[-1]
+        return ids
+
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
@@ -268,17 +278,27 @@ class Command:
         return int(self.data.get("type", 1))
 
 
+# Message component types, as Discord numbers them (the local room implements these two)
+COMPONENT_ACTION_ROW = 1
+COMPONENT_BUTTON = 2
+BUTTON_LINK = 5  # the button style that opens a URL and sends no interaction
+
+# Interaction types, as Discord numbers them
+INTERACTION_COMMAND = 2
+INTERACTION_COMPONENT = 3  # MESSAGE_COMPONENT: a person pressed a button on a bot's message
+
+
 @dataclass(eq=False)
 class Interaction:
-    """One application-command invocation (a slash command, or a message command on `target`) and
-    everything the bot answered."""
+    """One interaction and everything the bot answered: an application-command invocation (a slash
+    command, or a message command on `target`), or a press of the button `custom_id` on `source`."""
 
     id: int
     token: str
     bot: User
     channel: Channel
     user: User
-    command: Command
+    command: Command | None
     options: list[dict[str, Any]]
     created: float = field(default_factory=time.monotonic)
     callback_type: int | None = None
@@ -288,10 +308,24 @@ class Interaction:
     responses: list[dict[str, Any]] = field(default_factory=list)
     payload: dict[str, Any] = field(default_factory=dict)  # INTERACTION_CREATE's body, fixed when invoked
     target: Message | None = None  # a message command's (type 3) message: `data.target_id`, resolved
+    source: Message | None = None  # a component interaction's message: the one whose button was pressed
+    custom_id: str | None = None  # ... and the pressed button's custom_id
+
+    @property
+    def type(self) -> int:
+        return INTERACTION_COMMAND if self.command is not None else INTERACTION_COMPONENT
+
+    @property
+    def name(self) -> str:
+        """What the room's API and page call it: the command's name, or the pressed button's custom_id."""
+        return self.command.name if self.command is not None else str(self.custom_id)
 
     @property
     def message_type(self) -> int:
-        """The type of the messages that answer it: a slash command's, or a context menu command's."""
+        """The type of the messages that answer it: a slash command's, a context menu command's, or (a
+        component's) a plain message."""
+        if self.command is None:
+            return MSG_DEFAULT
         return MSG_CHAT_INPUT_COMMAND if self.command.type == 1 else MSG_CONTEXT_MENU_COMMAND
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import discord
 
 from .model import (
+    COMPONENT_BUTTON,
     FLAG_EPHEMERAL,
     FLAG_LOADING,
     Attachment,
@@ -202,12 +203,15 @@ def message(msg: Message, *, nested: bool = False) -> dict[str, Any]:
         inter = msg.interaction
         data["interaction_metadata"] = {
             "id": str(inter.id),
-            "type": 2,
-            "name": inter.command.name,
+            "type": inter.type,
             "user": user(inter.user),
             "authorizing_integration_owners": {"0": str(g.id)},
         }
-        data["interaction"] = {"id": str(inter.id), "type": 2, "name": inter.command.name, "user": user(inter.user)}
+        if inter.command is not None:
+            data["interaction_metadata"]["name"] = inter.command.name
+            data["interaction"] = {"id": str(inter.id), "type": 2, "name": inter.command.name, "user": user(inter.user)}
+        elif inter.source is not None:
+            data["interaction_metadata"]["interacted_message_id"] = str(inter.source.id)
     if msg.reference is not None:
         data["message_reference"] = {
             "type": 0,
@@ -272,25 +276,34 @@ def interaction(
     app_perms: discord.Permissions,
     resolved: dict[str, Any],
 ) -> dict[str, Any]:
-    """INTERACTION_CREATE: `member.permissions` is the invoker's permissions in the channel, overwrites applied."""
+    """INTERACTION_CREATE: `member.permissions` is the invoker's permissions in the channel, overwrites applied.
+
+    A command's carries its name and options; a button's (type 3) its `custom_id` and the message it is on."""
     g = inter.channel.guild
-    data: dict[str, Any] = {
-        "id": str(inter.command.id),
-        "name": inter.command.name,
-        "type": inter.command.type,
-        "resolved": resolved,
-    }
-    if inter.target is not None:
-        data["target_id"] = str(inter.target.id)
+    extra: dict[str, Any] = {}
+    if inter.command is None:
+        data: dict[str, Any] = {"custom_id": inter.custom_id, "component_type": COMPONENT_BUTTON}
+        if inter.source is not None:
+            extra["message"] = message(inter.source)
     else:
-        data["options"] = inter.options
-    if inter.command.guild_id is not None:
-        data["guild_id"] = str(inter.command.guild_id)
+        data = {
+            "id": str(inter.command.id),
+            "name": inter.command.name,
+            "type": inter.command.type,
+            "resolved": resolved,
+        }
+        if inter.target is not None:
+            data["target_id"] = str(inter.target.id)
+        else:
+            data["options"] = inter.options
+        if inter.command.guild_id is not None:
+            data["guild_id"] = str(inter.command.guild_id)
     return {
         "id": str(inter.id),
         "application_id": str(inter.bot.application_id),
-        "type": 2,
+        "type": inter.type,
         "data": data,
+        **extra,
         "guild_id": str(g.id),
         "guild": {"id": str(g.id), "locale": "en-US", "features": []},
         "channel_id": str(inter.channel.id),
@@ -311,7 +324,7 @@ def interaction(
 def callback_interaction(inter: Interaction, msg: Message | None) -> dict[str, Any]:
     return {
         "id": str(inter.id),
-        "type": 2,
+        "type": inter.type,
         "activity_instance_id": None,
         "response_message_id": str(msg.id) if msg else None,
         "response_message_loading": bool(msg and msg.flags & FLAG_LOADING),
@@ -350,10 +363,11 @@ def room_view(msg: Message) -> dict[str, Any]:
         "ephemeral": bool(msg.flags & FLAG_EPHEMERAL),
         "loading": bool(msg.flags & FLAG_LOADING),
         "interaction": (
-            {"name": msg.interaction.command.name, "user": msg.interaction.user.name, "id": str(msg.interaction.id)}
+            {"name": msg.interaction.name, "user": msg.interaction.user.name, "id": str(msg.interaction.id)}
             if msg.interaction
             else None
         ),
+        "components": msg.components,
         "nonce": msg.nonce,
         "deleted": msg.deleted,
     }

@@ -32,6 +32,7 @@ class DiscordRest:
         r.add_get(f"{API}/oauth2/applications/@me", self.application)
         r.add_get(f"{API}/applications/@me", self.application)
         r.add_get(f"{API}/gateway", self.gateway)
+        r.add_get(f"{API}/gateway/bot", self.gateway_bot)
         r.add_get(f"{API}/channels/{{channel_id}}", self.get_channel)
         r.add_get(f"{API}/channels/{{channel_id}}/messages", self.list_messages)
         r.add_post(f"{API}/channels/{{channel_id}}/messages", self.create_message)
@@ -102,6 +103,18 @@ class DiscordRest:
 
     async def gateway(self, request: web.Request) -> web.Response:
         return json_response({"url": self.gateway_url()})
+
+    async def gateway_bot(self, request: web.Request) -> web.Response:
+        """Discord's `GET /gateway/bot`: the URL, the shard count it recommends for the bot's guilds (the
+        room's `sharding.guilds_per_shard`; what `discord.shards: auto` runs), and session start limits
+        (`max_concurrency`: IDENTIFYs per 5 seconds)."""
+        bot = self.auth(request)
+        rules = self.state.layout.sharding
+        guilds = sum(1 for g in self.state.guilds.values() if bot.id in g.members)
+        limits = {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": rules.max_concurrency}
+        return json_response(
+            {"url": self.gateway_url(), "shards": rules.recommended(guilds), "session_start_limit": limits}
+        )
 
     # ----- channels and messages -------------------------------------------------------------
 

@@ -68,6 +68,16 @@ class Room(Protocol):
         settle: float = ...,
         target: str | None = ...,
     ) -> dict[str, Any]: ...
+    async def press_button(
+        self,
+        channel: str,
+        member: str,
+        message_id: str,
+        custom_id: str,
+        *,
+        timeout: float = ...,
+        settle: float = ...,
+    ) -> dict[str, Any]: ...
     async def annotations(self, message_ids: Sequence[str]) -> dict[str, dict[str, Any]]: ...
     def faults_view(self) -> dict[str, Any]: ...
     def fail_message_posts(
@@ -81,8 +91,8 @@ class Room(Protocol):
         after_create: bool = ...,
         refuse_seconds: float | None = ...,
     ) -> None: ...
-    async def drop_gateway(self, *, hold: bool = ...) -> int: ...
-    async def invalidate_sessions(self, *, hold: bool = ...) -> int: ...
+    async def drop_gateway(self, *, hold: bool = ..., shard: int | None = ...) -> int: ...
+    async def invalidate_sessions(self, *, hold: bool = ..., shard: int | None = ...) -> int: ...
     async def refuse_connections(self, seconds: float) -> None: ...
     def release_gateway(self) -> None: ...
     def subscribe_events(self) -> asyncio.Queue[dict[str, Any] | None]: ...
@@ -120,6 +130,7 @@ class RoomApi:
         r.add_get(f"/_room/channels/{CHANNEL}/messages", self.list_messages)
         r.add_post(f"/_room/channels/{CHANNEL}/messages", self.post_message)
         r.add_post("/_room/commands", self.invoke_command)
+        r.add_post("/_room/buttons", self.press_button)
         r.add_get("/_room/faults", self.get_faults)
         r.add_post("/_room/faults", self.post_faults)
         r.add_delete("/_room/faults", self.clear_faults)
@@ -182,6 +193,22 @@ class RoomApi:
         )
         return json_response(result)
 
+    async def press_button(self, request: web.Request) -> web.Response:
+        """`member` presses the button `custom_id` on `message_id` in `channel`; the answers they saw, as for a command."""
+        body = require_dict((await read_body(request))[0])
+        for key in ("channel", "member", "message_id", "custom_id"):
+            if not body.get(key):
+                raise ApiError(400, 50035, f'"{key}" is required')
+        result = await self.server.press_button(
+            str(body["channel"]),
+            str(body["member"]),
+            str(body["message_id"]),
+            str(body["custom_id"]),
+            timeout=float(body.get("timeout", 10.0)),
+            settle=float(body.get("settle", 0.25)),
+        )
+        return json_response(result)
+
     async def get_annotations(self, request: web.Request) -> web.Response:
         """`?ids=1,2,3` -> {id: {"kind": ..., "generation_id": ...}} from the server's annotator."""
         ids = [i for i in request.query.get("ids", "").split(",") if i.strip()]
@@ -226,10 +253,13 @@ class RoomApi:
                 after_create=bool(post.get("after_create", False)),
                 refuse_seconds=float(post["refuse_seconds"]) if post.get("refuse_seconds") is not None else None,
             )
+        shard = body.get("shard")
+        if shard is not None and (isinstance(shard, bool) or not isinstance(shard, int) or shard < 0):
+            raise ApiError(400, 50035, '"shard" must be a shard id (a whole number, 0 or more)')
         if body.get("invalidate_sessions"):
-            await self.server.invalidate_sessions(hold=bool(body.get("hold", False)))
+            await self.server.invalidate_sessions(hold=bool(body.get("hold", False)), shard=shard)
         elif body.get("drop_gateway"):
-            await self.server.drop_gateway(hold=bool(body.get("hold", False)))
+            await self.server.drop_gateway(hold=bool(body.get("hold", False)), shard=shard)
         if body.get("release_gateway"):
             self.server.release_gateway()
         refuse = body.get("refuse_connections")

@@ -174,7 +174,23 @@ class RoomServer:
                 }
                 for p in state.people_by_name.values()
             ],
-            "gateway": {"identifies": self.gateway.identifies, "resumes": self.gateway.resumes},
+            "gateway": {
+                "identifies": self.gateway.identifies,
+                "resumes": self.gateway.resumes,
+                "sessions": [
+                    {
+                        "bot": s.bot.name,
+                        "shard": list(s.shard) if s.shard is not None else None,
+                        "connected": s.conn is not None,
+                    }
+                    for s in self.gateway.live_sessions()
+                ],
+                "sharding": {
+                    "guilds_per_shard": state.layout.sharding.guilds_per_shard,
+                    "max_guilds_per_session": state.layout.sharding.max_guilds_per_session,
+                    "max_concurrency": state.layout.sharding.max_concurrency,
+                },
+            },
             "annotator": self._annotator is not None,
             "show": self._show.status() if self._show is not None else None,
         }
@@ -313,6 +329,36 @@ class RoomServer:
             "timed_out": timed_out,
         }
 
+    async def press_button(
+        self,
+        channel: str,
+        member: str,
+        message_id: str,
+        custom_id: str,
+        *,
+        timeout: float = 10.0,
+        settle: float = 0.25,
+    ) -> dict[str, Any]:
+        """`member` presses the button `custom_id` on message `message_id` of `channel`, as Discord's client
+        does; waits for the answer and follow-ups (quiet for `settle` s), as `invoke_command` does."""
+        ch = self.state.channel_by_ref(channel)
+        message = self.state.message(ch, message_id)
+        if message.author.bot and not self.gateway.live_sessions(message.author):
+            raise ApiError(409, 0, f"bot {message.author.name!r} has no gateway session")
+        inter = self.desk.press(ch, member, message_id, custom_id)
+        timed_out = await self._await_responses(inter, timeout, settle)
+        return {
+            "interaction_id": str(inter.id),
+            "custom_id": custom_id,
+            "message_id": str(message.id),
+            "bot": inter.bot.name,
+            "member": inter.user.name,
+            "channel": ch.ref,
+            "permissions": [n for n, on in self.state.permissions(inter.user, ch) if on],
+            "responses": list(inter.responses),
+            "timed_out": timed_out,
+        }
+
     async def _await_responses(self, inter: Interaction, timeout: float, settle: float) -> bool:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -321,7 +367,8 @@ class RoomServer:
             now = loop.time()
             if len(inter.responses) != last_count:
                 last_count, last_change = len(inter.responses), now
-            complete = any(r["kind"] != "callback" or r["type"] == 4 for r in inter.responses)
+            # a message (4) or an edit of the button's message (7) answers at once; 5 and 6 wait for a follow-up
+            complete = any(r["kind"] != "callback" or r["type"] in (4, 7) for r in inter.responses)
             if complete and now - last_change >= settle:
                 return False
             if now >= deadline:
@@ -395,14 +442,16 @@ class RoomServer:
             refuse_seconds=refuse_seconds,
         )
 
-    async def drop_gateway(self, *, hold: bool = False) -> int:
-        """Close all bots' websockets with 4000 (resumable); `hold` keeps them out until release_gateway()."""
-        return await self.gateway.drop(hold=hold)
+    async def drop_gateway(self, *, hold: bool = False, shard: int | None = None) -> int:
+        """Close all bots' websockets with 4000 (resumable), or only those of shard `shard`; `hold` keeps
+        them out until release_gateway()."""
+        return await self.gateway.drop(hold=hold, shard=shard)
 
-    async def invalidate_sessions(self, *, hold: bool = False) -> int:
-        """End every bot's gateway session (its RESUME gets INVALID_SESSION, so it identifies anew and misses
-        what was said meanwhile); `hold` keeps them out until release_gateway()."""
-        return await self.gateway.invalidate(hold=hold)
+    async def invalidate_sessions(self, *, hold: bool = False, shard: int | None = None) -> int:
+        """End every bot's gateway session, or only those of shard `shard` (its RESUME gets INVALID_SESSION,
+        so it identifies anew and misses what was said meanwhile); `hold` keeps them out until
+        release_gateway()."""
+        return await self.gateway.invalidate(hold=hold, shard=shard)
 
     def release_gateway(self) -> None:
         self.gateway.release()
@@ -455,7 +504,8 @@ class RoomServer:
             return {
                 "type": "interaction_response",
                 "interaction_id": str(event.interaction.id),
-                "command": event.interaction.command.name,
+                "command": event.interaction.name,
+                "custom_id": event.interaction.custom_id,
                 "member": event.interaction.user.name,
                 "channel_id": str(event.interaction.channel.id),
                 "response": event.response,

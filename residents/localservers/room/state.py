@@ -116,11 +116,12 @@ class RoomState:
         self.attachments: dict[int, Attachment] = {}
         self._nonces: dict[tuple[int, str], tuple[float, Message]] = {}
         self._listeners: list[Listener] = []
-        for spec in self.layout.guilds:
-            self._build_guild(spec)
+        guild_ids = self.ids.milliseconds_apart(len(self.layout.guilds))
+        for spec, guild_id in zip(self.layout.guilds, guild_ids, strict=True):
+            self._build_guild(spec, guild_id)
 
-    def _build_guild(self, spec: GuildLayout) -> Guild:
-        g = Guild(id=self.ids.next(), name=spec.name, owner_id=self.owner_id)
+    def _build_guild(self, spec: GuildLayout, guild_id: int) -> Guild:
+        g = Guild(id=guild_id, name=spec.name, owner_id=self.owner_id)
         g.roles[g.id] = Role(g.id, "@everyone", EVERYONE_PERMS, 0)
         bots = Role(self.ids.next(), BOTS_ROLE, discord.Permissions(EVERYONE_PERMS.value | BOT_PERMS.value), 1)
         g.roles[bots.id] = bots
@@ -359,9 +360,7 @@ class RoomState:
                     log.info("nonce %s from %s matched message %s: not creating another", nonce, author.name, hit[1].id)
                     return hit[1]
         embeds = validation.check_embeds(body.get("embeds"))
-        components = body.get("components") or []
-        if not isinstance(components, list):
-            raise form_error(["components"], "BASE_TYPE_ARRAY", "Must be an array.")
+        components = validation.check_components(body.get("components"))
         files = [self._store_attachment(channel, name, data, ctype) for name, data, ctype in attachments]
         if (
             not allow_empty
@@ -409,18 +408,22 @@ class RoomState:
         validation.apply_mentions(msg, self.users, self.permissions(msg.author, msg.channel).mention_everyone)
 
     def edit_message(self, msg: Message, body: dict[str, Any], *, editor: User | None = None) -> Message:
-        """PATCH a message: content, embeds, allowed_mentions (the parts anything here edits)."""
+        """PATCH a message: content, embeds, components, allowed_mentions (the parts anything here edits).
+
+        Checked whole before anything changes, so a refused edit leaves the message as it was. An edit
+        of content or embeds marks it edited; one of its components alone (a button taken away) does not."""
         if editor is not None and msg.author is not editor:
             raise ApiError(403, 50005, "Cannot edit a message authored by another user")
-        if "content" in body:
-            msg.content = validation.check_content(body["content"])
-        if "embeds" in body:
-            msg.embeds = validation.check_embeds(body["embeds"])
+        content = validation.check_content(body["content"]) if "content" in body else msg.content
+        embeds = validation.check_embeds(body["embeds"]) if "embeds" in body else msg.embeds
+        components = validation.check_components(body["components"]) if "components" in body else msg.components
+        if not content.strip() and not embeds and not msg.attachments and not components:
+            raise validation.empty_message()
+        if "content" in body or "embeds" in body:
+            msg.edited_at = discord.utils.utcnow()
+        msg.content, msg.embeds, msg.components = content, embeds, components
         if "allowed_mentions" in body:
             msg.allowed_mentions = body["allowed_mentions"]
-        if not msg.content.strip() and not msg.embeds and not msg.attachments:
-            raise validation.empty_message()
-        msg.edited_at = discord.utils.utcnow()
         self._apply_mentions(msg)
         if not msg.ephemeral and msg.channel.by_id.get(msg.id) is msg:
             self.emit(RoomEvent("message_update", message=msg))

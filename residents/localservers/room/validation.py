@@ -1,7 +1,7 @@
 """Discord's rules for what a bot sends, so a resident that breaks one fails here as it would there.
 
-Message content and embeds, replies, allowed mentions (who a message really pings), and the shape
-of application commands a bot syncs.
+Message content, embeds and components (action rows of buttons), replies, allowed mentions (who a
+message really pings), and the shape of application commands a bot syncs.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .model import ApiError, Channel, Message, User, form_error
+from .model import BUTTON_LINK, COMPONENT_ACTION_ROW, COMPONENT_BUTTON, ApiError, Channel, Message, User, form_error
 
 MAX_CONTENT = 2000
 USER_MENTION = re.compile(r"<@!?(\d{1,20})>")
@@ -44,6 +44,93 @@ def check_embeds(embeds: Any) -> list[dict[str, Any]]:
             if embed.get(key) is not None and len(str(embed[key])) > limit:
                 raise form_error(["embeds", i, key], "BASE_TYPE_MAX_LENGTH", f"Must be {limit} or fewer in length.")
     return [dict(e) for e in embeds]
+
+
+MAX_ROWS = 5  # action rows in a message
+MAX_ROW_BUTTONS = 5  # buttons in an action row
+MAX_LABEL = 80
+MAX_CUSTOM_ID = 100
+MAX_URL = 512
+
+
+def check_components(components: Any) -> list[dict[str, Any]]:
+    """Action rows (type 1) of buttons (type 2), as Discord checks them: at most 5 rows of 1-5 buttons;
+    a button has a style 1-5, a label of at most 80 characters, and either a `custom_id` (1-100
+    characters, unique in the message; styles 1-4) or a `url` (style 5, a link), never both.
+    Other component types exist on Discord; the local room refuses them by name rather than pretend."""
+    if components is None:
+        return []
+    if not isinstance(components, list):
+        raise form_error(["components"], "BASE_TYPE_ARRAY", "Must be an array.")
+    if len(components) > MAX_ROWS:
+        raise form_error(["components"], "BASE_TYPE_MAX_LENGTH", f"Must be {MAX_ROWS} or fewer in length.")
+    seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    for i, row in enumerate(components):
+        path: list[str | int] = ["components", i]
+        if not isinstance(row, dict):
+            raise form_error(path, "MODEL_TYPE_CONVERT", "Only dictionaries may be used in a ModelType")
+        if row.get("type") != COMPONENT_ACTION_ROW:
+            raise form_error(
+                [*path, "type"],
+                "UNION_TYPE_CHOICES",
+                'Value of field "type" must be one of (1,): top-level components are action rows here',
+            )
+        children = row.get("components")
+        if not isinstance(children, list) or not 1 <= len(children) <= MAX_ROW_BUTTONS:
+            raise form_error(
+                [*path, "components"], "BASE_TYPE_BAD_LENGTH", f"Must be between 1 and {MAX_ROW_BUTTONS} in length."
+            )
+        buttons = [_check_button(b, [*path, "components", j], seen) for j, b in enumerate(children)]
+        rows.append({"type": COMPONENT_ACTION_ROW, "components": buttons, **({"id": row["id"]} if "id" in row else {})})
+    return rows
+
+
+def _check_button(button: Any, path: list[str | int], seen: set[str]) -> dict[str, Any]:
+    if not isinstance(button, dict):
+        raise form_error(path, "MODEL_TYPE_CONVERT", "Only dictionaries may be used in a ModelType")
+    if button.get("type") != COMPONENT_BUTTON:
+        raise form_error(
+            [*path, "type"],
+            "UNION_TYPE_CHOICES",
+            'Value of field "type" must be one of (2,): the local room implements buttons only',
+        )
+    style = button.get("style")
+    if not isinstance(style, int) or isinstance(style, bool) or not 1 <= style <= BUTTON_LINK:
+        raise form_error([*path, "style"], "BASE_TYPE_CHOICES", "Value must be one of {1, 2, 3, 4, 5}.")
+    label = button.get("label")
+    if label is not None and (not isinstance(label, str) or len(label) > MAX_LABEL):
+        raise form_error([*path, "label"], "BASE_TYPE_MAX_LENGTH", f"Must be {MAX_LABEL} or fewer in length.")
+    if not label and not button.get("emoji"):
+        raise form_error(path, "BUTTON_COMPONENT_INVALID", "A button needs a label or an emoji.")
+    custom_id, url = button.get("custom_id"), button.get("url")
+    if style == BUTTON_LINK:
+        if custom_id is not None:
+            raise form_error(
+                [*path, "custom_id"], "BUTTON_COMPONENT_LINK_HAS_CUSTOM_ID", "A link button cannot have a custom id."
+            )
+        if not isinstance(url, str) or not 1 <= len(url) <= MAX_URL:
+            raise form_error([*path, "url"], "BUTTON_COMPONENT_LINK_REQUIRES_URL", "A link button requires a url.")
+    else:
+        if url is not None:
+            raise form_error([*path, "url"], "BUTTON_COMPONENT_URL_NOT_ALLOWED", "A non-link button cannot have a url.")
+        if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= MAX_CUSTOM_ID:
+            raise form_error(
+                [*path, "custom_id"], "BASE_TYPE_BAD_LENGTH", f"Must be between 1 and {MAX_CUSTOM_ID} in length."
+            )
+        if custom_id in seen:
+            raise form_error(
+                [*path, "custom_id"], "COMPONENT_CUSTOM_ID_DUPLICATED", "Component custom id cannot be duplicated"
+            )
+        seen.add(custom_id)
+    out = {k: button[k] for k in ("type", "style", "label", "emoji", "custom_id", "url", "id") if k in button}
+    out["disabled"] = bool(button.get("disabled", False))
+    return out
+
+
+def buttons(components: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every button of a message's (validated) components, row by row."""
+    return [b for row in components for b in row.get("components", [])]
 
 
 def shows_something(embeds: list[dict[str, Any]]) -> bool:

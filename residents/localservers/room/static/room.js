@@ -4,6 +4,8 @@
  * A room built from a layout has several guilds: a selector picks one, and channels are
  * named guild/channel in the address. Where a script plays in the room (the demo), the header
  * shows its progress and a "Play again" control, and its moderator's answers appear in the panel.
+ * A bot's buttons show under its message; pressing one acts as the person named in the message box,
+ * and its (ephemeral) answer appears in the panel.
  * Narrow screens keep the chat: channels become a drawer and the panel a sheet below it. */
 "use strict";
 
@@ -250,6 +252,8 @@ function messageItem(m, prev) {
   }
   if (m.loading) body.insertAdjacentHTML("beforeend", '<span class="thinking">is thinking…</span>');
   li.append(body);
+  const rows = (m.components || []).filter((r) => (r.components || []).length);
+  if (rows.length) li.append(componentsOf(m, rows));
   const mark = document.createElement("button");
   mark.type = "button";
   mark.className = "kind-mark";
@@ -261,6 +265,62 @@ function messageItem(m, prev) {
   if (RoomMarkdown.allSubtext(m.content)) li.classList.add("boundary");
   applyKind(li, m);
   return li;
+}
+
+/* A message's buttons (action rows of type-2 components), as Discord shows them under the text. A link
+ * button opens its URL; any other is pressed as the person named in the message box (`POST /_room/buttons`). */
+function componentsOf(m, rows) {
+  const box = document.createElement("div");
+  box.className = "components";
+  for (const row of rows) {
+    const line = document.createElement("div");
+    line.className = "action-row";
+    for (const b of row.components) {
+      let el;
+      if (b.style === 5) {
+        el = Object.assign(document.createElement("a"), {href: b.url, target: "_blank", rel: "noopener"});
+        el.className = "component style-5";
+      } else {
+        el = Object.assign(document.createElement("button"), {type: "button", disabled: Boolean(b.disabled)});
+        el.className = `component style-${b.style}`;
+        el.dataset.customId = b.custom_id;
+        el.addEventListener("click", () => pressButton(m, b, el));
+      }
+      el.textContent = b.label || "";
+      line.append(el);
+    }
+    box.append(line);
+  }
+  return box;
+}
+
+async function pressButton(m, b, el) {
+  const member = $("#author").value.trim();
+  const error = $("#post-error");
+  if (!member) {
+    error.textContent = "Type your name in the message box to press a button as yourself.";
+    error.hidden = false;
+    $("#author").focus();
+    return;
+  }
+  error.hidden = true;
+  el.disabled = true;
+  const entry = ephemeralEntry(`${b.label} · ${m.author}`, `${member} pressed it · only they see this`);
+  const answer = entry.querySelector(".answer");
+  if (!narrow()) openPanel();
+  else if ($("#mod").hidden) $("#mod-toggle").classList.add("news");
+  try {
+    const out = await api("POST", "/_room/buttons", {
+      channel: room.channelId, member, message_id: m.id, custom_id: b.custom_id, timeout: 15,
+    });
+    renderAnswer(answer, out.responses, out.timed_out);
+  } catch (err) {
+    answer.innerHTML = `<p class="error"></p>`;
+    answer.querySelector("p").textContent = `Not pressed: ${err.message}`;
+  } finally {
+    entry.classList.remove("running");
+    el.disabled = Boolean(b.disabled);  // a button its bot took away is gone with its message's update
+  }
 }
 
 /* A message's kind: the annotator's answer; a person's message is speech; a bot's message the
