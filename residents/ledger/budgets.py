@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..records import BudgetRefusal, Post
 from . import chain
+from .connection import POSTGRESQL
 from .store import Ledger
 
 # Input is every token the provider read: not cached, written to its cache, read from it. The attempts of
@@ -23,6 +24,14 @@ SPENT = (
     " WHERE a.started_at >= $1 AND g.residence = $2"
 )
 SPENT_BY_PERSON = SPENT + " AND g.person = $3"
+# PostgreSQL's join is `JOIN` (SQLite's `CROSS JOIN` keeps its order: the attempts first).
+POSTGRESQL[SPENT] = (
+    "SELECT coalesce(sum(a.input_tokens), 0) + coalesce(sum(a.cache_write_tokens), 0)"
+    " + coalesce(sum(a.cache_read_tokens), 0), coalesce(sum(a.output_tokens), 0)"
+    " FROM attempts a JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.started_at >= $1 AND g.residence = $2"
+)
+POSTGRESQL[SPENT_BY_PERSON] = POSTGRESQL[SPENT] + " AND g.person = $3"
 TOLD = (
     "SELECT 1 FROM budget_refusals WHERE residence = $1 AND channel = $2 AND day = $3 AND post_id IS NOT NULL LIMIT 1"
 )
