@@ -27,12 +27,21 @@ import pgkit
 import pytest
 from conftest import Pipeline, Room, residence
 
-from residents import cli
-from residents.ledger import Ledger, LedgerError, chain
+from residents import cli, truth
+from residents.ledger import Ledger, LedgerError, budgets, chain
 from residents.ledger.migrations import MIGRATIONS
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
-from residents.records import Attempt, Generation, Post, Segment, Stump
+from residents.records import (
+    Attempt,
+    BudgetRefusal,
+    Generation,
+    Post,
+    PostKind,
+    PostReason,
+    Segment,
+    Stump,
+)
 
 pytestmark = pytest.mark.e2e  # a server, the whole CLI and a second `residents` process
 
@@ -463,3 +472,96 @@ def test_a_url_without_a_ledger_or_a_server_is_one_line_from_every_verb(
     assert len(err) == 1 and "cannot open the ledger" in err[0] and "secret" not in err[0], err
     assert "Traceback" not in "\n".join(err)
     assert rows(empty, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
+
+
+DAY = 1_800_000_000.0  # 2027-01-15 08:00 UTC: every time of `write_spending`
+
+
+async def write_spending(location: str) -> tuple[budgets.Spent, budgets.Spent, bool]:
+    """One fixed day of provider calls and a spent budget: two settled attempts with the provider's counts
+    (cache writes and reads among them), one it gave no counts for, and a reply the budget refused with the
+    channel's notice. What the ledger's budget reads say of it: spent by the residence and by one person,
+    and whether the channel was told."""
+    async with Ledger.open(location) as lg:
+        for n, (person, counts) in enumerate([("u-1", (100, 20, 300, 40)), ("u-2", (7, 0, 0, 3)), ("u-1", None)]):
+            g = Generation(
+                id=f"g-{n}",
+                residence="cairn",
+                channel="room",
+                model="claude-fable-5-2",
+                created_at=DAY + n,
+                person=person,
+            )
+            a = Attempt(id=f"a-{n}", generation_id=g.id, segment=0, index=0, started_at=DAY + n)
+            await lg.start_attempt(a, new_generation=g)
+            a.text, a.outcome, a.stop_reason, a.ended_at = "words", "completed", "end_turn", DAY + n + 0.5
+            if counts is not None:
+                a.input_tokens, a.cache_write_tokens, a.cache_read_tokens, a.output_tokens = counts
+            g.text, g.status, g.stop_reason, g.finished_at = "words", "completed", "end_turn", DAY + n + 0.5
+            g.segments = [Segment(0, a.id, "end_turn", 5, a.output_tokens)]
+            await lg.finish_generation(g, [], last_attempt=a)
+            post = Post(id=f"p-{n}", generation_id=g.id, seq=1, kind=PostKind.SPEECH, content="words", channel="room")
+            await lg.add_posts([post])
+            await lg.mark_delivered(post, f"m-{n}")
+        line = truth.budget_notice("input", "residence", 400)
+        notice = Post(
+            id="p-b",
+            generation_id=None,
+            seq=1,
+            kind=PostKind.NOTICE,
+            content=line,
+            channel="room",
+            reason=PostReason.BUDGET_REACHED,
+        )
+        refusal = BudgetRefusal(
+            id="b-1",
+            residence="cairn",
+            channel="room",
+            trigger="m-5",
+            person="u-1",
+            scope="residence",
+            tokens="input",
+            budget=400,
+            spent=427,
+            day="2027-01-15",
+            post_id="p-b",
+            created_at=DAY + 9,
+        )
+        await budgets.refuse(lg, refusal, [notice])
+        await lg.mark_delivered(notice, "m-6")
+        told = await budgets.told(lg, "cairn", "room", "2027-01-15")
+        return await budgets.spent(lg, "cairn", DAY), await budgets.spent(lg, "cairn", DAY, "u-1"), told
+
+
+async def test_a_budget_refusal_and_usage_counts_round_trip_and_verify_on_both_backends(
+    tmp_path: Path, pg_server: pgkit.Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The provider's counts, a refusal of a spent budget and its notice read back the same from either
+    backend: the budget's sums, `residents usage --json` by residence, channel and day, the refusal's
+    chain entry (one head on both), and a strict verify."""
+    monkeypatch.setattr(chain, "time", types.SimpleNamespace(time=lambda: DAY))  # each entry's `at`
+    on_sqlite, url = str(tmp_path / "l.db"), pg_server.create()
+    spent = [await write_spending(where) for where in (on_sqlite, url)]
+    assert spent[0] == spent[1] == (budgets.Spent(427, 43), budgets.Spent(420, 40), True)
+    reports = {}
+    for where in (on_sqlite, url):
+        for by in ("residence", "channel", "day"):
+            assert await asyncio.to_thread(cli.main, ["usage", "--db", where, "--by", by, "--json"]) == 0
+            reports[where, by] = json.loads(capsys.readouterr().out)
+        assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", where, "--strict"]) == 0
+        assert capsys.readouterr().out.count("\n") == 1
+    for by in ("residence", "channel", "day"):
+        assert reports[on_sqlite, by] == reports[url, by]
+    [day] = reports[url, "day"]["rows"]
+    assert (day["day"], day["attempts"], day["attempts_without_counts"]) == ("2027-01-15", 3, 1)
+    assert (day["input_tokens"], day["cache_write_tokens"], day["cache_read_tokens"], day["output_tokens"]) == (
+        107,
+        20,
+        300,
+        43,
+    )
+    assert day["estimated_cost_usd"] is not None and day["estimated_cost_usd"] > 0
+    chains = [rows(where, "SELECT seq, kind, record, body, hash FROM chain ORDER BY seq") for where in (on_sqlite, url)]
+    assert [tuple(r) for r in chains[0]] == [tuple(r) for r in chains[1]]
+    assert [r[1:3] for r in chains[1] if r[1] == "budget-refusal"] == [("budget-refusal", "b-1")]
+    assert rows(url, "SELECT id, budget, spent, post_id FROM budget_refusals") == [("b-1", 400, 427, "p-b")]
