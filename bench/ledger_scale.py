@@ -38,6 +38,7 @@ from typing import Any
 from residents.delivery.plan import plan
 from residents.ledger import Ledger, chain
 from residents.ledger.access import own_stumps
+from residents.ledger.connection import sqlite_session
 from residents.ledger.requests import Part
 from residents.records import Attempt, Generation, Post, Segment, Stump, new_id, numbered
 from residents.truth import RETRY_ABANDONED, stump_cause
@@ -77,7 +78,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
     asyncio.run(migrate())
     rng = random.Random(seed)
     corpus = _texts(rng)
-    conn = sqlite3.connect(path, isolation_level=None)
+    conn = sqlite_session(path)  # the ledger's statements: `$n` parameters, bound by number
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("PRAGMA cache_size=-200000")
@@ -135,7 +136,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
                 a = Attempt(id=_id(rng, "a-"), generation_id=g.id, segment=1, index=1, started_at=at)
                 stmts.append(
                     (
-                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES ($1,$2,$3,$4,$5,$6)",
                         (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
                     )
                 )
@@ -202,7 +203,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
             for x in attempts:
                 stmts.append(
                     (
-                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                        "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES ($1,$2,$3,$4,$5,$6)",
                         (x.id, x.generation_id, x.segment, x.index, "streaming", x.started_at),
                     )
                 )
@@ -226,7 +227,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
         if first + batch >= n:  # the last few posts of the ledger wait for delivery, as after a crash
             deliveries = deliveries[: max(0, len(deliveries) - UNDELIVERED)]
         for p, mid in deliveries:
-            stmts.append(("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (mid, time.time(), p.id)))
+            stmts.append(("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (mid, time.time(), p.id)))
             entries.append(("delivered", p.id, chain.delivered_payload(p.id, mid)))
         rows = []
         for kind, record, payload in entries:
@@ -242,7 +243,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
         conn.execute("BEGIN")
         for sql, rows_ in by_sql.items():
             conn.executemany(sql, rows_)
-        conn.executemany("INSERT INTO chain (seq, kind, record, prev, body, hash) VALUES (?,?,?,?,?,?)", rows)
+        conn.executemany("INSERT INTO chain (seq, kind, record, prev, body, hash) VALUES ($1,$2,$3,$4,$5,$6)", rows)
         conn.execute("COMMIT")
         if len(memo) > 200_000:
             memo.clear()
@@ -267,7 +268,7 @@ async def _reads(path: str, rounds: int) -> dict[str, dict[str, float]]:
         delivered = [
             r[0]
             for r in await lg.db.execute_fetchall(
-                "SELECT p.message_id FROM posts p CROSS JOIN generations g ON g.id = p.generation_id WHERE g.channel=?"
+                "SELECT p.message_id FROM posts p CROSS JOIN generations g ON g.id = p.generation_id WHERE g.channel=$1"
                 " AND p.message_id IS NOT NULL ORDER BY g.created_at DESC LIMIT 60",
                 (channel,),
             )

@@ -11,6 +11,7 @@ import re
 import types
 import typing
 import unicodedata
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -456,7 +457,24 @@ class Checkpoints(Strict):
     every: Annotated[int, BeforeValidator(duration_seconds)]  # seconds, written as a duration (1h, 30m)
 
 
+def _ledger_location(value: str) -> str:
+    """`ledger.db`: a SQLite file's path, or a PostgreSQL server's `postgresql://` URL."""
+    scheme = urllib.parse.urlsplit(value).scheme
+    if not value.strip():
+        raise ValueError("empty: give a path (SQLite) or a postgresql:// URL")
+    if "://" in value and scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"{scheme}:// is no ledger: give a path (SQLite) or a postgresql:// URL")
+    return value
+
+
+def _ledger_shorthand(value: Any) -> Any:
+    """`ledger: PATH-OR-URL` is `ledger: {db: PATH-OR-URL}`."""
+    return {"db": value} if isinstance(value, str) else value
+
+
 class LedgerSettings(Strict):
+    # Where the ledger is when no --db is given: a path (relative to the configuration folder) or a URL.
+    db: Annotated[str, AfterValidator(_ledger_location)] | None = None
     checkpoints: Checkpoints | None = None
 
 
@@ -464,7 +482,7 @@ class ProjectFile(Strict):
     """residents.yaml at the root of the configuration folder: settings for every residence there."""
 
     models: dict[str, ModelRow] = Field(default_factory=dict)
-    ledger: LedgerSettings = LedgerSettings()
+    ledger: Annotated[LedgerSettings, BeforeValidator(_ledger_shorthand)] = LedgerSettings()
 
 
 # The project-level file: its `models:` rows extend and override residents/models.yaml.

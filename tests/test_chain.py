@@ -307,7 +307,7 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
         # and a change to it is named like any other.
         await ledger._tx(
             [
-                ("UPDATE stumps SET published=0 WHERE id=?", (first.id,)),
+                ("UPDATE stumps SET published=0 WHERE id=$1", (first.id,)),
                 chain.append("stump_access", first.id, {"id": first.id, "access": "private"}),
             ]
         )

@@ -25,10 +25,10 @@ def appended(db: Path, change: str, params: tuple[Any, ...], kind: str, record: 
         async with Ledger.open(db) as lg:
             con = lg.db
             if kind == "post":
-                [row] = await con.execute_fetchall("SELECT * FROM posts WHERE id = ?", (record,))
+                [row] = await con.execute_fetchall("SELECT * FROM posts WHERE id = $1", (record,))
                 payload = chain.post_payload(rows.post(row))
             elif kind == "delivered":
-                [(mid,)] = await con.execute_fetchall("SELECT message_id FROM posts WHERE id = ?", (record,))
+                [(mid,)] = await con.execute_fetchall("SELECT message_id FROM posts WHERE id = $1", (record,))
                 payload = chain.delivered_payload(record, mid)
             else:
                 g = await lg.get_generation(record)

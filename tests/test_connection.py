@@ -23,7 +23,10 @@ async def test_calls_run_on_one_thread_in_the_order_asked(tmp_path) -> None:
         await db.execute("CREATE TABLE t (n INTEGER)")
         calls = [
             db.run(
-                lambda conn, n: (threads.append(threading.get_ident()), conn.execute("INSERT INTO t VALUES (?)", (n,))),
+                lambda conn, n: (
+                    threads.append(threading.get_ident()),
+                    conn.execute("INSERT INTO t VALUES ($1)", (n,)),
+                ),
                 n,
             )
             for n in range(50)

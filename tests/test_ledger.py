@@ -53,7 +53,7 @@ async def test_text_round_trips_byte_exact_through_the_real_pipeline(pipeline, t
         assert stored.text == text
         assert stored.attempts[0].text == text and stored.attempts[0].chars == len(text)
         assert [s.text for s in stored.stumps] == [text]
-        raw_bytes = (await fresh.db.execute_fetchall("SELECT text FROM generations WHERE id=?", (g.id,)))[0][0]
+        raw_bytes = (await fresh.db.execute_fetchall("SELECT text FROM generations WHERE id=$1", (g.id,)))[0][0]
         assert bytes(raw_bytes) == text.encode("utf-8", "surrogatepass")
     finally:
         await fresh.close()

@@ -40,20 +40,20 @@ READS = {
     "streaming attempts": store.STREAMING,
     "generations without posts": store.WITHOUT_POSTS,
     "undelivered posts": store.UNDELIVERED,
-    "posts by message": store.POSTS_BY_MESSAGE.format(marks="?,?,?"),
-    "generations": store.GENERATIONS.format(marks="?,?,?"),
-    "their blocks": store.GENERATION_BLOCKS.format(marks="?,?,?"),
-    "their attempts": store.GENERATION_ATTEMPTS.format(marks="?,?,?"),
-    "their segments": store.GENERATION_SEGMENTS.format(marks="?,?,?"),
-    "their stumps": store.GENERATION_STUMPS.format(marks="?,?,?"),
-    "their posts": store.GENERATION_POSTS.format(marks="?,?,?"),
-    "their requests' parts": store.REQUEST_PARTS.format(marks="?,?,?"),
-    "messages a resident answered": store.ANSWERED.format(marks="?,?,?"),
+    "posts by message": store.POSTS_BY_MESSAGE.format(marks="$1,$2,$3"),
+    "generations": store.GENERATIONS.format(marks="$1,$2,$3"),
+    "their blocks": store.GENERATION_BLOCKS.format(marks="$1,$2,$3"),
+    "their attempts": store.GENERATION_ATTEMPTS.format(marks="$1,$2,$3"),
+    "their segments": store.GENERATION_SEGMENTS.format(marks="$1,$2,$3"),
+    "their stumps": store.GENERATION_STUMPS.format(marks="$1,$2,$3"),
+    "their posts": store.GENERATION_POSTS.format(marks="$1,$2,$3"),
+    "their requests' parts": store.REQUEST_PARTS.format(marks="$1,$2,$3"),
+    "messages a resident answered": store.ANSWERED.format(marks="$1,$2,$3", residence=4),
     "latest generation": store.LATEST_GENERATION.format(channel=""),
-    "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=?"),
+    "latest generation in a channel": store.LATEST_GENERATION.format(channel=" AND channel=$2"),
     "live messages in progress": live.IN_PROGRESS,
-    "a record's latest entry of a kind": "SELECT max(seq) FROM chain WHERE record = ? AND kind = ?",
-    "messages a spent budget refused": store.BUDGET_REFUSED.format(marks="?,?,?"),
+    "a record's latest entry of a kind": "SELECT max(seq) FROM chain WHERE record = $1 AND kind = $2",
+    "messages a spent budget refused": store.BUDGET_REFUSED.format(marks="$1,$2,$3", residence=4),
     "a residence's tokens today": budgets.SPENT,
     "a person's tokens today": budgets.SPENT_BY_PERSON,
     "a channel told of a spent budget today": budgets.TOLD,
@@ -110,12 +110,19 @@ def violations(path: Any) -> list[str]:
     return asyncio.run(asyncio.wait_for(run(), 60))
 
 
+class _Nulls(dict[str, None]):
+    """Parameters for EXPLAIN QUERY PLAN: NULL for each `$n` a query names."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
 async def test_every_read_people_and_start_up_make_is_an_index_seek(tmp_path):
     """EXPLAIN QUERY PLAN of each read, on a ledger as migrations leave it (no ANALYZE, as in production):
     no table is scanned but along an index, and no listing sorts its whole table to take a page."""
     async with Ledger.open(tmp_path / "l.db") as lg:
         for name, sql in READS.items():
-            plan = [r[3] for r in await lg.db.execute_fetchall("EXPLAIN QUERY PLAN " + sql, [None] * sql.count("?"))]
+            plan = [r[3] for r in await lg.db.execute_fetchall("EXPLAIN QUERY PLAN " + sql, _Nulls())]
             for line in plan:
                 assert not re.match(r"SCAN \w+$", line) and ("SCAN" not in line or "INDEX" in line), (name, plan)
                 if name.startswith(PAGED):
@@ -132,7 +139,7 @@ async def test_start_up_finds_settled_generations_without_posts_through_the_sche
     assert [r[0] for r in await lg.db.execute_fetchall("SELECT planned FROM generations")] == [1]
     g = Generation(id="g-unplanned00", residence="cairn", channel="room", model="m", status="completed")
     await lg.create_generation(g)
-    await lg.db.execute("UPDATE generations SET status='completed' WHERE id=?", (g.id,))
+    await lg.db.execute("UPDATE generations SET status='completed' WHERE id=$1", (g.id,))
     assert await lg.generations_without_posts() == [g.id]
 
 
@@ -207,7 +214,7 @@ async def test_old_ledgers_requests_are_converted_and_read_back_byte_for_byte(tm
     for gid, blob in blobs.items():
         await db.execute(
             "INSERT INTO generations (id, residence, channel, model, status, standing, continuation_ended, request,"
-            " created_at) VALUES (?, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', ?, 1.0)",
+            " created_at) VALUES ($1, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', $2, 1.0)",
             (gid, blob),
         )
     await db.close()
@@ -236,7 +243,7 @@ async def test_an_old_ledgers_odd_requests_are_kept_as_they_were_and_the_ledger_
     for gid, blob in {**odd, **fine}.items():
         await db.execute(
             "INSERT INTO generations (id, residence, channel, model, status, standing, continuation_ended, request,"
-            " created_at) VALUES (?, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', ?, 1.0)",
+            " created_at) VALUES ($1, 'cairn', 'room', 'm', 'pending', 'none', 'not-needed', $2, 1.0)",
             (gid, blob),
         )
     await db.close()
@@ -348,7 +355,7 @@ def test_verify_in_worker_ranges_names_the_same_violations_in_the_same_order(tmp
         for gid in ("g-range3x", "g-range9x"):  # between two ranges' ids, and after every id
             raw.execute(
                 "INSERT INTO stumps (id, generation_id, residence, scope, cause, text, chars, created_at)"
-                " VALUES (?, ?, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
+                " VALUES ($1, $2, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
                 (f"s-of-{gid}", gid),
             )
     one_pass = asyncio.run(run())
@@ -447,7 +454,7 @@ def test_shared_verify_orders_lines_by_range_and_survives_a_worker_that_says_a_l
         for i in range(8):  # one record of a missing generation after each generation's id
             raw.execute(
                 "INSERT INTO stumps (id, generation_id, residence, scope, cause, text, chars, created_at)"
-                " VALUES (?, ?, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
+                " VALUES ($1, $2, 'cairn', 'output', 'max-tokens', x'61', 1, 1.0)",
                 (f"s-orphan{i}", f"g-order{i}x"),
             )
     one_pass = violations(tmp_path / "l.db")

@@ -124,12 +124,12 @@ async def test_verify_holds_a_refused_post_against_its_chain_entry(pipeline) -> 
     _, reply = await cut_reply(pipeline, room)
     first = (await pipeline.ledger.get_generation(reply.generation.id)).posts[0]
     assert await verify(pipeline.ledger) == []
-    await pipeline.ledger.db.execute("UPDATE posts SET refused = ? WHERE id = ?", ("400 Bad Request", first.id))
+    await pipeline.ledger.db.execute("UPDATE posts SET refused = $1 WHERE id = $2", ("400 Bad Request", first.id))
     problems = await verify(pipeline.ledger)
     assert len(problems) == 1 and f"(refused {first.id})" in problems[0] and "refused_sha256" in problems[0]
     # a post marked refused behind the chain's back (its entries are append-only): no entry attests it
     second = (await pipeline.ledger.get_generation(reply.generation.id)).posts[1]
-    await pipeline.ledger.db.execute("UPDATE posts SET refused = ? WHERE id = ?", ("404 Not Found", second.id))
+    await pipeline.ledger.db.execute("UPDATE posts SET refused = $1 WHERE id = $2", ("404 Not Found", second.id))
     assert any(f"refused {second.id}: not in the chain" in p for p in await verify(pipeline.ledger))
 
 

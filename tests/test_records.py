@@ -19,7 +19,9 @@ from residents.records import Generation, Post, PostKind, PostReason, Status, ne
 
 
 async def _reasons(ledger: Ledger, gid: str) -> list[tuple[str, str]]:
-    rows = await ledger.db.execute_fetchall("SELECT kind, reason FROM posts WHERE generation_id=? ORDER BY seq", (gid,))
+    rows = await ledger.db.execute_fetchall(
+        "SELECT kind, reason FROM posts WHERE generation_id=$1 ORDER BY seq", (gid,)
+    )
     return [(r[0], r[1]) for r in rows]
 
 
@@ -103,7 +105,7 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
         await db.executescript(f"BEGIN;\n{sql}\nINSERT INTO _migrations VALUES ('{name}', 0);\nCOMMIT;")
     await db.execute(
         "INSERT INTO generations (id, residence, channel, model, status, text, chars, standing,"
-        " continuation_ended, created_at) VALUES ('g-1', 'cairn', 'room', 'm', 'refused', ?, 0, 'none',"
+        " continuation_ended, created_at) VALUES ('g-1', 'cairn', 'room', 'm', 'refused', $1, 0, 'none',"
         " 'not-needed', 0)",
         (stored_bytes(""),),
     )
@@ -118,7 +120,7 @@ async def test_posts_recorded_before_the_reason_column_get_theirs_once_from_the_
     ]
     for i, (kind, content) in enumerate(old, 1):
         await db.execute(
-            "INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO posts (id, generation_id, seq, kind, content, channel) VALUES ($1,$2,$3,$4,$5,$6)",
             (f"p-{i}", "g-1", i, kind, stored_bytes(content), "room"),
         )
     await db.close()

@@ -145,7 +145,7 @@ async def test_set_access_is_the_residents_choice_and_the_operator_ceiling_stays
     assert not is_error and result["access"] == "moderators" and result["moderators_may_read"] is False
     assert "ceiling" in result
     rows = await pipeline.ledger.db.execute_fetchall(
-        "SELECT access, set_by FROM stump_access_changes WHERE stump_id=? ORDER BY set_at", (sid,)
+        "SELECT access, set_by FROM stump_access_changes WHERE stump_id=$1 ORDER BY set_at", (sid,)
     )
     assert [tuple(r) for r in rows] == [("private", "cairn"), ("moderators", "cairn")]
 
@@ -380,13 +380,13 @@ async def test_verify_names_a_recovered_post_or_a_tool_round_that_does_not_hold(
     r, _ = await pipeline.turn(res, room, "Publish it.", [use("publish", id=sid), reply()])
     assert await verify(pipeline.ledger) == []
     db = pipeline.ledger.db
-    await db.execute("UPDATE posts SET content=? WHERE kind='recovered'", (b"a different text",))
+    await db.execute("UPDATE posts SET content=$1 WHERE kind='recovered'", (b"a different text",))
     assert any(v.startswith(f"stump {sid}: recovered posts are not its text") for v in await verify(pipeline.ledger))
-    await db.execute("UPDATE posts SET content=? WHERE kind='recovered'", (FRAGMENT.encode(),))
-    await db.execute("UPDATE posts SET kind='speech' WHERE kind='receipt' AND stump_id=?", (sid,))
+    await db.execute("UPDATE posts SET content=$1 WHERE kind='recovered'", (FRAGMENT.encode(),))
+    await db.execute("UPDATE posts SET kind='speech' WHERE kind='receipt' AND stump_id=$1", (sid,))
     assert any("not recovered posts followed by one receipt" in v for v in await verify(pipeline.ledger))
-    await db.execute("UPDATE posts SET kind='receipt' WHERE kind='speech' AND stump_id=?", (sid,))
+    await db.execute("UPDATE posts SET kind='receipt' WHERE kind='speech' AND stump_id=$1", (sid,))
     g = r.generation
-    await db.execute("UPDATE tool_calls SET attempt_id=? WHERE generation_id=?", (g.attempts[-1].id, g.id))
+    await db.execute("UPDATE tool_calls SET attempt_id=$1 WHERE generation_id=$2", (g.attempts[-1].id, g.id))
     problems = await verify(pipeline.ledger)
     assert any("was not made by the last attempt of round 1" in v for v in problems), problems

@@ -293,22 +293,22 @@ async def test_a_ledger_from_before_m045_verifies_and_its_counts_are_held_by_the
         for statement, params in [
             (
                 "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
-                " output_tokens, standing, continuation_ended, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                " output_tokens, standing, continuation_ended, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
                 ("g-old000000001", "cairn", "room", MODEL, "completed", "end_turn", b"Hi.", 3, 2, "none",
                  "not-needed", 1.0),
             ),
             (
                 "INSERT INTO attempts (id, generation_id, segment, idx, outcome, stop_reason, text, chars,"
-                " output_tokens, started_at, ended_at) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " output_tokens, started_at, ended_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)",
                 ("a-old000000001", "g-old000000001", 1, 1, "completed", "end_turn", b"Hi.", 3, 2, 1.0, 2.0),
             ),
             (
                 "INSERT INTO segments (generation_id, idx, attempt_id, stop_reason, chars, output_tokens)"
-                " VALUES (?,?,?,?,?,?)",
+                " VALUES ($1,$2,$3,$4,$5,$6)",
                 ("g-old000000001", 1, "a-old000000001", "end_turn", 3, 2),
             ),
             (
-                "INSERT INTO posts (id, generation_id, seq, kind, content, channel, reason) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO posts (id, generation_id, seq, kind, content, channel, reason) VALUES ($1,$2,$3,$4,$5,$6,$7)",
                 ("p-old000000001", "g-old000000001", 1, "speech", b"Hi.", "room", "text"),
             ),
         ]:  # fmt: skip

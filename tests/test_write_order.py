@@ -36,7 +36,7 @@ async def test_a_flush_asked_for_after_the_sink_closed_lands_nothing_after_settl
         await ledger.finish_attempt(a)
         await sink.flush()  # the live view's step, resumed after settlement
 
-        left = await ledger.db.execute_fetchall("SELECT count(*) FROM attempt_chunks WHERE attempt_id=?", (a.id,))
+        left = await ledger.db.execute_fetchall("SELECT count(*) FROM attempt_chunks WHERE attempt_id=$1", (a.id,))
         assert list(left)[0][0] == 0
         stored = await ledger.get_generation(g.id)
         assert stored is not None and stored.attempts[0].text == "Shown live, and the tail the stream ended with."

@@ -22,7 +22,8 @@ from typing import Any
 
 import click
 
-from ..ledger import Ledger
+from ..config import load_project
+from ..ledger import Ledger, postgres
 
 DEFAULT_DB = "data/ledger.db"
 # The demo's own ledger, under the configuration folder's data/; each run starts it afresh.
@@ -68,14 +69,22 @@ def in_config(relative: str) -> str:
 
 
 def ledger_path(db: str | None) -> str:
-    """`--db` as typed, or the default ledger under the configuration folder."""
-    return db if db is not None else in_config(DEFAULT_DB)
+    """`--db` as typed; else `ledger:` in residents.yaml (a path under the configuration folder, or a
+    postgresql:// URL); else the default ledger under the configuration folder."""
+    if db is not None:
+        return db
+    configured = load_project(config_dir()).ledger.db
+    if configured is None:
+        return in_config(DEFAULT_DB)
+    if postgres.is_url(configured) or Path(configured).is_absolute():
+        return configured
+    return in_config(configured)
 
 
 def open_ledger(db: str) -> AbstractAsyncContextManager[Ledger]:
     """An existing ledger, for `async with`, read only (beside a running process, on read-only media); a
     missing file is a usage error, never a new empty ledger."""
-    if db != ":memory:" and not Path(db).exists():
+    if db != ":memory:" and not postgres.is_url(db) and not Path(db).exists():
         raise UsageError(
             f"{db}: no ledger there (`residents run` writes {in_config(DEFAULT_DB)}; the demo's ledger is "
             f"{in_config(DEMO_DB)}, read with --db {in_config(DEMO_DB)}; a replay writes one only with --db PATH)"

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from .. import truth
-from ..ledger import Ledger, chain, views
+from ..ledger import Ledger, chain, postgres, views
 from ..ledger.access import access_of, reads_of, tool_calls_of
 from ..ledger.checkpoints import chain_head
 from ..ledger.export import verify_export
@@ -457,15 +457,18 @@ def migrate(db: str | None) -> int:
       residents ledger migrate --db data/ledger.db
     """
     path = ledger_path(db)
-    if not Path(path).is_file():
+    if not postgres.is_url(path) and not Path(path).is_file():
         raise UsageError(f"{path}: no ledger there")
 
     async def go() -> list[str]:
         began = time.time()
         async with Ledger.open(path) as lg:
-            sql = "SELECT name FROM _migrations WHERE applied_at >= ? ORDER BY rowid"
+            sql = "SELECT name FROM _migrations WHERE applied_at >= $1 ORDER BY rowid"
             return [r[0] for r in await lg.db.execute_fetchall(sql, (began,))]
 
     applied = asyncio.run(go())
-    print(f"{path}: " + (f"{len(applied)} migration(s) applied: {', '.join(applied)}" if applied else "up to date"))
+    print(
+        f"{postgres.shown(path)}: "
+        + (f"{len(applied)} migration(s) applied: {', '.join(applied)}" if applied else "up to date")
+    )
     return 0

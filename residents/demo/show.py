@@ -216,7 +216,7 @@ async def settled(ledger: Ledger, trigger: str, resident: str, timeout: float = 
     while loop.time() < deadline:
         rows = list(
             await ledger.db.execute_fetchall(
-                "SELECT id FROM generations WHERE trigger=? AND residence=? AND status!='pending'",
+                "SELECT id FROM generations WHERE trigger=$1 AND residence=$2 AND status!='pending'",
                 (trigger, resident),
             )
         )

@@ -27,7 +27,7 @@ from ..delivery.outbox import Backoff, Outbox
 from ..delivery.resume import recover
 from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
-from ..ledger import Ledger, hold_ledger
+from ..ledger import Ledger, hold_ledger, postgres
 from ..metrics import READY_POST_AGE, Metrics, MetricsPortInUse, MetricsServer
 from ..observe import UNOBSERVED, Observer
 from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, connect_all, endpoint
@@ -359,7 +359,7 @@ def main(
     gc.freeze()  # everything imported lives as long as the process: out of the collector's full passes
 
     def announce(bots: list[ResidentBot]) -> None:
-        print(startup.table(start_rows(bots, discord_api is not None), db), flush=True)
+        print(startup.table(start_rows(bots, discord_api is not None), postgres.shown(db)), flush=True)
 
     # Refused (LedgerInUse, exit 2) while another process writes this ledger: before the provider is
     # asked anything or the ledger read. `run_bots`' own opening shares this process's hold.

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..records import Post, ToolCall
 from . import chain
+from .connection import placeholders
 from .store import Ledger, _post, stored_bytes, stored_text
 
 ACCESS = ("moderators", "private")
@@ -27,7 +28,7 @@ async def use_default_access(ledger: Ledger, residence: str, access: str) -> Non
     await ledger._tx(
         [
             (
-                "INSERT INTO stump_access_defaults (residence, access) VALUES (?, ?)"
+                "INSERT INTO stump_access_defaults (residence, access) VALUES ($1, $2)"
                 " ON CONFLICT(residence) DO UPDATE SET access = excluded.access",
                 (residence, access),
             )
@@ -36,7 +37,7 @@ async def use_default_access(ledger: Ledger, residence: str, access: str) -> Non
 
 
 async def access_of(ledger: Ledger, stump_id: str) -> str | None:
-    rows = list(await ledger.db.execute_fetchall("SELECT access FROM stumps WHERE id=?", (stump_id,)))
+    rows = list(await ledger.db.execute_fetchall("SELECT access FROM stumps WHERE id=$1", (stump_id,)))
     return rows[0][0] if rows else None
 
 
@@ -47,9 +48,9 @@ async def set_access(ledger: Ledger, stump_id: str, access: str, residence: str,
     now = time.time()
     await ledger._tx(
         [
-            ("UPDATE stumps SET access=? WHERE id=?", (access, stump_id)),
+            ("UPDATE stumps SET access=$1 WHERE id=$2", (access, stump_id)),
             (
-                "INSERT INTO stump_access_changes (stump_id, access, set_by, generation_id, set_at) VALUES (?,?,?,?,?)",
+                "INSERT INTO stump_access_changes (stump_id, access, set_by, generation_id, set_at) VALUES ($1,$2,$3,$4,$5)",
                 (stump_id, access, residence, generation_id, now),
             ),
             chain.append(
@@ -70,7 +71,7 @@ async def record_read(
     await ledger._tx(
         [
             (
-                "INSERT INTO stump_reads (stump_id, reader, reader_kind, generation_id, read_at) VALUES (?,?,?,?,?)",
+                "INSERT INTO stump_reads (stump_id, reader, reader_kind, generation_id, read_at) VALUES ($1,$2,$3,$4,$5)",
                 (stump_id, reader, reader_kind, generation_id, now),
             ),
             chain.append(
@@ -86,7 +87,7 @@ async def reads_of(ledger: Ledger, stump_ids: list[str]) -> dict[str, list[dict[
     out: dict[str, list[dict[str, Any]]] = {sid: [] for sid in stump_ids}
     for i in range(0, len(stump_ids), 500):
         part = stump_ids[i : i + 500]
-        marks = ",".join("?" * len(part))
+        marks = placeholders(len(part))
         for r in await ledger.db.execute_fetchall(
             f"SELECT stump_id, reader, reader_kind, read_at FROM stump_reads WHERE stump_id IN ({marks})"
             " ORDER BY read_at, rowid",
@@ -105,13 +106,13 @@ _META = (
 async def own_stumps(ledger: Ledger, residence: str, channel: str, limit: int) -> tuple[list[dict[str, Any]], int]:
     """A residence's stumps made in `channel`, newest first, metadata only (no text read), and how many in all."""
     rows = await ledger.db.execute_fetchall(
-        _META + " WHERE s.residence=? AND g.channel=? ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?",
+        _META + " WHERE s.residence=$1 AND g.channel=$2 ORDER BY s.created_at DESC, s.rowid DESC LIMIT $3",
         (residence, channel, limit),
     )
     total = list(
         await ledger.db.execute_fetchall(
             "SELECT count(*) FROM stumps s JOIN generations g ON g.id = s.generation_id"
-            " WHERE s.residence=? AND g.channel=?",
+            " WHERE s.residence=$1 AND g.channel=$2",
             (residence, channel),
         )
     )
@@ -122,14 +123,14 @@ async def own_stump(ledger: Ledger, residence: str, channel: str, stump_id: str)
     """One stump of `residence` made in `channel`, metadata only; None for any other (as if it did not exist)."""
     rows = list(
         await ledger.db.execute_fetchall(
-            _META + " WHERE s.id=? AND s.residence=? AND g.channel=?", (stump_id, residence, channel)
+            _META + " WHERE s.id=$1 AND s.residence=$2 AND g.channel=$3", (stump_id, residence, channel)
         )
     )
     return dict(rows[0]) if rows else None
 
 
 async def stump_text(ledger: Ledger, stump_id: str) -> str:
-    rows = list(await ledger.db.execute_fetchall("SELECT text FROM stumps WHERE id=?", (stump_id,)))
+    rows = list(await ledger.db.execute_fetchall("SELECT text FROM stumps WHERE id=$1", (stump_id,)))
     return stored_text(rows[0][0]) if rows else ""
 
 
@@ -137,7 +138,7 @@ async def publication_of(ledger: Ledger, stump_id: str) -> list[Post]:
     """The posts that published a stump at its resident's request (recovered text and its receipt)."""
     return [
         _post(r)
-        for r in await ledger.db.execute_fetchall("SELECT * FROM posts WHERE stump_id=? ORDER BY seq", (stump_id,))
+        for r in await ledger.db.execute_fetchall("SELECT * FROM posts WHERE stump_id=$1 ORDER BY seq", (stump_id,))
     ]
 
 
@@ -148,7 +149,7 @@ async def add_tool_calls(ledger: Ledger, generation_id: str, calls: list[ToolCal
             [
                 (
                     "INSERT INTO tool_calls (generation_id, round, pos, attempt_id, tool_use_id, name, input,"
-                    " result, is_error, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    " result, is_error, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)",
                     (
                         generation_id,
                         c.round,
@@ -181,6 +182,6 @@ async def tool_calls_of(ledger: Ledger, generation_id: str) -> list[ToolCall]:
             created_at=r["created_at"],
         )
         for r in await ledger.db.execute_fetchall(
-            "SELECT * FROM tool_calls WHERE generation_id=? ORDER BY round, pos", (generation_id,)
+            "SELECT * FROM tool_calls WHERE generation_id=$1 ORDER BY round, pos", (generation_id,)
         )
     ]

@@ -70,7 +70,7 @@ def without_image_refs(request: dict[str, Any]) -> dict[str, Any]:
 
 INSERT = (
     "INSERT INTO attachments (generation_id, message_id, position, name, media_type, size, sha256, shown, reason)"
-    " VALUES (?,?,?,?,?,?,?,?,?)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
 )
 
 

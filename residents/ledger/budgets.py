@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..records import BudgetRefusal, Post
 from . import chain
+from .connection import POSTGRESQL
 from .store import Ledger
 
 # Input is every token the provider read: not cached, written to its cache, read from it. The attempts of
@@ -20,10 +21,20 @@ SPENT = (
     "SELECT coalesce(sum(a.input_tokens), 0) + coalesce(sum(a.cache_write_tokens), 0)"
     " + coalesce(sum(a.cache_read_tokens), 0), coalesce(sum(a.output_tokens), 0)"
     " FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
-    " WHERE a.started_at >= ? AND g.residence = ?"
+    " WHERE a.started_at >= $1 AND g.residence = $2"
 )
-SPENT_BY_PERSON = SPENT + " AND g.person = ?"
-TOLD = "SELECT 1 FROM budget_refusals WHERE residence = ? AND channel = ? AND day = ? AND post_id IS NOT NULL LIMIT 1"
+SPENT_BY_PERSON = SPENT + " AND g.person = $3"
+# PostgreSQL's join is `JOIN` (SQLite's `CROSS JOIN` keeps its order: the attempts first).
+POSTGRESQL[SPENT] = (
+    "SELECT coalesce(sum(a.input_tokens), 0) + coalesce(sum(a.cache_write_tokens), 0)"
+    " + coalesce(sum(a.cache_read_tokens), 0), coalesce(sum(a.output_tokens), 0)"
+    " FROM attempts a JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.started_at >= $1 AND g.residence = $2"
+)
+POSTGRESQL[SPENT_BY_PERSON] = POSTGRESQL[SPENT] + " AND g.person = $3"
+TOLD = (
+    "SELECT 1 FROM budget_refusals WHERE residence = $1 AND channel = $2 AND day = $3 AND post_id IS NOT NULL LIMIT 1"
+)
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,7 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
         [
             (
                 "INSERT INTO budget_refusals (id, residence, channel, trigger, person, scope, tokens, budget, spent,"
-                " day, post_id, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                " day, post_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
                 (
                     r.id,
                     r.residence,
@@ -94,7 +105,7 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
 
 async def refusals(ledger: Ledger, residence: str | None = None) -> list[BudgetRefusal]:
     """Every refusal recorded (of `residence`), oldest first."""
-    where, params = (" WHERE residence = ?", (residence,)) if residence is not None else ("", ())
+    where, params = (" WHERE residence = $1", (residence,)) if residence is not None else ("", ())
     got = await ledger.db.execute_fetchall(
         "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id, created_at"
         " FROM budget_refusals" + where + " ORDER BY created_at, rowid",

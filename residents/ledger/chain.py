@@ -63,7 +63,7 @@ from .. import truth
 from ..records import Attempt, Block, Generation, Post, Refusal, Segment, Stump
 from ..text import outbound
 from . import rows
-from .connection import Connection
+from .connection import POSTGRESQL, Connection, Session, placeholders
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +101,20 @@ def export_line(seq: int, prev: str, body: str, digest: str) -> str:
 
 
 _APPEND = (
-    "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, ?, ?, p, b, chain_hash(n, p, b) FROM"
+    "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, $1, $2, p, b, chain_hash(n, p, b) FROM"
     " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
-    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), printf('%064d', 0)) AS p, ? AS b)"
+    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), '" + GENESIS_PREV + "') AS p, $3 AS b) AS head"
 )
 
 
-_IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
+_IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$4 AND outcome='streaming')"
 
 
 async def install(db: Connection) -> None:
-    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it."""
+    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it.
+    (PostgreSQL's is a function in the database: `schema_postgres`.)"""
+    if db.dialect != "sqlite":
+        return
     await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
 
 
@@ -324,7 +327,7 @@ async def backfill(db: Connection) -> int:
         )
     )[0][0]:
         return 0
-    await db.execute("BEGIN IMMEDIATE")
+    await db.run(_begin_write)
     try:
         if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
             await db.execute("ROLLBACK")
@@ -336,6 +339,10 @@ async def backfill(db: Connection) -> int:
         raise
     log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
     return count
+
+
+def _begin_write(conn: Session) -> None:
+    conn.begin_write()
 
 
 def _backfill(conn: sqlite3.Connection) -> int:
@@ -431,7 +438,7 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
 
 # An entry's columns, in `Entry`'s order.
 _ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
-_ENTRY_AT = _ENTRIES + " WHERE seq = ?"
+_ENTRY_AT = _ENTRIES + " WHERE seq = $1"
 
 
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
@@ -447,7 +454,7 @@ async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[l
     after, page = since - 1, EXPORT_PAGE
     while after < last:
         rows_ = await db.execute_fetchall(
-            _ENTRIES + " WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?", (after, last, page)
+            _ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3", (after, last, page)
         )
         if not rows_:
             return
@@ -459,7 +466,7 @@ async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[l
 async def latest(db: Connection, kind: str, record: str) -> Entry | None:
     """The newest entry of `kind` for a record: the one a Provenance answer names."""
     rows_ = list(
-        await db.execute_fetchall(_ENTRIES + " WHERE record=? AND kind=? ORDER BY seq DESC LIMIT 1", (record, kind))
+        await db.execute_fetchall(_ENTRIES + " WHERE record=$1 AND kind=$2 ORDER BY seq DESC LIMIT 1", (record, kind))
     )
     return Entry(*rows_[0]) if rows_ else None
 
@@ -655,7 +662,7 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
     history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
     for i in range(0, len(ids), 500):
-        marks = ",".join("?" * len(ids[i : i + 500]))
+        marks = placeholders(len(ids[i : i + 500]))
         sql = f"SELECT seq, kind, record, body FROM chain WHERE record IN ({marks}) ORDER BY seq"
         for seq, kind, record, body in db.execute(sql, ids[i : i + 500]):
             steps = history.get((TABLE_OF.get(kind, ""), record))
@@ -707,7 +714,7 @@ def hold_access(db: sqlite3.Cursor) -> Held:
     out = Held()
     for kind, sid, payload in _access_now(db):
         got = db.execute(
-            "SELECT seq, body FROM chain WHERE record = ? AND kind = ? ORDER BY seq DESC LIMIT 1", (sid, kind)
+            "SELECT seq, body FROM chain WHERE record = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1", (sid, kind)
         ).fetchone()
         if got is None:
             out.unchained.append(f"{kind} {sid}")
@@ -773,7 +780,11 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
 BATCH = 20_000
 WALK = (
     "SELECT seq, kind, record, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain"
-    " WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
+    " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+)
+POSTGRESQL[WALK] = (
+    "SELECT seq, kind, record, convert_to(prev, 'UTF8'), convert_to(body, 'UTF8'), convert_to(hash, 'UTF8')"
+    " FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 )
 
 
@@ -798,7 +809,7 @@ def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, st
     latest: dict[tuple[str, str | None], Entry] = {}
     for table, (first, then) in HISTORY.items():
         kinds = (first, *then)
-        sql = f"{_ENTRIES} WHERE seq <= ? AND kind IN ({','.join('?' * len(kinds))})"
+        sql = f"{_ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
         for row in db.execute(f"{sql} AND record NOT IN (SELECT id FROM {table}) ORDER BY seq", (top, *kinds)):
             e = Entry(*row)
             problem = _body_problem(e.kind, e.record, e.body)

@@ -9,6 +9,11 @@ call: measurably slower on the ledger's small writes).
 
 A call whose caller is cancelled still runs to its end on the thread (a `COMMIT` asked for is never
 skipped, leaving a transaction open); only its result is dropped.
+
+The same thread serves either backend (`backend.py`): a SQLite file through `sqlite3`, or a PostgreSQL
+server through `asyncpg` (`postgres.py`). What a call gets is a `Session`: the few DB-API calls the ledger
+makes, with positional parameters written `$1`, `$2`, … in its statements (the one placeholder form both
+engines read natively; SQLite binds them by number, PostgreSQL by position).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +36,104 @@ Params = Sequence[Any] | dict[str, Any]
 _Call = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | None"]
 
 
-class Connection:
-    """One SQLite connection and the thread it lives on. Open with `await Connection.open(...)`."""
+class Cursor(Protocol):
+    """What `Session.execute` returns: the rows of one statement."""
 
-    def __init__(self, name: str) -> None:
+    description: Any
+
+    def fetchall(self) -> list[Any]: ...
+
+    def fetchone(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+class Session(Protocol):
+    """One database session as the ledger's thread uses it: `SqliteSession` or `postgres.PgSession`."""
+
+    dialect: str  # "sqlite" | "postgresql": which statement a call says where the two differ
+
+    @property
+    def in_transaction(self) -> bool: ...
+
+    def execute(self, sql: str, parameters: Params = ...) -> Any: ...
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> Any: ...
+
+    def executescript(self, script: str) -> Any: ...
+
+    def begin_write(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def placeholders(count: int, first: int = 1) -> str:
+    """`count` positional parameters from `$first` on, comma-separated: an `IN (…)` list's."""
+    return ",".join(f"${i}" for i in range(first, first + count))
+
+
+# The few statements PostgreSQL says differently, each written whole in both dialects beside each other
+# (`store`, `chain`): the SQLite text, which the code names, → the PostgreSQL text, which a PostgreSQL
+# session runs in its place (`said`). An exact look-up of a whole statement: no text is ever converted.
+# Every other statement is portable as written.
+POSTGRESQL: dict[str, str] = {}
+
+
+def said(sql: str, dialect: str) -> str:
+    """`sql` as `dialect` says it: itself, unless it is one PostgreSQL says differently (`POSTGRESQL`)."""
+    return POSTGRESQL.get(sql, sql) if dialect == "postgresql" else sql
+
+
+def numbered(parameters: Params) -> dict[str, Any]:
+    """Positional parameters as SQLite binds `$1`, `$2`, …: by their names "1", "2", …."""
+    if isinstance(parameters, dict):
+        return parameters
+    return {str(i): v for i, v in enumerate(parameters, 1)}
+
+
+class SqliteCursor(sqlite3.Cursor):
+    """A cursor of a `SqliteSession`: positional parameters bound to `$1`, `$2`, … by number."""
+
+    def execute(self, sql: str, parameters: Params = (), /) -> SqliteCursor:  # type: ignore[override]
+        return super().execute(sql, numbered(parameters))
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Params], /) -> SqliteCursor:  # type: ignore[override]
+        return super().executemany(sql, map(numbered, seq_of_parameters))
+
+
+class SqliteSession(sqlite3.Connection):
+    """The ledger's SQLite connection: statements with `$n` parameters, a write transaction begun
+    `BEGIN IMMEDIATE` (the file's write lock taken at once, so a transaction never fails half way for it)."""
+
+    dialect = "sqlite"
+
+    def cursor(self, factory: Any = None) -> SqliteCursor:  # type: ignore[override]
+        return super().cursor(factory or SqliteCursor)
+
+    def execute(self, sql: str, parameters: Params = (), /) -> SqliteCursor:  # type: ignore[override]
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Params], /) -> SqliteCursor:  # type: ignore[override]
+        return self.cursor().executemany(sql, seq_of_parameters)
+
+    def begin_write(self) -> None:
+        super().execute("BEGIN IMMEDIATE")
+
+
+def sqlite_session(database: str | os.PathLike[str], *, uri: bool = False) -> SqliteSession:
+    """A `SqliteSession` in autocommit mode (transactions are said), rows as `sqlite3.Row`."""
+    conn = sqlite3.connect(database, isolation_level=None, uri=uri, factory=SqliteSession)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+class Connection:
+    """One database session and the thread it lives on. Open with `await Connection.open(...)` (SQLite)
+    or `await postgres.connect(url)` (PostgreSQL)."""
+
+    def __init__(self, name: str, dialect: str = "sqlite") -> None:
         self.name = name  # what it was opened on, for messages
+        self.dialect = dialect
         self.closed = False
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
 
@@ -44,10 +142,15 @@ class Connection:
         """A connection in autocommit mode (transactions are said, `BEGIN IMMEDIATE` … `COMMIT`), rows as
         `sqlite3.Row`, made on its own thread (sqlite3 then checks that no other thread uses it).
         `name`: what messages call it (`database` by default; a URI's file, say)."""
-        self = cls(name or str(database))
+        return await cls.serve(name or str(database), "sqlite", lambda: sqlite_session(database, uri=uri))
+
+    @classmethod
+    async def serve(cls, name: str, dialect: str, connect: Callable[[], Session]) -> Connection:
+        """A connection whose session `connect()` makes, on the connection's own thread."""
+        self = cls(name, dialect)
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
-        thread = threading.Thread(target=self._serve, args=(database, uri, loop, opened), name="ledger", daemon=True)
+        thread = threading.Thread(target=self._serve, args=(connect, loop, opened), name="ledger", daemon=True)
         thread.start()
         try:
             await opened
@@ -58,12 +161,11 @@ class Connection:
         return self
 
     def _serve(
-        self, database: str | os.PathLike[str], uri: bool, loop: asyncio.AbstractEventLoop, opened: asyncio.Future[None]
+        self, connect: Callable[[], Session], loop: asyncio.AbstractEventLoop, opened: asyncio.Future[None]
     ) -> None:
         """The connection's thread: connect, then run each call in turn until told to stop (None)."""
         try:
-            conn = sqlite3.connect(database, isolation_level=None, uri=uri)
-            conn.row_factory = sqlite3.Row
+            conn = connect()
         except BaseException as e:
             _tell(loop, opened, None, e)
             return
@@ -93,7 +195,7 @@ class Connection:
         self._calls.put((fn, args, loop, done))
         return done
 
-    def post(self, fn: Callable[[sqlite3.Connection], None]) -> None:
+    def post(self, fn: Callable[[Any], None]) -> None:
         """`fn(connection)` on the connection's thread, after everything asked before it, nothing handed
         back: `fn` tells its caller itself (the group commit's one callback per commit)."""
         if self.closed:
@@ -145,12 +247,13 @@ def _settle(done: asyncio.Future[Any], result: Any, error: BaseException | None)
         done.set_exception(error)
 
 
-def _execute(conn: sqlite3.Connection, sql: str, parameters: Params) -> None:
+def _execute(conn: Session, sql: str, parameters: Params) -> None:
     conn.execute(sql, parameters).close()
 
 
-def _fetchall(conn: sqlite3.Connection, sql: str, parameters: Params) -> list[sqlite3.Row]:
-    return conn.execute(sql, parameters).fetchall()
+def _fetchall(conn: Session, sql: str, parameters: Params) -> list[Any]:
+    rows: list[Any] = conn.execute(sql, parameters).fetchall()
+    return rows
 
 
 def _executescript(conn: sqlite3.Connection, script: str) -> None:
@@ -167,5 +270,5 @@ def _set_authorizer(conn: sqlite3.Connection, authorizer: Any) -> None:
     conn.set_authorizer(authorizer)
 
 
-def _close(conn: sqlite3.Connection) -> None:
+def _close(conn: Session) -> None:
     conn.close()

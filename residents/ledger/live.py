@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from . import chain
+from .connection import placeholders
 from .store import Ledger, stored_bytes, stored_text
 
 
@@ -37,7 +38,7 @@ async def add(ledger: Ledger, m: LiveMessage) -> None:
         [
             (
                 "INSERT INTO live_messages (nonce, message_id, generation_id, attempt_id, idx, channel,"
-                " residence, content, state, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " residence, content, state, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)",
                 (
                     m.nonce,
                     m.message_id,
@@ -56,11 +57,11 @@ async def add(ledger: Ledger, m: LiveMessage) -> None:
 
 
 async def sent(ledger: Ledger, nonce: str, message_id: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET message_id=? WHERE nonce=?", (message_id, nonce))])
+    await ledger._tx([("UPDATE live_messages SET message_id=$1 WHERE nonce=$2", (message_id, nonce))])
 
 
 async def shown(ledger: Ledger, message_id: str, content: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET content=? WHERE message_id=?", (stored_bytes(content), message_id))])
+    await ledger._tx([("UPDATE live_messages SET content=$1 WHERE message_id=$2", (stored_bytes(content), message_id))])
 
 
 async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> None:
@@ -69,10 +70,10 @@ async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> 
     await ledger._tx(
         [
             (
-                "UPDATE live_messages SET state='adopted', post_id=?, content=? WHERE message_id=?",
+                "UPDATE live_messages SET state='adopted', post_id=$1, content=$2 WHERE message_id=$3",
                 (post_id, stored_bytes(content), message_id),
             ),
-            ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, now, post_id)),
+            ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, now, post_id)),
             chain.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
         ]
     )
@@ -82,13 +83,13 @@ async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None
     """The messages of a retried attempt stay as shown; their text's stump is marked published."""
     statements: list[chain.Statement] = [
         (
-            "UPDATE live_messages SET state='set-aside', stump_id=?, content=? WHERE message_id=?",
+            "UPDATE live_messages SET state='set-aside', stump_id=$1, content=$2 WHERE message_id=$3",
             (stump_id, stored_bytes(c), mid),
         )
         for mid, c in zip(message_ids, contents, strict=False)
     ]
     if stump_id is not None:
-        statements.append(("UPDATE stumps SET published=1 WHERE id=?", (stump_id,)))
+        statements.append(("UPDATE stumps SET published=1 WHERE id=$1", (stump_id,)))
     await ledger._tx(statements)
 
 
@@ -97,7 +98,7 @@ async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) ->
     await ledger._tx(
         [
             (
-                "UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, ?) WHERE nonce=?",
+                "UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, $1) WHERE nonce=$2",
                 (message_id, nonce),
             )
         ]
@@ -105,7 +106,7 @@ async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) ->
 
 
 # On `live_messages_live` (m031): only the messages still in progress are in it.
-IN_PROGRESS = "SELECT * FROM live_messages WHERE residence=? AND state='live' ORDER BY created_at, idx"
+IN_PROGRESS = "SELECT * FROM live_messages WHERE residence=$1 AND state='live' ORDER BY created_at, idx"
 
 
 async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
@@ -116,7 +117,7 @@ async def in_progress(ledger: Ledger, residence: str) -> list[LiveMessage]:
 
 async def of_generation(ledger: Ledger, generation_id: str) -> list[LiveMessage]:
     rows = await ledger.db.execute_fetchall(
-        "SELECT * FROM live_messages WHERE generation_id=? ORDER BY created_at, idx", (generation_id,)
+        "SELECT * FROM live_messages WHERE generation_id=$1 ORDER BY created_at, idx", (generation_id,)
     )
     return [_row(r) for r in rows]
 
@@ -125,7 +126,7 @@ async def by_message(ledger: Ledger, message_ids: list[str]) -> list[LiveMessage
     """Live messages by room message id (those not adopted as posts are known only here)."""
     if not message_ids:
         return []
-    marks = ",".join("?" * len(message_ids))
+    marks = placeholders(len(message_ids))
     rows = await ledger.db.execute_fetchall(
         f"SELECT * FROM live_messages WHERE message_id IN ({marks}) AND state IN ('live', 'set-aside')",
         list(message_ids),

@@ -31,9 +31,9 @@ from ..records import (
     join_text,
 )
 from ..text import outbound
-from . import attachments, chain, lock, migrations, requests
+from . import attachments, chain, lock, migrations, postgres, requests
 from . import rows as read
-from .connection import Connection
+from .connection import POSTGRESQL, Connection, Session, placeholders, said
 from .rows import cols as _cols
 from .rows import post as _post
 from .rows import stored_text
@@ -71,21 +71,40 @@ class LedgerInUse(LedgerError):
     """Another process writes this ledger: a second writer is refused before it reads or writes anything."""
 
 
-def hold_ledger(path: str) -> lock.Hold:
+def hold_ledger(path: str) -> lock.Hold | postgres.HeldWriter:
     """This process's writer's lock on the ledger at `path` (its folder made if missing): LedgerInUse
-    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file."""
+    naming the process that has it. `Ledger.open` takes it; so does a command that replaces the file.
+    A PostgreSQL URL: the database's writer lock (`postgres.WriterHold`), shared the same way."""
+    if postgres.is_url(path):
+        try:
+            held = postgres.hold_writer(path)
+        except Exception as e:
+            raise LedgerError(f"{postgres.shown(path)}: cannot open the ledger: {postgres.reason(e)}") from None
+        if isinstance(held, str):
+            raise _in_use(postgres.shown(path), held)
+        return held
+    return _hold_file(path)
+
+
+def _hold_file(path: str) -> lock.Hold:
+    """The writer's lock on a SQLite ledger's file (`lock.py`)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
         return lock.acquire(path)
     except lock.LedgerHeld as e:
-        pid, _, host = e.holder.partition(" ")
-        who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
-        raise LedgerInUse(
-            f"{path}: in use by {who}; one process writes a ledger at a time"
-            " (the read-only `residents ledger` verbs work beside it)"
-        ) from None
+        raise _in_use(path, e.holder) from None
     except OSError as e:
         raise LedgerError(f"{lock.lock_path(path)}: cannot lock the ledger for writing: {e.strerror or e}") from None
+
+
+def _in_use(where: str, holder: str) -> LedgerInUse:
+    """The one line a second writer is refused with; `holder`: "pid host" as the writer left it, if known."""
+    pid, _, host = holder.partition(" ")
+    who = f"process {pid} on {host}" if pid.isdigit() and host else "another process"
+    return LedgerInUse(
+        f"{where}: in use by {who}; one process writes a ledger at a time"
+        " (the read-only `residents ledger` verbs work beside it)"
+    )
 
 
 async def _read_migrations(uri: str, path: str) -> tuple[Connection, set[str]]:
@@ -150,6 +169,7 @@ class Ledger:
         # its changes were on disk, before the loop got round to telling their callers (bench/concurrency.py).
         self.committed_at = 0.0
         self._hold: lock.Hold | None = None  # a writer's lock on its file (`lock.py`)
+        self._writer: postgres.WriterHold | None = None  # ... on a PostgreSQL ledger
         self.observer: Observer = UNOBSERVED  # told each commit's time (`residents.metrics`)
 
     @classmethod
@@ -163,12 +183,68 @@ class Ledger:
         return _Opening(cls, path, read_only)
 
     @classmethod
+    async def _connect_postgresql(cls, url: str) -> Ledger:
+        """The ledger in the PostgreSQL database at `url`: the writer lock first (LedgerInUse before
+        anything is read or written), then its schema made or migrated, as a file's."""
+        name = postgres.shown(url)
+        try:
+            hold = await postgres.WriterHold.acquire(url)
+        except Exception as e:
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        if not isinstance(hold, postgres.WriterHold):
+            raise _in_use(name, hold)
+        try:
+            db = await postgres.connect(url)
+        except Exception as e:
+            await hold.release()
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        try:
+            await migrations.apply(db)
+            await chain.backfill(db)
+        except Exception as e:
+            await db.close()
+            await hold.release()
+            raise LedgerError(f"{name}: not a usable ledger: {postgres.reason(e)}") from None
+        ledger = cls(db, url)
+        ledger._writer = hold
+        return ledger
+
+    @classmethod
+    async def _connect_read_only_postgresql(cls, url: str) -> Ledger:
+        """A session whose transactions are read-only (the server refuses any write), no lock taken."""
+        name = postgres.shown(url)
+        try:
+            db = await postgres.connect(url, read_only=True)
+        except Exception as e:
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        try:
+            if not (await db.execute_fetchall("SELECT to_regclass('_migrations') IS NOT NULL"))[0][0]:
+                raise LedgerError(f"{name}: not a ledger (it has no _migrations table)")
+            done = {r[0] for r in await db.execute_fetchall("SELECT name FROM _migrations")}
+        except LedgerError:
+            await db.close()
+            raise
+        except Exception as e:
+            await db.close()
+            raise LedgerError(f"{name}: not a usable ledger: {postgres.reason(e)}") from None
+        pending = [n for n, _ in migrations.MIGRATIONS if n not in done]
+        if pending:
+            await db.close()
+            raise LedgerError(
+                f"{name}: written by an older residents, {len(pending)} migration(s) to apply (from {pending[0]});"
+                f" `residents ledger migrate --db URL` applies them"
+            )
+        return cls(db, url)
+
+    @classmethod
     async def _connect(cls, path: str | Path) -> Ledger:
         path = str(path)
+        if postgres.is_url(path):
+            return await cls._connect_postgresql(path)
         hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
-            hold = hold_ledger(path)
+            hold = _hold_file(path)
             if not p.exists():
                 # Created readable by its owner only: stumps may hold text a room never saw.
                 os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
@@ -199,6 +275,8 @@ class Ledger:
         """SQLite's `mode=ro`; on read-only media with no write-ahead log beside the file (so the file
         holds everything, and nothing can change it), `immutable=1`, which needs no -shm file."""
         path = str(path)
+        if postgres.is_url(path):
+            return await cls._connect_read_only_postgresql(path)
         if path == ":memory:":  # a new empty one: nothing another process could hold
             return await cls._connect(path)
         if not Path(path).is_file():
@@ -228,6 +306,9 @@ class Ledger:
             if self._hold is not None:
                 self._hold.release()
                 self._hold = None
+            if self._writer is not None:
+                await self._writer.release()
+                self._writer = None
 
     async def __aenter__(self) -> Ledger:
         return self
@@ -251,7 +332,7 @@ class Ledger:
 
     def _orphaned(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and (e := done.exception()) is not None:
-            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.path, e)
+            log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.db.name, e)
 
     def _commit_waiting(self) -> None:
         """The one writer: every change waiting goes to the connection's thread in one trip and one commit.
@@ -267,11 +348,11 @@ class Ledger:
         loop = asyncio.get_running_loop()
         if self.db.closed:
             for _, done in batch:
-                done.set_exception(LedgerError(f"{self.path}: the ledger is closed"))
+                done.set_exception(LedgerError(f"{self.db.name}: the ledger is closed"))
             return
         changes = [st for st, _ in batch]
 
-        def work(conn: sqlite3.Connection) -> None:  # in the connection's thread
+        def work(conn: Session) -> None:  # in the connection's thread
             began = time.perf_counter()
             try:
                 errors = _commit(conn, changes)
@@ -292,7 +373,7 @@ class Ledger:
         self.committed_at = at  # read by a caller as it resumes: no other commit is reported before it runs
         refused = False
         for (_, done), err in zip(batch, errors, strict=True):
-            failure = _as_write_error(self.path, err) if err is not None else None
+            failure = _as_write_error(self.db.name, err) if err is not None else None
             refused = refused or isinstance(failure, LedgerWriteError)
             if done.done():
                 continue
@@ -310,7 +391,8 @@ class Ledger:
     async def create_generation(self, g: Generation) -> None:
         await self._tx(self._generation_insert(g))
 
-    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES (?,?,?)"
+    PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES ($1,$2,$3)"
+    POSTGRESQL[PART_INSERT] = "INSERT INTO request_parts (id, sha256, body) VALUES ($1,$2,$3) ON CONFLICT DO NOTHING"
 
     @classmethod
     def _generation_insert(
@@ -324,7 +406,7 @@ class Ledger:
             (
                 "INSERT INTO generations (id, residence, channel, model, status, stop_reason, text, chars,"
                 " output_tokens, standing, continuation_ended, trigger, request_ref, created_at, seen_upto, person)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14,$15,$16)",
                 (
                     g.id,
                     g.residence,
@@ -355,7 +437,7 @@ class Ledger:
         stmts = self._generation_insert(new_generation) if new_generation is not None else []
         stmts.append(
             (
-                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES (?,?,?,?,?,?)",
+                "INSERT INTO attempts (id, generation_id, segment, idx, outcome, started_at) VALUES ($1,$2,$3,$4,$5,$6)",
                 (a.id, a.generation_id, a.segment, a.index, a.outcome, a.started_at),
             )
         )
@@ -377,7 +459,9 @@ class Ledger:
         `block`: the content block the piece belongs to (None: the attempt's text, as before blocks)."""
         await self.add_chunks(attempt_id, [(seq, block, block_type, text, block_start)])
 
-    _CHUNK = "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES (?,?,?,?,?,?)"
+    _CHUNK = (
+        "INSERT INTO attempt_chunks (attempt_id, seq, block, block_type, text, block_start) VALUES ($1,$2,$3,$4,$5,$6)"
+    )
 
     async def add_chunks(
         self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
@@ -400,17 +484,7 @@ class Ledger:
         """An attempt's settlement with its blocks; `only_if_streaming` leaves one a live process settled
         meanwhile alone (its blocks are written only while it is still streaming, before the update)."""
         guard = " AND outcome='streaming'" if only_if_streaming else ""
-        if only_if_streaming:
-            block_sql = (
-                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) SELECT ?,?,?,?,?,?,?,?,? WHERE EXISTS"
-                " (SELECT 1 FROM attempts WHERE id=? AND outcome='streaming')"
-            )
-        else:
-            block_sql = (
-                "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
-                " start, extras) VALUES (?,?,?,?,?,?,?,?,?)"
-            )
+        block_sql = BLOCK_IF_STREAMING if only_if_streaming else BLOCK
         stmts = [
             (
                 block_sql,
@@ -432,10 +506,10 @@ class Ledger:
         return stmts + [
             chain.attempt(a, only_if_streaming=only_if_streaming),
             (
-                "UPDATE attempts SET outcome=?, stop_reason=?, discard_reason=?, error=?, text=?, chars=?,"
-                " output_tokens=?, request_id=?, replaced_by=?, ended_at=?, stop_details=?, request_replacements=?,"
-                " input_tokens=?, cache_write_tokens=?, cache_read_tokens=?"
-                " WHERE id=?" + guard,
+                "UPDATE attempts SET outcome=$1, stop_reason=$2, discard_reason=$3, error=$4, text=$5, chars=$6,"
+                " output_tokens=$7, request_id=$8, replaced_by=$9, ended_at=$10, stop_details=$11, request_replacements=$12,"
+                " input_tokens=$13, cache_write_tokens=$14, cache_read_tokens=$15"
+                " WHERE id=$16" + guard,
                 (
                     a.outcome,
                     a.stop_reason,
@@ -455,14 +529,14 @@ class Ledger:
                     a.id,
                 ),
             ),
-            ("DELETE FROM attempt_chunks WHERE attempt_id=?", (a.id,)),
+            ("DELETE FROM attempt_chunks WHERE attempt_id=$1", (a.id,)),
         ]
 
     @staticmethod
     def _replaced(attempt_id: str, replaced_by: str) -> list[tuple[str, tuple[Any, ...]]]:
         return [
-            ("UPDATE attempts SET replaced_by=? WHERE id=?", (replaced_by, attempt_id)),
-            ("UPDATE stumps SET replaced_by=? WHERE attempt_id=? AND scope='attempt'", (replaced_by, attempt_id)),
+            ("UPDATE attempts SET replaced_by=$1 WHERE id=$2", (replaced_by, attempt_id)),
+            ("UPDATE stumps SET replaced_by=$1 WHERE attempt_id=$2 AND scope='attempt'", (replaced_by, attempt_id)),
         ]
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
@@ -475,7 +549,7 @@ class Ledger:
         return (
             "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars,"
             " output_tokens, published, replaced_by, created_at, block, block_type)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14)",
             (
                 s.id,
                 s.generation_id,
@@ -510,7 +584,7 @@ class Ledger:
         stmts += self._generation_settle(g)
         if replaced_output is not None:
             stump_id, by = replaced_output
-            stmts.append(("UPDATE stumps SET replaced_by=? WHERE id=?", (by, stump_id)))
+            stmts.append(("UPDATE stumps SET replaced_by=$1 WHERE id=$2", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [chain.generation(g)] + chain.stumps(new_stumps)
         await self._tx(stmts)
@@ -523,7 +597,7 @@ class Ledger:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
         rows = list(
             await self.db.execute_fetchall(
-                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=?", (generation_id,)
+                "SELECT coalesce(max(seq), 0) + 1 FROM posts WHERE generation_id=$1", (generation_id,)
             )
         )
         return int(rows[0][0])
@@ -534,7 +608,7 @@ class Ledger:
         # The output stump of a delivered text post is marked published by the trigger of m008.
         await self._tx(
             [
-                ("UPDATE posts SET message_id=?, delivered_at=? WHERE id=?", (message_id, at, post.id)),
+                ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, at, post.id)),
                 chain.delivered(post.id, message_id),
             ]
         )
@@ -546,7 +620,7 @@ class Ledger:
         await self._tx(
             [
                 (
-                    "UPDATE posts SET refused=?, refused_at=?, refused_status=?, refused_code=? WHERE id=?",
+                    "UPDATE posts SET refused=$1, refused_at=$2, refused_status=$3, refused_code=$4 WHERE id=$5",
                     (post.refused, post.refused_at, refusal.status, refusal.code, post.id),
                 ),
                 chain.refused(post.id, refusal),
@@ -593,7 +667,7 @@ class Ledger:
 
     async def request_json(self, gid: str) -> bytes | None:
         """A generation's request as the JSON bytes it was stored from (None: no such generation or none)."""
-        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=?", (gid,)))
+        rows = list(await self.db.execute_fetchall("SELECT request, request_ref FROM generations WHERE id=$1", (gid,)))
         if not rows:
             return None
         request, ref = rows[0]
@@ -607,7 +681,7 @@ class Ledger:
         while ids := requests.needed(ref, out):
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
-                sql = REQUEST_PARTS.format(marks=",".join("?" * len(part)))
+                sql = REQUEST_PARTS.format(marks=placeholders(len(part)))
                 got = [(r[0], bytes(r[1])) for r in await self.db.execute_fetchall(sql, tuple(part))]
                 if len(got) < len(part):
                     raise LedgerError(f"a request names {len(part) - len(got)} part(s) not in request_parts")
@@ -619,7 +693,7 @@ class Ledger:
 
         Chunks written before blocks were kept (no block named) are the attempt's one text block."""
         rows = await self.db.execute_fetchall(
-            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=? ORDER BY seq",
+            "SELECT block, block_type, block_start, text FROM attempt_chunks WHERE attempt_id=$1 ORDER BY seq",
             (attempt_id,),
         )
         parts: dict[int, list[str]] = {}
@@ -650,13 +724,13 @@ class Ledger:
         sql = "SELECT * FROM stumps WHERE 1=1"
         params: list[str | int] = []
         if residence:
-            sql += " AND residence=?"
             params.append(residence)
+            sql += f" AND residence=${len(params)}"
         if cause:
-            sql += " AND cause=?"
             params.append(cause)
-        sql += " ORDER BY created_at, rowid LIMIT ?"
+            sql += f" AND cause=${len(params)}"
         params.append(limit)
+        sql += f" ORDER BY created_at, rowid LIMIT ${len(params)}"
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params))]
 
     async def list_stump_meta(
@@ -685,11 +759,12 @@ class Ledger:
             cause=bool(cause),
             before=before is not None,
             channels=None if chans is None else len(chans),
+            dialect=self.db.dialect,
         )
         return [_stump(r) for r in await self.db.execute_fetchall(sql, tuple(params) + (limit,))]
 
     async def get_stump(self, sid: str) -> Stump | None:
-        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=?", (sid,)))
+        rows = list(await self.db.execute_fetchall("SELECT * FROM stumps WHERE id=$1", (sid,)))
         return _stump(rows[0]) if rows else None
 
     async def posts_by_message(self, message_ids: list[str]) -> dict[str, Post]:
@@ -698,8 +773,9 @@ class Ledger:
         ids = [m for m in message_ids if m]
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            marks = ",".join("?" * len(part))
-            for r in await self.db.execute_fetchall(POSTS_BY_MESSAGE.format(marks=marks), tuple(part)):
+            for r in await self.db.execute_fetchall(
+                POSTS_BY_MESSAGE.format(marks=placeholders(len(part))), tuple(part)
+            ):
                 p = _post(r)
                 out[p.message_id or ""] = p
         return out
@@ -711,7 +787,7 @@ class Ledger:
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
             for query in (ANSWERED, BUDGET_REFUSED):
-                sql = query.format(marks=",".join("?" * len(part)))
+                sql = query.format(marks=placeholders(len(part)), residence=len(part) + 1)
                 out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
@@ -721,7 +797,7 @@ class Ledger:
 
     async def latest_generation(self, residence: str, channel: str | None = None) -> Generation | None:
         params = [residence] if channel is None else [residence, channel]
-        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=?")
+        sql = LATEST_GENERATION.format(channel="" if channel is None else " AND channel=$2")
         rows = list(await self.db.execute_fetchall(sql, tuple(params)))
         return await self.get_generation(rows[0][0]) if rows else None
 
@@ -741,7 +817,7 @@ class Ledger:
     async def mark_planned(self, generation_id: str) -> None:
         """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
         start-up's `generations_without_posts` does not read it again at every start."""
-        await self._tx([("UPDATE generations SET planned = 1 WHERE id=? AND status != 'pending'", (generation_id,))])
+        await self._tx([("UPDATE generations SET planned = 1 WHERE id=$1 AND status != 'pending'", (generation_id,))])
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
@@ -772,8 +848,8 @@ class Ledger:
     def _generation_settle(g: Generation) -> list[tuple[str, tuple[Any, ...]]]:
         return [
             (
-                "UPDATE generations SET status=?, stop_reason=?, text=?, chars=?, output_tokens=?,"
-                " continuation_ended=?, finished_at=? WHERE id=?",
+                "UPDATE generations SET status=$1, stop_reason=$2, text=$3, chars=$4, output_tokens=$5,"
+                " continuation_ended=$6, finished_at=$7 WHERE id=$8",
                 (
                     g.status,
                     g.stop_reason,
@@ -785,10 +861,10 @@ class Ledger:
                     g.id,
                 ),
             ),
-            ("DELETE FROM segments WHERE generation_id=?", (g.id,)),
+            ("DELETE FROM segments WHERE generation_id=$1", (g.id,)),
         ] + [
             (
-                "INSERT INTO segments VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO segments VALUES ($1,$2,$3,$4,$5,$6,$7)",
                 (g.id, s.index, s.attempt_id, s.stop_reason, s.chars, s.output_tokens, s.overlap_removed),
             )
             for s in g.segments
@@ -800,7 +876,7 @@ class Ledger:
             p.replacements = outbound(p.content)[1]
         return (
             "INSERT INTO posts (id, generation_id, seq, kind, content, channel, replacements, stump_id, reason)"
-            " VALUES (?,?,?,?,?,?,?,?,?)",
+            " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
             (
                 p.id,
                 p.generation_id,
@@ -820,10 +896,17 @@ class Ledger:
 # fast however long the ledger grows; tests/test_ledger_scale.py checks their plans with EXPLAIN QUERY PLAN.
 # `CROSS JOIN` keeps SQLite's join order: the small, indexed side (undelivered posts, streaming attempts) first.
 
+# PostgreSQL has no `CROSS JOIN … ON` (nor a way to fix a join's order): its forms say `JOIN`.
+
 UNSETTLED = "SELECT id FROM generations WHERE status='pending' ORDER BY created_at"
 STREAMING = (
     "SELECT DISTINCT g.id FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
     " WHERE a.outcome = 'streaming' AND g.status != 'pending' ORDER BY g.created_at, g.rowid"
+)
+POSTGRESQL[STREAMING] = (
+    "SELECT g.id FROM (SELECT DISTINCT g.id, g.created_at, g.rowid FROM attempts a JOIN generations g"
+    " ON g.id = a.generation_id WHERE a.outcome = 'streaming' AND g.status != 'pending') g"
+    " ORDER BY g.created_at, g.rowid"
 )
 WITHOUT_POSTS = (
     "SELECT id FROM generations g WHERE planned = 0 AND status != 'pending'"
@@ -832,15 +915,48 @@ WITHOUT_POSTS = (
 )
 UNDELIVERED = (
     "SELECT p.* FROM posts p CROSS JOIN generations g ON g.id = p.generation_id"
-    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = ? ORDER BY g.created_at, g.rowid, p.seq"
+    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = $1 ORDER BY g.created_at, g.rowid, p.seq"
+)
+POSTGRESQL[UNDELIVERED] = (
+    "SELECT p.* FROM posts p JOIN generations g ON g.id = p.generation_id"
+    " WHERE p.message_id IS NULL AND p.refused IS NULL AND g.residence = $1 ORDER BY g.created_at, g.rowid, p.seq"
 )
 REFUSED = "SELECT * FROM posts WHERE refused IS NOT NULL ORDER BY rowid"
 # Generations read whole (`get_generation`: provenance, `ledger show`, recovery; `generations_brief`: the
-# context compiler), by id: each query a seek per id ({marks}: one `?` each).
+# context compiler), by id: each query a seek per id ({marks}: one parameter each).
 GENERATIONS = "SELECT * FROM generations WHERE id IN ({marks})"
 GENERATION_BLOCKS = (
     "SELECT b.* FROM attempts a CROSS JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
     " ORDER BY b.attempt_id, b.pos"
+)
+POSTGRESQL[GENERATION_BLOCKS] = (
+    "SELECT b.* FROM attempts a JOIN attempt_blocks b ON b.attempt_id = a.id WHERE a.generation_id IN ({marks})"
+    " ORDER BY b.attempt_id, b.pos"
+)
+# An attempt's blocks as it settles: written again whole (a settlement recovery repeats replaces them).
+BLOCK = (
+    "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+    " start, extras) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)"
+)
+POSTGRESQL[BLOCK] = (
+    "INSERT INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset, start, extras)"
+    " VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (attempt_id, pos) DO UPDATE SET idx = excluded.idx,"
+    " type = excluded.type, content = excluded.content, chars = excluded.chars, text_offset = excluded.text_offset,"
+    " start = excluded.start, extras = excluded.extras"
+)
+# ... only while the attempt is still streaming (recovery's, beside a live process that may settle it).
+BLOCK_IF_STREAMING = (
+    "INSERT OR REPLACE INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset,"
+    " start, extras) SELECT $1,$2,$3,$4,$5,$6,$7,$8,$9 WHERE EXISTS"
+    " (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
+)
+POSTGRESQL[BLOCK_IF_STREAMING] = (
+    "INSERT INTO attempt_blocks (attempt_id, pos, idx, type, content, chars, text_offset, start, extras)"
+    " SELECT $1::text, $2::bigint, $3::bigint, $4::text, $5::bytea, $6::bigint, $7::bigint, $8::text, $9::text"
+    " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$10 AND outcome='streaming')"
+    " ON CONFLICT (attempt_id, pos) DO UPDATE SET idx = excluded.idx, type = excluded.type,"
+    " content = excluded.content, chars = excluded.chars, text_offset = excluded.text_offset,"
+    " start = excluded.start, extras = excluded.extras"
 )
 GENERATION_ATTEMPTS = (
     "SELECT * FROM attempts WHERE generation_id IN ({marks}) ORDER BY generation_id, started_at, rowid"
@@ -851,7 +967,7 @@ GENERATION_POSTS = "SELECT * FROM posts WHERE generation_id IN ({marks}) ORDER B
 GENERATION_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id IN ({marks}) ORDER BY rowid"
 
 
-def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> dict[str, list[Any]]:
+def _generation_rows(conn: Session, ids: list[str], brief: bool) -> dict[str, list[Any]]:
     """The rows of generations `ids` and of their records, table by table (`Ledger._generations`)."""
     out: dict[str, list[Any]] = {
         k: [] for k in ("generations", "blocks", "attempts", "segments", "stumps", "posts", "attachments")
@@ -865,17 +981,18 @@ def _generation_rows(conn: sqlite3.Connection, ids: list[str], brief: bool) -> d
     ] + ([] if brief else [("posts", GENERATION_POSTS), ("attachments", GENERATION_ATTACHMENTS)])
     for i in range(0, len(ids), 500):
         part = ids[i : i + 500]
-        marks = ",".join("?" * len(part))
         for key, sql in queries:
-            out[key] += conn.execute(sql.format(marks=marks), part).fetchall()
+            out[key] += conn.execute(said(sql, conn.dialect).format(marks=placeholders(len(part))), part).fetchall()
     return out
 
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
-ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=?"
-BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=?"
+ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=${residence}"
+BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=${residence}"
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
-LATEST_GENERATION = "SELECT id FROM generations WHERE residence=?{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+LATEST_GENERATION = (
+    "SELECT id FROM generations WHERE residence=$1{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
+)
 
 
 def list_generations_sql(residence: bool) -> str:
@@ -884,34 +1001,44 @@ def list_generations_sql(residence: bool) -> str:
         "SELECT id, residence, channel, model, status, stop_reason, chars, output_tokens, continuation_ended, standing,"
         " created_at, (SELECT count(*) FROM attempts a WHERE a.generation_id=g.id) AS attempts,"
         " (SELECT count(*) FROM stumps s WHERE s.generation_id=g.id) AS stumps FROM generations g"
-        + (" WHERE residence=?" if residence else "")
-        + " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        + (" WHERE residence=$1 ORDER BY created_at DESC, rowid DESC LIMIT $2" if residence else "")
+        + ("" if residence else " ORDER BY created_at DESC, rowid DESC LIMIT $1")
     )
 
 
-def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None) -> str:
+def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int | None, dialect: str = "sqlite") -> str:
     """`ledger stumps` and `/stumps list`: newest first on a stumps index; parameters in the order
-    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None."""
+    channels…, residence, cause, before, limit. `channels`: how many (the moderator's scope), or None.
+    `dialect`: SQLite's join is `CROSS JOIN` (its order kept: stumps first); PostgreSQL's `JOIN`."""
     sql = (
         "SELECT s.id, s.generation_id, s.attempt_id, s.residence, s.scope, s.cause, s.chars, s.output_tokens,"
         " s.published, s.replaced_by, s.created_at, s.block, s.block_type FROM stumps s"
     )
     where: list[str] = []
+    n = 0  # parameters so far
     if channels is not None:
-        sql += " CROSS JOIN generations g ON g.id = s.generation_id"
-        where.append(f"g.channel IN ({','.join('?' * channels)})")
+        sql += (
+            " CROSS JOIN generations g ON g.id = s.generation_id"
+            if dialect == "sqlite"
+            else " JOIN generations g ON g.id = s.generation_id"
+        )
+        where.append(f"g.channel IN ({placeholders(channels)})")
+        n += channels
     if residence:
-        where.append("s.residence=?")
+        n += 1
+        where.append(f"s.residence=${n}")
     if cause:
-        where.append("s.cause=?")
+        n += 1
+        where.append(f"s.cause=${n}")
     if before:
-        where.append("(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=?)")
+        n += 1
+        where.append(f"(s.created_at, s.rowid) < (SELECT created_at, rowid FROM stumps WHERE id=${n})")
     if where:
         sql += " WHERE " + " AND ".join(where)
-    return sql + " ORDER BY s.created_at DESC, s.rowid DESC LIMIT ?"
+    return sql + f" ORDER BY s.created_at DESC, s.rowid DESC LIMIT ${n + 1}"
 
 
-def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
+def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
     """Several logical changes in one commit, run in the connection's own thread; each one's error, or None.
 
     Alone, a change is its own transaction (one statement: none around it). Together, each is a
@@ -928,7 +1055,7 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
         return [None]
     errors: dict[int, BaseException] = {}
     while len(errors) < len(changes):
-        conn.execute("BEGIN IMMEDIATE")
+        conn.begin_write()
         try:
             for i, statements in enumerate(changes):
                 if i in errors:
@@ -952,7 +1079,7 @@ def _commit(conn: sqlite3.Connection, changes: list[list[tuple[str, tuple[Any, .
     return [errors.get(i) for i in range(len(changes))]
 
 
-def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     # A run of one statement (a reply's posts) is one executemany.
     for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
         rows = [params for _, params in run]
@@ -962,9 +1089,9 @@ def _statements(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any,
             conn.executemany(sql, rows)
 
 
-def _transaction(conn: sqlite3.Connection, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+def _transaction(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
     """BEGIN IMMEDIATE, the statements, COMMIT (or ROLLBACK), run in the connection's own thread."""
-    conn.execute("BEGIN IMMEDIATE")
+    conn.begin_write()
     try:
         _statements(conn, statements)
         conn.execute("COMMIT")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .. import models
+from .connection import placeholders
 from .store import Ledger
 
 By = Literal["residence", "channel", "day"]
@@ -29,7 +30,18 @@ _REPORT = (
     "SELECT {key} AS k, g.model, count(*), sum(a.input_tokens), sum(a.cache_write_tokens), sum(a.cache_read_tokens),"
     " sum(a.output_tokens), sum(a.input_tokens IS NULL OR a.output_tokens IS NULL)"
     " FROM attempts a CROSS JOIN generations g ON g.id = a.generation_id"
-    " WHERE a.started_at >= ? AND a.outcome != 'streaming'{channels}"
+    " WHERE a.started_at >= $1 AND a.outcome != 'streaming'{channels}"
+    " GROUP BY k, g.model ORDER BY k, g.model"
+)
+# The same on PostgreSQL: its join is `JOIN`, its day `to_char` of the UTC time, its sums of BIGINT
+# NUMERIC (cast back, as SQLite's integers), and a boolean is counted, not summed.
+_KEY_POSTGRESQL = _KEY | {"day": "to_char(to_timestamp(a.started_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD')"}
+_REPORT_POSTGRESQL = (
+    "SELECT {key} AS k, g.model, count(*), sum(a.input_tokens)::bigint, sum(a.cache_write_tokens)::bigint,"
+    " sum(a.cache_read_tokens)::bigint, sum(a.output_tokens)::bigint,"
+    " count(*) FILTER (WHERE a.input_tokens IS NULL OR a.output_tokens IS NULL)"
+    " FROM attempts a JOIN generations g ON g.id = a.generation_id"
+    " WHERE a.started_at >= $1 AND a.outcome != 'streaming'{channels}"
     " GROUP BY k, g.model ORDER BY k, g.model"
 )
 
@@ -53,9 +65,11 @@ def since_of(text: str) -> float:
     return when.timestamp()
 
 
-def report_sql(by: By, channels: int | None = None) -> str:
-    """The report's query; `channels`: how many channel ids it is limited to (None: all)."""
-    limit = f" AND g.channel IN ({','.join('?' * channels)})" if channels is not None else ""
+def report_sql(by: By, channels: int | None = None, dialect: str = "sqlite") -> str:
+    """The report's query in `dialect`; `channels`: how many channel ids it is limited to (None: all)."""
+    limit = f" AND g.channel IN ({placeholders(channels, first=2)})" if channels is not None else ""
+    if dialect == "postgresql":
+        return _REPORT_POSTGRESQL.format(key=_KEY_POSTGRESQL[by], channels=limit)
     return _REPORT.format(key=_KEY[by], channels=limit)
 
 
@@ -131,7 +145,7 @@ async def usage(
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
     chosen = sorted(channels) if channels is not None else None
     rows = await ledger.db.execute_fetchall(
-        report_sql(by, len(chosen) if chosen is not None else None), (since or 0.0, *(chosen or ()))
+        report_sql(by, len(chosen) if chosen is not None else None, ledger.db.dialect), (since or 0.0, *(chosen or ()))
     )
     lines: dict[str, Line] = {}
     total = Line("total")

@@ -22,8 +22,11 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from typing import Any
 
+import asyncpg
+
 from ..records import PostReason
-from . import chain, rows
+from . import chain, postgres, rows
+from .connection import placeholders, sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
 from .verify_attachments import check_attachments
@@ -106,7 +109,7 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainRep
     """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and all after it holds."""
     seq, digest = head
     said = f"head {seq}:{digest}"
-    got = db.execute("SELECT hash FROM chain WHERE seq = ?", (seq,)).fetchone()
+    got = db.execute("SELECT hash FROM chain WHERE seq = $1", (seq,)).fetchone()
     if got is None:
         return False, f"{said}: not in this chain (it has {links.entries} entries): the chain was cut or replaced"
     if got[0] != digest:
@@ -133,8 +136,8 @@ def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[An
         return [f.result() if not f.cancelled() else got for f, got in zip(futures, results, strict=True)]
     except BrokenProcessPool:
         raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
-    except (OSError, sqlite3.Error) as e:
-        raise LedgerError(f"{path}: a worker process checking the ledger failed: {e}") from None
+    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -164,14 +167,22 @@ def _bounds(conn: sqlite3.Connection) -> list[str]:
     return out
 
 
-_NEXT_BOUND = "SELECT id FROM generations WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"
+_NEXT_BOUND = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFSET $2"
 
 
 def _read_only(path: str) -> sqlite3.Connection:
     """A read-only connection to the ledger in one read transaction: what it checks is one state of the
-    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state)."""
+    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state).
+    On PostgreSQL: a read-only session in one REPEATABLE READ transaction (one snapshot)."""
+    if postgres.is_url(path):
+        try:
+            session = postgres.PgSession.connect(path, read_only=True)
+            session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        except Exception as e:
+            raise LedgerError(f"{postgres.shown(path)}: cannot read the ledger: {postgres.reason(e)}") from None
+        return session  # type: ignore[return-value]  # the few calls of a sqlite3.Connection verify makes
     try:
-        conn = sqlite3.connect(read_only_uri(path), uri=True, isolation_level=None)
+        conn = sqlite_session(read_only_uri(path), uri=True)
         conn.execute("BEGIN")
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # the read transaction begins here
     except sqlite3.Error as e:
@@ -245,7 +256,7 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     stumps: dict[str, dict[str, Any]] = {}
     for i in range(0, len(named), 500):
         part = named[i : i + 500]
-        marks = ",".join("?" * len(part))
+        marks = placeholders(len(part))
         for r in rows.dicts(db, f"SELECT * FROM stumps WHERE id IN ({marks})", part):
             stumps[r["id"]] = r
     lines: list[str] = []
@@ -271,32 +282,32 @@ class _Part:
 # attempt's request id and times, are not checked here and are the widest columns to copy).
 _GENS = (
     "SELECT rowid, id, residence, channel, model, status, stop_reason, text, chars, output_tokens, standing,"
-    " continuation_ended, created_at FROM generations WHERE id > ?{upto} ORDER BY id LIMIT ?"
+    " continuation_ended, created_at FROM generations WHERE id > $1{upto} ORDER BY id LIMIT {limit}"
 )
-# Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= ?" or "" (the last batch).
+# Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= $2" or "" (the last batch).
 _OF: list[tuple[str, str]] = [
     (
         "attempts",
         "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
         " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
-        " WHERE generation_id > ?{upto}"
+        " WHERE generation_id > $1{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
     (
         "segments",
         "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
-        " WHERE generation_id > ?{upto} ORDER BY generation_id, idx",
+        " WHERE generation_id > $1{upto} ORDER BY generation_id, idx",
     ),
     (
         "stumps",
         "SELECT id, generation_id, attempt_id, residence, scope, cause, text, chars, output_tokens, published,"
-        " replaced_by, block, block_type FROM stumps WHERE generation_id > ?{upto}"
+        " replaced_by, block, block_type FROM stumps WHERE generation_id > $1{upto}"
         " ORDER BY generation_id, created_at, rowid",
     ),
     (
         "posts",
         "SELECT id, generation_id, seq, kind, content, channel, replacements, message_id, reason, stump_id,"
-        " refused, refused_status, refused_code FROM posts WHERE generation_id > ?{upto} ORDER BY generation_id, seq",
+        " refused, refused_status, refused_code FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
     ),
 ]
 # The blocks of the batch's attempts, by their ids (seeks on the blocks' primary key, in its order).
@@ -304,10 +315,10 @@ _BLOCKS = (
     "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN ({marks})"
     " ORDER BY attempt_id, pos"
 )
-_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > ?{upto} ORDER BY generation_id, rowid"
+_ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > $1{upto} ORDER BY generation_id, rowid"
 _CALLS = (
     "SELECT generation_id, round, pos, attempt_id, name, is_error FROM tool_calls"
-    " WHERE generation_id > ?{upto} ORDER BY generation_id, round, pos"
+    " WHERE generation_id > $1{upto} ORDER BY generation_id, round, pos"
 )
 
 
@@ -403,17 +414,19 @@ def _batch(
     found by the range it falls in."""
     bounded = hi is not None
     gens = rows.dicts(
-        db, _GENS.format(upto=" AND id <= ?" if bounded else ""), (lo, hi, batch) if bounded else (lo, batch)
+        db,
+        _GENS.format(upto=" AND id <= $2" if bounded else "", limit="$3" if bounded else "$2"),
+        (lo, hi, batch) if bounded else (lo, batch),
     )
     end = hi if len(gens) < batch else gens[-1]["id"]
-    upto = "" if end is None else " AND generation_id <= ?"
+    upto = "" if end is None else " AND generation_id <= $2"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
     attempt_ids = list(map(_ID, itertools.chain.from_iterable(of["attempts"].values())))
     blocks: dict[str, _Rows] = {}
     for i in range(0, len(attempt_ids), 500):
         ids = attempt_ids[i : i + 500]
-        blocks |= _grouped(rows.dicts(db, _BLOCKS.format(marks=",".join("?" * len(ids))), ids), _BY_ATTEMPT)
+        blocks |= _grouped(rows.dicts(db, _BLOCKS.format(marks=placeholders(len(ids))), ids), _BY_ATTEMPT)
     calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
     return gens, of, blocks, calls, rows.dicts(db, _ATTACHMENTS.format(upto=upto), span)
 
