@@ -60,45 +60,18 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
     """Record a refused reply, its chain entry and the notice posts it gets (none, or the one of the day), in
     one transaction."""
     r = refusal
+    # The columns in the chain payload's order, then when: the row and its entry state the same fields.
+    fields = (r.id, r.residence, r.channel, r.trigger, r.person, r.scope, r.tokens, r.budget, r.spent, r.day, r.post_id)
     await ledger._tx(
         [
             (
                 "INSERT INTO budget_refusals (id, residence, channel, trigger, person, scope, tokens, budget, spent,"
                 " day, post_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
-                (
-                    r.id,
-                    r.residence,
-                    r.channel,
-                    r.trigger,
-                    r.person,
-                    r.scope,
-                    r.tokens,
-                    r.budget,
-                    r.spent,
-                    r.day,
-                    r.post_id,
-                    r.created_at,
-                ),
+                (*fields, r.created_at),
             ),
             *[Ledger._post_insert(p) for p in posts],
             *chain.posts(posts),
-            chain.append(
-                "budget-refusal",
-                r.id,
-                chain.budget_refusal_payload(
-                    r.id,
-                    r.residence,
-                    r.channel,
-                    r.trigger,
-                    r.person,
-                    r.scope,
-                    r.tokens,
-                    r.budget,
-                    r.spent,
-                    r.day,
-                    r.post_id,
-                ),
-            ),
+            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(*fields)),
         ]
     )
 
