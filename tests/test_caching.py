@@ -91,7 +91,7 @@ async def conversation(pipeline, turns: int, calls=reply, res=None) -> tuple[Roo
     for t in range(1, turns + 1):
         await pipeline.turn(resident, room, said(t), [calls(t)], author="alice" if t % 2 else "bob")
         requests += pipeline.server.requests
-        usages += pipeline.server.usages
+        usages += pipeline.server.usage
     return room, requests, usages
 
 

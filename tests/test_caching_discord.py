@@ -36,9 +36,9 @@ async def test_forty_turns_in_one_discord_channel_read_most_of_their_input_from_
             d.room.post("general", who, f"@cairn {prose(200 + turn, 250)}", mentions=["cairn"])
             await d.wait_bot_messages(turn, timeout=15.0)
         await d.quiet(0.1)
-        usages = d.provider.usages
+        usages = d.provider.usage
         requests = d.provider.requests
-    assert len(requests) == TURNS and all(u is not None for u in usages)
+    assert len(requests) == TURNS and len(usages) == TURNS
     later = [u for u in usages[2:] if u is not None]
     read = sum(u["cache_read_input_tokens"] for u in later)
     whole = sum(u["input_tokens"] + u["cache_creation_input_tokens"] + u["cache_read_input_tokens"] for u in later)

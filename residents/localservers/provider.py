@@ -6,7 +6,7 @@ the same client code as production. Each call is served from a queue (recorded s
 errors, cut connections, stalls) or, when the queue is empty, from an optional responder.
 On `/v1/messages` it keeps a prompt cache by Anthropic's rules (`promptcache`) and reports each
 stream's input tokens, cache writes and cache reads in its `message_start` (and `message_delta`),
-whatever figures the recorded stream carried; `usages` keeps what it reported, request by request.
+whatever figures the recorded stream carried; `usage` keeps what each stream reported, in order.
 Like the real API it can demand a key (`api_keys`: any other key is answered 401 or 403) and lists
 models at `GET /v1/models`; with `models=False` that endpoint is missing (404), as on servers
 that only speak `POST /v1/messages`.
@@ -90,8 +90,6 @@ class ProviderServer:
     ) -> None:
         self.queue: deque[Call] = deque()
         self.requests: list[dict[str, Any]] = []
-        # Per request, the prompt cache's accounting of it (None: not an Anthropic stream request).
-        self.usages: list[dict[str, Any] | None] = []
         self.cache = PromptCache()
         # What each answered stream reported as its usage (`sse.usage_of`, after the cache's figures are
         # spliced in), in order: what the ledger's token counts must add up to.
@@ -112,7 +110,6 @@ class ProviderServer:
         self.queue.clear()
         self.queue.extend(calls)
         self.requests.clear()
-        self.usages.clear()
         self.usage.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -153,8 +150,6 @@ class ProviderServer:
         except (ValueError, UnicodeDecodeError):
             return _json(400, errors(400, "request body is not JSON"))
         self.requests.append(body)
-        self.usages.append(None)
-        at = len(self.usages) - 1
         if not self._key_accepted(request):
             return self._reject(errors)
         plan: Accounting | None = None
@@ -182,8 +177,6 @@ class ProviderServer:
         data = call.sse or b""
         if plan is not None and not call.usage_as_recorded:
             self.cache.commit(plan)
-            if at < len(self.requests) and self.requests[at] is body:  # not cleared by a `reset` meanwhile
-                self.usages[at] = plan.usage
             data = sse.with_usage(data, plan.usage)
         await resp.prepare(request)
         if call.delay_seconds > 0:
