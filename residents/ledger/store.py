@@ -780,15 +780,23 @@ class Ledger:
                 out[p.message_id or ""] = p
         return out
 
+    async def claim_reply(self, residence: str, trigger: str, channel: str) -> bool:
+        """Take the turn on room message `trigger` for `residence`: True if this call took it, False if it
+        was taken before (by this process or another, live or caught up). The one rule for "this message
+        was answered": claimed once, before any provider call; `answered` reads the same claims."""
+        try:
+            return await self.db.run(_claim, (residence, trigger, channel, time.time()))
+        except Exception as e:
+            raise _as_write_error(self.db.name, e) from e
+
     async def answered(self, residence: str, message_ids: Iterable[str]) -> set[str]:
-        """The messages among `message_ids` that a generation of `residence` was started by (its trigger), or
-        that a spent daily budget refused a reply to (`residents.ledger.budgets`): each was handled once."""
+        """The messages among `message_ids` whose turn `residence` has claimed (`claim_reply`): each was
+        taken once, whatever came of it (a reply, a refusal by a spent daily budget)."""
         ids, out = list(message_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            for query in (ANSWERED, BUDGET_REFUSED):
-                sql = query.format(marks=placeholders(len(part)), residence=len(part) + 1)
-                out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
+            sql = CLAIMED.format(marks=placeholders(len(part)), residence=len(part) + 1)
+            out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
@@ -987,8 +995,12 @@ def _generation_rows(conn: Session, ids: list[str], brief: bool) -> dict[str, li
 
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
-ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=${residence}"
-BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=${residence}"
+CLAIMED = "SELECT trigger FROM reply_claims WHERE trigger IN ({marks}) AND residence=${residence}"
+# Portable as written (SQLite 3.35+, PostgreSQL 9.5+): a row back only when this statement inserted it.
+CLAIM = (
+    "INSERT INTO reply_claims (residence, trigger, channel, claimed_at) VALUES ($1,$2,$3,$4)"
+    " ON CONFLICT DO NOTHING RETURNING trigger"
+)
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = (
     "SELECT id FROM generations WHERE residence=$1{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
@@ -1077,6 +1089,20 @@ def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> 
                 conn.execute("ROLLBACK")
             raise
     return [errors.get(i) for i in range(len(changes))]
+
+
+def _claim(conn: Session, params: tuple[Any, ...]) -> bool:
+    """The claim in a write transaction of its own (on PostgreSQL: under the write lock, and with a
+    transaction id whose outcome a lost connection can look up), run in the connection's own thread."""
+    conn.begin_write()
+    try:
+        taken = conn.execute(CLAIM, params).fetchone() is not None
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return taken
 
 
 def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
