@@ -4,7 +4,8 @@ call, once, on SQLite and on a real PostgreSQL server (`pgkit`).
 A message taken already gets no second turn, whoever asks again: the gateway re-delivering the same
 MESSAGE_CREATE (real discord.py over the local room's socket), a second turn on it at once, a catch-up.
 A reply a spent budget refused counts as taken; a ledger from before the claims reads them from what
-answered a message then.
+answered a message then. And two sessions migrating one new ledger at once (issue 23's failure parts)
+apply each step once, on both backends.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from discordkit import deployed
 from roomkit import eventually
 
 from residents.discord.catchup import Claims
-from residents.ledger import Ledger
+from residents.ledger import Ledger, migrations, postgres
+from residents.ledger.connection import Connection
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
 
@@ -41,6 +43,14 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(tmp_path / "ledger.db")
     server: pgkit.Server = request.getfixturevalue("pg_server")
     return server.create()
+
+
+def rows(location: str, statement: str) -> list[tuple[object, ...]]:
+    """A statement's rows read straight from the backend (no ledger code in between)."""
+    if location.startswith("postgresql://"):
+        return pgkit.fetch(location, statement)
+    with closing(sqlite3.connect(location)) as con:
+        return con.execute(statement).fetchall()
 
 
 def said(text: str) -> Call:
@@ -141,3 +151,26 @@ async def test_the_same_message_create_delivered_again_gets_no_second_reply(tmp_
         assert [m["content"] for m in d.bot_messages()] == ["one reply"]
         assert d.provider.arrived == 1
         assert await d.ledger.answered("cairn", [str(sent["id"])]) == {str(sent["id"])}
+
+
+async def test_two_connections_migrating_one_new_ledger_at_once_apply_each_step_once(location: str) -> None:
+    """Two sessions (each on a thread of its own, as two processes would be) migrate one fresh ledger at
+    once: both succeed, each step is applied and recorded once, and the first to start applied them all."""
+
+    async def session() -> Connection:
+        if location.startswith("postgresql://"):
+            return await postgres.connect(location)
+        return await Connection.open(location)
+
+    first, second = await session(), await session()
+    try:
+        applied = await asyncio.gather(migrations.apply(first), migrations.apply(second))
+    finally:
+        await first.close()
+        await second.close()
+    names = [name for name, _ in migrations.MIGRATIONS]
+    assert sorted(applied, key=len) == [[], names]
+    recorded = [r[0] for r in rows(location, "SELECT name FROM _migrations ORDER BY name")]
+    assert recorded == sorted(names)
+    async with Ledger.open(location) as ledger:  # and the ledger opens on it
+        assert await ledger.claim_reply("cairn", "1", "general")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from .connection import Connection, Session
+from .postgres import MIGRATE_LOCK
 from .schema_postgres import BASELINE, BASELINE_UPTO
 
 log = logging.getLogger(__name__)
@@ -630,9 +631,19 @@ class MigrationError(Exception):
 
 
 def _apply_postgresql(conn: Session) -> list[str]:
-    """PostgreSQL: every step not yet recorded, in one transaction under the ledger's write lock, so two
-    processes migrating at once apply each step once (the second finds them applied). A new database
-    gets the baseline, recorded as the steps it stands for."""
+    """PostgreSQL: every step not yet recorded, under a session-level advisory lock of the migrations' own
+    (`postgres.MIGRATE_LOCK`: held across transactions, so a step that cannot run inside one stays covered)
+    and in one transaction under the ledger's write lock, so two processes migrating at once apply each step
+    once: the second waits, then finds them applied. A new database gets the baseline, recorded as the
+    steps it stands for."""
+    conn.execute("SELECT pg_advisory_lock($1)", (MIGRATE_LOCK,))
+    try:
+        return _apply_postgresql_locked(conn)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock($1)", (MIGRATE_LOCK,))
+
+
+def _apply_postgresql_locked(conn: Session) -> list[str]:
     conn.begin_write()
     try:
         conn.execute(
@@ -682,19 +693,44 @@ async def apply(db: Connection) -> list[str]:
     for name, sql in MIGRATIONS:
         if name in done:
             continue
-        if callable(sql):
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                await db.run(sql)  # on the connection's thread
-                await db.execute("INSERT INTO _migrations VALUES ($1, $2)", (name, time.time()))
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
+        if await db.run(_apply_sqlite_step, name, sql):
             log.info("ledger migration applied: %s", name)
             applied.append(name)
-            continue
-        await db.executescript(f"BEGIN;\n{sql}\nINSERT INTO _migrations VALUES ('{name}', {time.time()});\nCOMMIT;")
-        log.info("ledger migration applied: %s", name)
-        applied.append(name)
     return applied
+
+
+def _apply_sqlite_step(conn: Session, name: str, sql: str | Callable[[sqlite3.Connection], None]) -> bool:
+    """One step in one `BEGIN IMMEDIATE` transaction (the file's write lock taken first), recorded before
+    it runs, on the connection's thread: False when another connection applied it meanwhile (its record
+    there once the lock was ours). Two processes migrating one file at once apply each step once."""
+    if callable(sql):
+        conn.begin_write()
+        try:
+            if conn.execute("SELECT 1 FROM _migrations WHERE name = $1", (name,)).fetchone() is not None:
+                conn.execute("ROLLBACK")
+                return False
+            conn.execute("INSERT INTO _migrations VALUES ($1, $2)", (name, time.time()))
+            sql(conn)  # type: ignore[arg-type]
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return True
+    # A script runs whole (`executescript` commits anything open first): its own BEGIN IMMEDIATE, its record
+    # first, so a step another connection recorded meanwhile fails on `_migrations`' key before it runs.
+    try:
+        conn.executescript(
+            f"BEGIN IMMEDIATE;\nINSERT INTO _migrations VALUES ('{name}', {time.time()});\n{sql}\nCOMMIT;"
+        )
+    except sqlite3.IntegrityError:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if conn.execute("SELECT 1 FROM _migrations WHERE name = $1", (name,)).fetchone() is not None:
+            return False
+        raise
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return True

@@ -30,6 +30,7 @@ T = TypeVar("T")
 # The advisory lock keys of a ledger (one database): its write transactions, and its one writer process.
 WRITE_LOCK = 0x7265736964656E74  # "resident"
 WRITER_LOCK = 0x6C65646765727731  # "ledgerw1"
+MIGRATE_LOCK = 0x6D69677261746531  # "migrate1": held by a session applying migrations (`migrations.apply`)
 
 
 # Who holds an advisory lock (its key as pg_locks shows it: classid, objid), as that session named itself.
