@@ -233,6 +233,7 @@ E2E_MODULES = frozenset(
         "test_demo",
         "test_discord_e2e",
         "test_reply_claims",
+        "test_ledger_reconnect",
         "test_disk_full_process",
         "test_faults_provider",
         "test_flush_load",
