@@ -12,7 +12,7 @@ does for a file, whichever process or connection asks.
 
 The server may go away mid-call (restarted, the session ended, the network dropped): the session then
 connects again and the whole call is asked again (`PgSession.call`), with backoff, for up to
-`RECONNECT_WITHIN` seconds. That is safe because a write transaction cut short was rolled back as a
+`RECONNECT.within` seconds. That is safe because a write transaction cut short was rolled back as a
 whole; one cut during its COMMIT is looked up by its transaction id (`txid_status`) before anything is
 asked again, so nothing is written twice. Past the bound the call fails with `ConnectionLost`, which the
 store reports as a `LedgerWriteError` (the disk-full path: the turn holds its posts and tries again).
