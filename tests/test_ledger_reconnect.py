@@ -268,12 +268,22 @@ async def test_the_server_restarted_while_a_reply_is_under_way_loses_and_repeats
         assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", url, "--strict"]) == 0
 
 
-async def test_residents_run_goes_on_after_its_ledger_session_is_ended_mid_reply(
-    tmp_path: Path, pg_server: pgkit.Server
+@pytest.mark.parametrize("fault", ["session ended", "server restarted"])
+async def test_residents_run_goes_on_after_its_ledger_is_cut_mid_reply(
+    tmp_path: Path, pg_server: pgkit.Server, fault: str
 ) -> None:
     """`residents run --db URL`: while a reply is streaming, the server ends the process's ledger session
-    (`pg_terminate_backend`). The reply is recorded once and posted once, the process says in its log that
-    it connected again, and it answers the next mention; `verify --strict` holds."""
+    (`pg_terminate_backend`), or is stopped and started again on its folder and port (a server of the
+    test's own). The reply is recorded once and posted once, the process says in its log that it connected
+    again, and it answers the next mention; `verify --strict` holds."""
+    if fault == "server restarted":
+        with pgkit.server() as own:
+            await run_cut_mid_reply(tmp_path, own, fault)
+    else:
+        await run_cut_mid_reply(tmp_path, pg_server, fault)
+
+
+async def run_cut_mid_reply(tmp_path: Path, pg_server: pgkit.Server, fault: str) -> None:
     from discordkit import GatedProvider
     from roomkit import running_room
 
@@ -312,16 +322,25 @@ async def test_residents_run_goes_on_after_its_ledger_session_is_ended_mid_reply
                 provider.hold()
                 room.post("general", "alice", "first, @cairn", mentions=["cairn"])
                 await eventually(lambda: provider.arrived == 1, timeout=20)
+                if fault == "server restarted":
+                    await asyncio.to_thread(pg_server.stop)
+                    provider.release()  # the reply's writes find no server
+                    await eventually(lambda: "connection to its database was lost" in log_path.read_text(), timeout=20)
+                    await asyncio.to_thread(pg_server.start)
                 # The process's ledger session (not the one holding its writer lock) is ended mid-reply.
-                ended = pgkit.fetch(
-                    url,
-                    "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a WHERE a.datname = current_database()"
-                    " AND a.application_name LIKE $1 AND a.pid NOT IN (SELECT pid FROM pg_locks WHERE"
-                    " locktype = 'advisory' AND classid = $2::bigint::oid AND objid = $3::bigint::oid)",
-                    f"{proc.pid} %",
-                    *writer_parts,
+                ended = (
+                    []
+                    if fault == "server restarted"
+                    else pgkit.fetch(
+                        url,
+                        "SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity a WHERE a.datname = current_database()"
+                        " AND a.application_name LIKE $1 AND a.pid NOT IN (SELECT pid FROM pg_locks WHERE"
+                        " locktype = 'advisory' AND classid = $2::bigint::oid AND objid = $3::bigint::oid)",
+                        f"{proc.pid} %",
+                        *writer_parts,
+                    )
                 )
-                assert ended == [(True,)]
+                assert ended == ([] if fault == "server restarted" else [(True,)])
                 provider.release()
                 await eventually(lambda: cairn() == ["reply 1, said once"], timeout=40)
                 room.post("general", "alice", "second, @cairn", mentions=["cairn"])

@@ -127,14 +127,15 @@ async def test_a_ledger_from_before_claims_reads_them_from_its_generations(tmp_p
         assert await ledger.claim_reply("cairn", "m1", "room") is False
 
 
-async def test_the_same_message_create_delivered_again_gets_no_second_reply(tmp_path: Path) -> None:
+async def test_the_same_message_create_delivered_again_gets_no_second_reply(tmp_path: Path, location: str) -> None:
     """The gateway sends the very MESSAGE_CREATE frame again (as a RESUME replays it) to a process that has
     no memory of it (a new cog's claims): discord.py hands it to the cog, the ledger's claim refuses it."""
     cairn = residence(
         discord={"token_env": "CAIRN_DISCORD_TOKEN", "channels": ["general"]},
         policy={"retries": {"max_attempts": 2, "backoff_seconds": 0}, "floor": {"cooldown_seconds": 0}},
     )
-    async with deployed(tmp_path, [cairn], calls=[said("one reply"), said("a second reply")]) as d:
+    db = location if location.startswith("postgresql://") else None
+    async with deployed(tmp_path, [cairn], calls=[said("one reply"), said("a second reply")], db=db) as d:
         sent = d.room.post("general", "alice", "hello @cairn", mentions=["cairn"])
         await d.wait_bot_messages(1)
         await d.quiet()
