@@ -193,7 +193,9 @@ async def test_past_the_bound_a_write_is_refused_and_goes_on_once_the_server_is_
     async with relayed(pg_server) as (relay, url, direct):
         async with Ledger.open(url) as ledger:
             relay.cut()
-            with pytest.raises(LedgerWriteError, match="the ledger could not write"):
+            with pytest.raises(
+                LedgerWriteError, match="the ledger could not write: its database could not be reached for 1s"
+            ):
                 await ledger.create_generation(generation("g-out"))
             assert count(direct, "g-out") == 0
             with caplog.at_level(logging.WARNING, logger="residents.ledger.retry"):

@@ -200,7 +200,7 @@ class PgSession:
                 waited = time.monotonic() - since
                 if waited >= self.reconnect.within:
                     log.warning("the ledger's database could not be reached for %.0fs (%s); the call fails", waited, e)
-                    raise
+                    raise ConnectionLost(f"its database could not be reached for {waited:.0f}s: {e}") from e
                 if failures == 1:
                     log.warning(
                         "the ledger's connection to its database was lost (%s); trying again for up to %.0fs",
