@@ -96,6 +96,7 @@ class Column:
     failover_note: str | None = None
     unavailable: str | None = None
     startup_s: float | None = None
+    paced_per_s: float | None = None
     replies: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -115,6 +116,7 @@ class Column:
             "latency_p50_ms": percentile(self.latencies_ms, 50) if self.latencies_ms else None,
             "latency_p99_ms": percentile(self.latencies_ms, 99) if self.latencies_ms else None,
             "latency_max_ms": max(self.latencies_ms) if self.latencies_ms else None,
+            "paced_messages_per_s": self.paced_per_s,
             "failover_s": self.failover_s,
             "failover_note": self.failover_note,
             "rounds": self.rounds,
@@ -216,6 +218,7 @@ class Load:
         self.room, self.watch = room, watch
         self.expected: dict[str, int] = {}
         self.sent: list[Sent] = []
+        self.paced_per_s: float | None = None  # the paced phase's messages a second, as answered
 
     async def ask(self, name: str, n: int, cut: bool) -> Sent:
         """One person's mention of `name` in its channel; returns once the whole reply is in the room."""
@@ -388,6 +391,7 @@ async def measure(backend: str, procs: int, s: Settings, folder: Path, location:
                 raise RuntimeError(f"{col.label}: the ledger settled other than what was asked: {col.rounds[-1]}")
             log.info("%s round %d: %.1f generations/s", col.label, r + 1, col.rounds[-1]["generations_per_s"])
         col.latencies_ms = await paced(load, who, s.messages, s.rate, s.rounds * s.messages + 1)
+        col.paced_per_s = load.paced_per_s
         col.replies = load.replies(who)
         if col.replies["answered_once"] != col.replies["messages"]:
             raise RuntimeError(f"{col.label}: not every message got exactly one reply: {col.replies}")
@@ -449,7 +453,11 @@ async def paced(load: Load, who: list[str], messages: int, rate: float, first: i
             x = await load.ask(name, first + k, cut(k))
         return ((x.first_post_at or x.posted_at) - x.posted_at) * 1e3
 
-    return list(await asyncio.gather(*(one(k) for k in range(messages))))
+    waits = list(await asyncio.gather(*(one(k) for k in range(messages))))
+    posted = [x.posted_at for x in load.sent[-messages:]]
+    if messages > 1:  # as posted: below `rate` where a channel's previous reply was not yet whole
+        load.paced_per_s = (messages - 1) / (max(posted) - min(posted))
+    return waits
 
 
 async def failover(col: Column, load: Load, run: Processes, who: list[str]) -> None:
