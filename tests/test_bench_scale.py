@@ -98,3 +98,22 @@ def test_every_message_got_exactly_one_reply_counted_from_the_room(quick: tuple[
     else:
         assert pg2["replies"]["answered_once"] == pg2["replies"]["messages"]
         assert pg2["failover_s"] is not None and pg2["failover_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--procs", "1,two"], "--procs 1,two: write counts separated by commas, e.g. 1,2,4"),
+        (["--procs", "0"], "--procs 0: every count is at least 1"),
+        (["--residents", "1001"], "--residents 1001: from 1 to 1000 (one channel and one bot each)"),
+        (["--rate", "0"], "--messages, --rounds: at least 1; --rate: above 0"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_status_2(
+    args: list[str], line: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT))  # bench/ sits beside the package, not in it
+    from bench import scale
+
+    assert scale.main(args) == 2
+    assert capsys.readouterr().err.splitlines() == [f"python -m bench scale: {line}"]
