@@ -220,6 +220,7 @@ E2E_MODULES = frozenset(
     {
         "test_browser",
         "test_browser_guilds",
+        "test_bench_scale",
         "test_caching_discord",
         "test_catch_up",
         "test_checkpoints",
