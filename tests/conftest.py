@@ -234,6 +234,8 @@ E2E_MODULES = frozenset(
         "test_faults_provider",
         "test_flush_load",
         "test_ledger_process",
+        "test_leases",
+        "test_leases_start",
         "test_memory",
         "test_fuzz_config",
         "test_discord_text",
