@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -152,8 +153,21 @@ async def mention(r: Rig, name: str, text: str, channel: str = "general") -> Non
     await r.until(lambda: len(r.by(name, channel)) > before)
 
 
+async def status(url: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """`residents status --json` on the ledger: who runs, and what each holds."""
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["status", "--db", url, "--json"]) == 0
+    got: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return got
+
+
+def held(got: dict[str, Any]) -> dict[int, list[str]]:
+    """pid → the units it holds, for every live process `status` lists."""
+    return {p["pid"]: sorted(u["unit"] for u in p["units"]) for p in got["processes"] if p["alive"]}
+
+
 async def test_two_processes_share_four_residents_and_the_survivor_takes_over_a_killed_ones(
-    tmp_path: Path, pg_server: pgkit.Server
+    tmp_path: Path, pg_server: pgkit.Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     async with rig(tmp_path, pg_server, NAMES) as r:
         one, two = r.procs
@@ -170,6 +184,9 @@ async def test_two_processes_share_four_residents_and_the_survivor_takes_over_a_
             )
 
         await r.until(shared)
+        listed = held(await status(r.url, capsys))
+        assert sorted(listed) == sorted(pids) and sorted(sum(listed.values(), [])) == sorted(NAMES)
+        assert {pid: sorted(n for n, p in r.holders().items() if p == pid) for pid in pids} == listed
         for name in NAMES:
             await mention(r, name, "Good morning")
         gens = r.rows("SELECT residence, count(*) FROM generations GROUP BY residence")
@@ -195,6 +212,16 @@ async def test_two_processes_share_four_residents_and_the_survivor_takes_over_a_
             assert len(r.by(name)) == (2 if name in orphans else 1), r.output()
         [(live,)] = r.rows("SELECT count(*) FROM processes WHERE stopped_at IS NULL")
         assert live == 2  # the killed process never said it stopped: it simply went silent
+        got = await status(r.url, capsys)
+        assert held(got) == {r.pid(survivor): sorted(NAMES)}
+        [dead] = [p for p in got["processes"] if p["pid"] == r.pid(victim)]
+        assert (dead["alive"], dead["stopped_at"], dead["units"]) == (False, None, [])
+        assert await asyncio.to_thread(cli.main, ["status", "--db", r.url]) == 0
+        text = capsys.readouterr().out.splitlines()
+        assert text[0].endswith(": 1 live process") and any(
+            f"pid {r.pid(victim)} " in t and "not alive" in t for t in text
+        )
+        assert [t.split()[0] for t in text if "  since " in t] == sorted(NAMES)
 
 
 async def test_a_holder_frozen_past_its_lease_posts_nothing_more_as_that_bot_and_gives_it_up(

@@ -166,7 +166,14 @@ class ProcessRow:
     units: list[tuple[str, float]]  # (unit, held since), each lease still running
 
 
-def status(conn: Session) -> tuple[list[ProcessRow], list[str]]:
+@dataclass(frozen=True)
+class Status:
+    now: float  # the database's clock as it was read
+    processes: list[ProcessRow]
+    free: list[str]  # units no process's lease covers now
+
+
+def status(conn: Session) -> Status:
     """Every process not stopped long ago (the last day's), each with the leases it holds, and the units no
     live process holds. One read, by the database's clock."""
     [(now,)] = conn.execute(f"SELECT {NOW}").fetchall()
@@ -197,7 +204,7 @@ def status(conn: Session) -> tuple[list[ProcessRow], list[str]]:
         )
         for p in procs
     ]
-    return rows, free
+    return Status(float(now), rows, free)
 
 
 class Leases:
