@@ -13,7 +13,7 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ from ..config import Checkpoints, Residence, ShardSettings, load_all_residences,
 from ..delivery.keys import KeyRejections
 from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
-from ..delivery.resume import recover
+from ..delivery.resume import open_channels, recover
 from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
 from ..ledger import Ledger, hold_ledger, leases, postgres
@@ -122,13 +122,20 @@ def provider_endpoints(residences: list[Residence], env: Mapping[str, str]) -> d
     return out
 
 
-async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
+async def start_bot(
+    bot: ResidentBot,
+    token: str,
+    outbox: Outbox,
+    prepare: Callable[[ResidentBot], Awaitable[None]] | None = None,
+) -> None:
     """`Bot.start`, with the residence's undelivered posts tried once between login and connect.
 
     What cannot be delivered yet stays first in its channel's queue and is retried with backoff;
-    nothing planned later overtakes it.
+    nothing planned later overtakes it. `prepare` runs first after login (the bot can read the room).
     """
     await bot.login(token)
+    if prepare is not None:
+        await prepare(bot)
     room = DiscordResumeRoom(bot, views=lambda post: receipt_view(bot, post))
     await withdraw_left_in_progress(outbox.ledger, room, bot.residence.name)  # a live reply cut by a stop
     outbox.register(bot.residence.name, room)
@@ -390,6 +397,14 @@ class _Driven:
         shard = 0 if guild_id is None else (guild_id >> 22) % count
         return self.keeper.may_post(leases.Unit(residence, shard).key)
 
+    async def _recover_shards(self, bot: ResidentBot) -> None:
+        """After login, before the outbox resumes: settle and plan what a stopped process left open in the
+        channels of the shards this process now holds (the bot's other shards may run on elsewhere)."""
+        name = bot.residence.name
+        mine = [c for c in await open_channels(self.ledger, name) if await self.fence(name, c)]
+        if mine:
+            await recover(self.ledger, {name}, mine)
+
     def wanted(self) -> dict[str, frozenset[int | None]]:
         """Per residence, the shards (None: the whole bot) this process's leases cover now."""
         out: dict[str, set[int | None]] = {}
@@ -407,9 +422,11 @@ class _Driven:
                 update={"discord": r.discord.model_copy(update={"shards": ShardSettings(count=count, ids=ids)})}
             )
             self.registry[name].residence = r
+            prepare: Callable[[ResidentBot], Awaitable[None]] | None = self._recover_shards
         else:
             # The previous holder is gone (its lease ran out): what it left open is settled and planned now.
             await recover(self.ledger, {name})
+            prepare = None
         bot_class = sharded(ResidentBot) if r.discord is not None and r.discord.shards is not None else ResidentBot
         bot = bot_class(
             self.registry[name],
@@ -421,7 +438,9 @@ class _Driven:
         )
         self.bots[name] = self.peers[name] = bot
         self.shards[name] = shards
-        self.tasks[name] = asyncio.create_task(start_bot(bot, self.dep.tokens[name], self.outbox), name=f"bot:{name}")
+        self.tasks[name] = asyncio.create_task(
+            start_bot(bot, self.dep.tokens[name], self.outbox, prepare), name=f"bot:{name}"
+        )
         log.info(
             "leases: %s now runs here%s",
             name,
