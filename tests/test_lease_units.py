@@ -1,19 +1,26 @@
-"""What the processes sharing a ledger share out, and recovery kept to a taken-over shard's channels: the
-parts of issue 23's leases that need no server (the rest runs on one in `test_leases.py`)."""
+"""What the processes sharing a ledger share out, recovery kept to a taken-over shard's channels, and the
+outbox's one fence before anything leaves as a bot: the parts of issue 23's leases that need no server
+(the rest runs on one, with real processes, in `test_leases.py`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import Room
+from conftest import residence as conftest_residence
 
 from residents.config import Residence
+from residents.delivery.outbox import LeaseLost, Outbox
 from residents.delivery.resume import open_channels, recover
 from residents.discord.run import lease_units
 from residents.ledger import Ledger
 from residents.ledger.leases import Terms, Unit, unit_of
+from residents.localservers import sse
+from residents.localservers.provider import Call
 
 try:
     from test_crash import pending, streaming
@@ -67,3 +74,65 @@ async def test_recovery_kept_to_some_channels_leaves_the_bots_other_channels_str
     assert settled is not None and settled.status != "pending" and settled.posts
     assert other is not None and other.status == "pending" and other.attempts[0].outcome == "streaming"
     assert await open_channels(ledger, "cairn") == {"200"}
+
+
+class Fence:
+    """A lease that covers posting, or not, as the test says."""
+
+    def __init__(self) -> None:
+        self.covers = False
+        self.asked: list[tuple[str, str]] = []
+
+    async def __call__(self, residence: str, channel: str) -> bool:
+        self.asked.append((residence, channel))
+        return self.covers
+
+
+async def test_a_post_the_fence_refuses_stays_in_the_ledger_until_the_lease_covers_it_again(pipeline: Any) -> None:
+    room = Room()
+    res = pipeline.resident(conftest_residence(), room)
+    fence = Fence()
+    res.outbox.fence = fence
+    reply, sent = await asyncio.wait_for(
+        pipeline.turn(res, room, "Hello?", [Call(sse=sse.stream("Calm water.", "end_turn", 4))]), 10
+    )
+    assert sent == [] and fence.asked == [("cairn", "room")]
+    [waiting] = await pipeline.ledger.undelivered_posts_of("cairn")
+    assert waiting.generation_id == reply.generation.id and res.outbox.left == {"cairn"}
+    fence.covers = True  # renewed: what the fence left goes out, once
+    assert await res.outbox.resume("cairn") == 1
+    assert [p.content for p in room.sent] == ["Calm water."]
+    assert await pipeline.ledger.undelivered_posts_of("cairn") == []
+
+
+class LiveRoom:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def send_live(self, content: str, nonce: str) -> str:
+        self.calls.append("send")
+        return "1"
+
+    async def edit(self, message_id: str, content: str) -> None:
+        self.calls.append("edit")
+
+    async def delete(self, message_id: str) -> None:
+        self.calls.append("delete")
+
+
+async def test_a_live_reply_passes_the_same_fence_before_each_create_edit_and_removal(ledger: Ledger) -> None:
+    outbox = Outbox(ledger)
+    live = LiveRoom()
+    assert outbox.fenced("cairn", "100", live) is live  # one process: no fence at all
+    fence = Fence()
+    outbox.fence = fence
+    fenced = outbox.fenced("cairn", "100", live)
+    for call in (fenced.send_live("text", "n"), fenced.edit("1", "text"), fenced.delete("1")):
+        with pytest.raises(LeaseLost):
+            await call
+    assert live.calls == [] and fence.asked == [("cairn", "100")] * 3
+    fence.covers = True
+    assert await fenced.send_live("text", "n") == "1"
+    await fenced.edit("1", "more")
+    await fenced.delete("1")
+    assert live.calls == ["send", "edit", "delete"]

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from ..ledger import Ledger, LedgerWriteError
 from ..observe import UNOBSERVED, Observer
 from ..records import Post
+from .live import LiveRoom
 from .resume import ResumeRoom, RoomRefused, RoomUnavailable, Seen, resume_generation
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,10 @@ class Outbox:
         for channel, ch in self.channels.items():
             if ch.queue:
                 self._kick(channel)
+
+    def fenced(self, residence: str, channel: str, room: LiveRoom) -> LiveRoom:
+        """`room` for a live reply of `residence` in `channel`, behind the same fence as every send."""
+        return room if self.fence is None else _FencedLive(room, residence, channel, self.fence)
 
     def unregister(self, residence: str) -> None:
         """Its bot stopped here (another process holds it now): what it left queued goes when the fence
@@ -404,9 +409,15 @@ class Outbox:
         ch.tried.clear()
 
 
+async def _check(fence: Fence, residence: str, channel: str) -> None:
+    """The one check before anything leaves as `residence` (a post, a live message's create, edit or removal):
+    LeaseLost unless this process's lease covers it now."""
+    if not await fence(residence, channel):
+        raise LeaseLost(f"this process no longer holds the lease of {residence} there")
+
+
 class _Fenced:
-    """A resident's room as the outbox uses it under leases: each send first asks the fence, the one place
-    where this process's lease is checked before a post leaves."""
+    """A resident's room as the outbox uses it under leases: each send first passes `_check`."""
 
     def __init__(self, room: ResumeRoom, residence: str, fence: Fence) -> None:
         self.room, self.residence, self.fence = room, residence, fence
@@ -415,6 +426,25 @@ class _Fenced:
         return await self.room.own_messages(channel, after_id, after_time)
 
     async def send(self, post: Post) -> str:
-        if not await self.fence(self.residence, post.channel):
-            raise LeaseLost(f"this process no longer holds the lease of {self.residence} there")
+        await _check(self.fence, self.residence, post.channel)
         return await self.room.send(post)
+
+
+class _FencedLive:
+    """A live reply's room under leases: each create, edit and removal first passes `_check` (LeaseLost is a
+    RoomUnavailable: the live view stops showing, and the settled reply waits in the ledger)."""
+
+    def __init__(self, room: LiveRoom, residence: str, channel: str, fence: Fence) -> None:
+        self.room, self.residence, self.channel, self.fence = room, residence, channel, fence
+
+    async def send_live(self, content: str, nonce: str) -> str:
+        await _check(self.fence, self.residence, self.channel)
+        return await self.room.send_live(content, nonce)
+
+    async def edit(self, message_id: str, content: str) -> None:
+        await _check(self.fence, self.residence, self.channel)
+        await self.room.edit(message_id, content)
+
+    async def delete(self, message_id: str) -> None:
+        await _check(self.fence, self.residence, self.channel)
+        await self.room.delete(message_id)
