@@ -191,7 +191,11 @@ class Outbox:
 
         Returns how many of those posts are in the room after it; the rest keep being retried.
         """
-        posts = [p for p in await self.ledger.undelivered_posts_of(residence) if self._queued(p) is None]
+        posts = [
+            p
+            for p in await self.ledger.undelivered_posts_of(residence)
+            if self._queued(p) is None and (self.fence is None or await self.fence(residence, p.channel))
+        ]  # under leases, only what this process's lease covers: the rest is for the holder
         entries: dict[str, list[_Entry]] = {}
         for post in posts:
             entry = _Entry(residence, post, False, asyncio.get_running_loop().create_future())
@@ -254,7 +258,7 @@ class Outbox:
                 head = ch.queue[0]
                 found = self.rooms.get(head.residence)
                 if found is None and self.fence is not None and not await self.fence(head.residence, channel):
-                    self._leave(channel, ch, head.residence, LeaseLost(f"{head.residence}'s bot runs elsewhere"))
+                    await self._leave(channel, head.residence, LeaseLost(f"{head.residence}'s bot runs elsewhere"))
                     continue
                 room = found if found is None or self.fence is None else _Fenced(found, head.residence, self.fence)
                 if room is None:  # its bot has not logged in yet: it kicks this channel when it does
@@ -264,7 +268,7 @@ class Outbox:
                 try:
                     await self._send_front(ch, room)
                 except LeaseLost as e:
-                    self._leave(channel, ch, head.residence, e)
+                    await self._leave(channel, head.residence, e)
                     continue
                 except (RoomUnavailable, LedgerWriteError) as e:
                     # A ledger refusing a delivery's record: the post may be in the room unrecorded, so it is
@@ -323,20 +327,25 @@ class Outbox:
             e.done.set_result(True)
             self.observer.post_delivered(e.residence, e.post)
 
-    def _leave(self, channel: str, ch: _Channel, residence: str, e: LeaseLost) -> None:
-        """Drop a resident's posts from every channel's queue: they stay undelivered in the ledger, for the
-        process whose lease covers them (or for this one's `resume` once its lease is renewed: `left`);
-        whoever waits for them here is told they did not go out."""
+    async def _leave(self, channel: str, residence: str, e: LeaseLost) -> None:
+        """Drop a resident's posts from the queue of every channel the fence refuses it now (this one first):
+        they stay undelivered in the ledger, for the process whose lease covers them (or for this one's
+        `resume` once its lease is renewed: `left`); whoever waits for them here is told they did not go out."""
+        assert self.fence is not None
         left = 0
-        for other in self.channels.values():
-            kept = []
+        for ref, other in list(self.channels.items()):
+            if ref != channel and (
+                not any(x.residence == residence for x in other.queue) or await self.fence(residence, ref)
+            ):
+                continue
+            busy = other.worker is not None and not other.worker.done()
+            kept, front = [], other.resumed
             for i, entry in enumerate(other.queue):
-                busy = other.worker is not None and not other.worker.done()
-                if entry.residence != residence or (other is not ch and i == 0 and busy):
+                if entry.residence != residence or (ref != channel and i == 0 and busy):
                     kept.append(entry)  # (another channel's front may be in a send: its own check drops it)
                     continue
                 left += 1
-                if i < other.resumed:
+                if i < front:
                     other.resumed -= 1
                 if not entry.done.done():
                     entry.done.set_result(False)

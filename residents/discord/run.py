@@ -369,6 +369,7 @@ class _Driven:
         self.peers: dict[str, ResidentBot] = {}
         self._guilds: dict[str, int | None] = {}  # channel id → its guild's id, as the room said
         self.resuming: set[asyncio.Task[int]] = set()
+        self.starting = True  # until the first renewal is acted on: what is taken then is the start's share
 
     def _count(self, name: str) -> int | None:
         r = self.residences[name]
@@ -441,7 +442,9 @@ class _Driven:
         self.tasks[name] = asyncio.create_task(
             start_bot(bot, self.dep.tokens[name], self.outbox, prepare), name=f"bot:{name}"
         )
-        log.info(
+        # At start, a process takes its share; later, what it takes was another process's: said louder.
+        log.log(
+            logging.INFO if self.starting else logging.WARNING,
             "leases: %s now runs here%s",
             name,
             "" if count is None else f" (shards {sorted(i for i in shards if i is not None)} of {count})",
@@ -464,8 +467,19 @@ class _Driven:
         await asyncio.gather(task, return_exceptions=True)
         log.warning("leases: %s stopped here: %s", name, why)
 
+    async def _busy(self, name: str) -> bool:
+        """Whether `name` has a reply being generated (an open generation): not given up while it has, so
+        the process taking it over never settles a turn that is still running here."""
+        for gid in await self.ledger.unsettled_generations():
+            g = await self.ledger.get_generation(gid)
+            if g is not None and g.residence == name:
+                return True
+        return False
+
     async def settle(self, lost: list[str], excess: list[str]) -> None:
-        """Make the bots running match the leases held: stop what was lost or is given up, start what was taken."""
+        """Make the bots running match the leases held: stop what was lost or is given up (once idle), start
+        what was taken."""
+        excess = [key for key in excess if not await self._busy(leases.unit_of(key).residence)]
         for key in excess:
             self.keeper.forget(key)  # no post of it from here, before another process may take it
         wanted = self.wanted()
@@ -477,7 +491,8 @@ class _Driven:
         for name, shards in wanted.items():
             if name not in self.bots:
                 await self.start(name, shards)
-        for name in {n for n in self.outbox.left & set(self.bots) if self._count(n) is None}:
+        self.starting = False
+        for name in self.outbox.left & set(self.bots):
             # Its lease lapsed here for a moment (the database was slow) and is renewed: what the fence
             # left in the ledger meanwhile goes out now, in order, ahead of anything new.
             self.outbox.left.discard(name)
