@@ -369,6 +369,7 @@ class _Driven:
         self.peers: dict[str, ResidentBot] = {}
         self._guilds: dict[str, int | None] = {}  # channel id → its guild's id, as the room said
         self.resuming: set[asyncio.Task[int]] = set()
+        self.changed = asyncio.Event()  # set when a bot is stopped (`announce_when_ready` waits no more for it)
         self.starting = True  # until the first renewal is acted on: what is taken then is the start's share
 
     def _count(self, name: str) -> int | None:
@@ -456,6 +457,7 @@ class _Driven:
         self.peers.pop(name, None)
         self.shards.pop(name, None)
         self.outbox.unregister(name)
+        self.changed.set()
         # A bot stopped before it is ready leaves discord.py's wait for its guilds running, which would
         # dispatch `ready` on the closed client: cancelled first (discord.py offers no public way).
         state = getattr(bot, "_connection", None)
@@ -498,6 +500,21 @@ class _Driven:
             self.outbox.left.discard(name)
             self.resuming.add(asyncio.create_task(self.outbox.resume(name), name=f"resume:{name}"))
             self.resuming = {t for t in self.resuming if not t.done()}
+
+    async def announce_when_ready(self, announce: Callable[[list[ResidentBot]], None] | None) -> None:
+        """`announce` the bots this process took at start once each is ready, or given up meanwhile."""
+        if announce is None:
+            return
+        first = list(self.bots.values())
+        while waiting := [b for b in first if not b.settled.is_set() and self.bots.get(b.residence.name) is b]:
+            self.changed.clear()
+            watches = [asyncio.ensure_future(e.wait()) for e in [self.changed, *(b.settled for b in waiting)]]
+            try:
+                await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for watch in watches:
+                    watch.cancel()
+        announce([b for b in first if b.settled.is_set()])
 
     async def close(self) -> None:
         for task in self.resuming:
@@ -570,7 +587,7 @@ async def _serve_leased(
                     keeper.forget(key)
             await driven.settle(lost, excess)
             if announcer is None:
-                announcer = asyncio.create_task(_announce_when_ready(list(driven.bots.values()), announce))
+                announcer = asyncio.create_task(driven.announce_when_ready(announce))
             ended = [name for name, t in driven.tasks.items() if t.done()]
             if ended:
                 problem = _task_problem(driven.bots[ended[0]], driven.tasks[ended[0]])
