@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 LEASE_LOCK = 0x6C65617365733031  # "leases01": one process's turn at the leases table at a time
 
-NOW = "extract(epoch from clock_timestamp())::double precision"  # the database's clock, in seconds
+CLOCK = "SELECT extract(epoch from clock_timestamp())::double precision"  # the database's clock, in seconds
 
 
 @dataclass(frozen=True, order=True)
@@ -76,8 +76,9 @@ class Tick:
 
 
 REGISTER = (
-    f"INSERT INTO processes (host, pid, started_at, heartbeat_at, lease_seconds) VALUES ($1, $2, {NOW}, {NOW}, $3)"
-    " RETURNING id"
+    "INSERT INTO processes (host, pid, started_at, heartbeat_at, lease_seconds) VALUES ($1, $2,"
+    " extract(epoch from clock_timestamp())::double precision, extract(epoch from clock_timestamp())::double precision,"
+    " $3) RETURNING id"
 )
 OFFER = "INSERT INTO leases (unit, residence, shard) VALUES ($1, $2, $3) ON CONFLICT (unit) DO NOTHING"
 RENEW = "UPDATE leases SET expires_at = $4 WHERE unit = $1 AND holder = $2 AND epoch = $3 RETURNING epoch"
@@ -93,7 +94,7 @@ TAKE = (
     " RETURNING epoch"
 )
 RELEASE = "UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1 AND unit = ANY($2::text[])"
-STOPPED = f"UPDATE processes SET stopped_at = {NOW} WHERE id = $1"
+STOPPED = "UPDATE processes SET stopped_at = extract(epoch from clock_timestamp())::double precision WHERE id = $1"
 
 
 def register(conn: Session, terms: Terms) -> int:
@@ -109,7 +110,7 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
     conn.execute("BEGIN")
     try:
         conn.execute("SELECT pg_advisory_xact_lock($1)", (LEASE_LOCK,))
-        [(now,)] = conn.execute(f"SELECT {NOW}").fetchall()
+        [(now,)] = conn.execute(CLOCK).fetchall()
         conn.execute("UPDATE processes SET heartbeat_at = $2 WHERE id = $1", (process, now))
         conn.executemany(OFFER, [(u.key, u.residence, u.shard) for u in units])
         for key, epoch in held.items():
@@ -176,7 +177,7 @@ class Status:
 def status(conn: Session) -> Status:
     """Every process not stopped long ago (the last day's), each with the leases it holds, and the units no
     live process holds. One read, by the database's clock."""
-    [(now,)] = conn.execute(f"SELECT {NOW}").fetchall()
+    [(now,)] = conn.execute(CLOCK).fetchall()
     procs = conn.execute(
         "SELECT id, host, pid, started_at, heartbeat_at, lease_seconds, stopped_at FROM processes"
         " WHERE stopped_at IS NULL OR stopped_at > $1 ORDER BY id",
