@@ -289,21 +289,7 @@ async def _serve(
             if t is stopper:
                 continue
             b = next(b for b, task in zip(bots, tasks, strict=True) if task is t)
-            exc = t.exception()
-            if isinstance(exc, discord.LoginFailure):
-                problem = (
-                    f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
-                    f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
-                )
-            elif isinstance(exc, discord.ConnectionClosed) and exc.code in (
-                CLOSE_INVALID_SHARD,
-                CLOSE_SHARDING_REQUIRED,
-            ):
-                problem = shard_refusal(b.residence, exc.code, exc.shard_id)
-            elif exc is not None:
-                problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
-            else:
-                problem = b.startup_problem or f"{b.residence.name}: the bot stopped"
+            problem = _task_problem(b, t)
         await outbox.close()  # before the bots' HTTP sessions: what waits stays in the ledger for the next start
         for b in bots:
             await b.close()
@@ -331,8 +317,9 @@ def lease_units(residences: list[Residence]) -> list[leases.Unit]:
     return units
 
 
-def _task_problem(b: ResidentBot, t: asyncio.Task[None]) -> str:
-    """The one line for a bot whose task ended (the same words as `_serve`'s)."""
+def _task_problem(b: ResidentBot, t: asyncio.Task[Any]) -> str:
+    """The one line that stops `run` when a bot's task ended: a rejected token, a refused sharding, a
+    connection that failed, or the problem the bot found as it got ready."""
     exc = t.exception()
     if isinstance(exc, discord.LoginFailure):
         return (
