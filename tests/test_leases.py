@@ -186,6 +186,10 @@ async def test_two_processes_share_four_residents_and_the_survivor_takes_over_a_
         await r.until(shared)
         # Each says who it runs once what it took at start is ready (or given up to the other meanwhile).
         await r.until(lambda: all("residents run: " in p.output() for p in r.procs))
+        # Beside them, a writer of another kind is refused, naming one of them.
+        assert await asyncio.to_thread(cli.main, ["ledger", "migrate", "--db", r.url]) == 2
+        refused = capsys.readouterr().err
+        assert any(f"in use by process {pid} on " in refused for pid in pids), refused
         listed = held(await status(r.url, capsys))
         assert sorted(listed) == sorted(pids) and sorted(sum(listed.values(), [])) == sorted(NAMES)
         assert {pid: sorted(n for n, p in r.holders().items() if p == pid) for pid in pids} == listed

@@ -6,12 +6,14 @@ every shard. The rig (real processes, server, room and provider) is `test_leases
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from residents.ledger import Ledger
 from residents.localservers.room.layout import parse_layout
 
 try:
@@ -32,6 +34,12 @@ async def test_two_processes_racing_for_one_bot_at_start_leave_exactly_one_drivi
     tmp_path: Path, pg_server: pgkit.Server
 ) -> None:
     async with rig(tmp_path, pg_server, ("cairn",)) as r:
+        # A writer of another kind (a replay, a demo, a migration) holds the ledger alone: run is refused.
+        async with Ledger.open(r.url):
+            first = r.procs[0]
+            await first.start()
+            assert first.proc is not None and await asyncio.wait_for(first.proc.wait(), 60) == 2
+            assert f"in use by process {os.getpid()} on " in first.output()
         await asyncio.gather(*(p.start() for p in r.procs))
         await r.until(lambda: len(r.holders()) == 1 and r.sessions() == [("cairn", None)])
         # Both have renewed a few times since: still one holder, one session, and only one bot ever connected.

@@ -180,37 +180,33 @@ class Ledger:
         A writer holds the ledger's lock while open (`lock.py`): LedgerInUse while another process has
         it, before anything is read or written. `read_only`: an existing ledger for reading, beside a
         running process or on read-only media: no lock, no migration, nothing written. `shared`: on
-        PostgreSQL, no writer lock either: one of several `residents run` processes, each driving only the
-        bots it holds a lease on (`leases.py`)."""
+        PostgreSQL, the writer lock in shared mode: one of several `residents run` processes, each driving
+        only the bots it holds a lease on (`leases.py`); a writer of another kind is refused meanwhile."""
         return _Opening(cls, path, read_only, shared)
 
     @classmethod
     async def _connect_postgresql(cls, url: str, shared: bool = False) -> Ledger:
         """The ledger in the PostgreSQL database at `url`: the writer lock first (LedgerInUse before
-        anything is read or written; none when `shared`), then its schema made or migrated, as a file's."""
+        anything is read or written; in shared mode when `shared`), then its schema made or migrated, as a
+        file's."""
         name = postgres.shown(url)
-        hold: postgres.WriterHold | None = None
-        if not shared:
-            try:
-                got = await postgres.WriterHold.acquire(url)
-            except Exception as e:
-                raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
-            if not isinstance(got, postgres.WriterHold):
-                raise _in_use(name, got)
-            hold = got
+        try:
+            hold = await postgres.WriterHold.acquire(url, shared)
+        except Exception as e:
+            raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
+        if not isinstance(hold, postgres.WriterHold):
+            raise _in_use(name, hold)
         try:
             db = await postgres.connect(url)
         except Exception as e:
-            if hold is not None:
-                await hold.release()
+            await hold.release()
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
         try:
             await migrations.apply(db)
             await chain.backfill(db)
         except Exception as e:
             await db.close()
-            if hold is not None:
-                await hold.release()
+            await hold.release()
             raise LedgerError(f"{name}: not a usable ledger: {postgres.reason(e)}") from None
         ledger = cls(db, url)
         ledger._writer = hold
