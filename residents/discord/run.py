@@ -465,7 +465,7 @@ class _Driven:
                 return True
         return False
 
-    async def settle(self, lost: list[str], excess: list[str]) -> None:
+    async def settle(self, lost: list[str], excess: list[str], why: str = "its lease was taken") -> None:
         """Make the bots running match the leases held: stop what was lost or is given up (once idle), start
         what was taken."""
         excess = [key for key in excess if not await self._busy(leases.unit_of(key).residence)]
@@ -474,7 +474,7 @@ class _Driven:
         wanted = self.wanted()
         for name in list(self.bots):
             if wanted.get(name) != self.shards[name]:
-                await self.halt(name, "its lease was taken" if lost else "another process shares the bots now")
+                await self.halt(name, why if lost else "another process shares the bots now")
         if excess:
             await self.keeper.release(excess)
         for name, shards in wanted.items():
@@ -556,6 +556,7 @@ async def _serve_leased(
             pass
     announcer: asyncio.Task[None] | None = None
     problem = None
+    failing = False  # the last renewal failed: said once at warning, then at info until one succeeds
     try:
         try:
             await keeper.start()
@@ -567,12 +568,19 @@ async def _serve_leased(
             try:
                 got = await keeper.tick()
                 lost, excess = got.lost, got.excess
+                failing = False
             except Exception as e:  # the server cannot be reached: what ran out stops, the rest waits
-                log.warning("leases: renewal failed: %s", postgres.reason(e))
+                log.log(
+                    logging.INFO if failing else logging.WARNING,
+                    "leases: renewal failed (tried again every %gs; the bots stop as their leases run out): %s",
+                    terms.renew,
+                    postgres.reason(e),
+                )
+                failing = True
                 lost, excess = keeper.expired(), []
                 for key in lost:
                     keeper.forget(key)
-            await driven.settle(lost, excess)
+            await driven.settle(lost, excess, "its lease ran out unrenewed" if failing else "its lease was taken")
             if announcer is None:
                 announcer = asyncio.create_task(driven.announce_when_ready(announce))
             ended = [name for name, t in driven.tasks.items() if t.done()]
