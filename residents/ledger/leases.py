@@ -83,7 +83,7 @@ REGISTER = (
 OFFER = "INSERT INTO leases (unit, residence, shard) VALUES ($1, $2, $3) ON CONFLICT (unit) DO NOTHING"
 RENEW = "UPDATE leases SET expires_at = $4 WHERE unit = $1 AND holder = $2 AND epoch = $3 RETURNING epoch"
 LIVE = "SELECT count(*) FROM processes WHERE stopped_at IS NULL AND heartbeat_at + lease_seconds > $1"
-# Units any process offered whose holder is alive or whose lease runs: what the live processes share.
+# Every unit any process has offered: what the live processes share out (ceil(units / live) each).
 UNITS = "SELECT count(*) FROM leases"
 FREE = (
     "SELECT unit FROM leases WHERE unit = ANY($1::text[]) AND (holder IS NULL OR expires_at IS NULL"
