@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from . import e2e, ledger_scale, ledger_writes, live, memory, overhead, plot, scaling
+from . import e2e, ledger_scale, ledger_writes, live, memory, overhead, plot, scale, scaling
 from .common import HERE, ROOT, machine
 
 log = logging.getLogger(__name__)
@@ -201,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["ledger-scale"]:  # `python -m bench ledger-scale --generations N --db PATH`
         return ledger_scale.main(args[1:])
+    if args[:1] == ["scale"]:  # `python -m bench scale [--quick] [--procs 1,2,4] ...`
+        return scale.main(args[1:])
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer rounds, 10 concurrent generations")
     p.add_argument("--out", default=HERE, help="folder for results.json and scaling.png (default: bench/)")

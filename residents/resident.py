@@ -280,7 +280,7 @@ class Resident:
             self.name,
             channel,
             self.ledger,
-            live_room,
+            self.outbox.fenced(self.name, channel, live_room),  # under leases, as every post is
             self.board,
             lambda gid, line: self._notice(gid, line, channel),
             pending=lambda ch: bool(outbox.pending(ch)),

@@ -222,6 +222,7 @@ E2E_MODULES = frozenset(
     {
         "test_browser",
         "test_browser_guilds",
+        "test_bench_scale",
         "test_caching_discord",
         "test_catch_up",
         "test_checkpoints",
@@ -238,6 +239,9 @@ E2E_MODULES = frozenset(
         "test_faults_provider",
         "test_flush_load",
         "test_ledger_process",
+        "test_leases",
+        "test_leases_start",
+        "test_leases_outage",
         "test_memory",
         "test_fuzz_config",
         "test_discord_text",

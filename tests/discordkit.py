@@ -223,7 +223,8 @@ async def deployed(
                 return bool(carried) and all((app.id, g.id) in room.state.synced for g in carried)
 
             await eventually(ready, timeout=READY_TIMEOUT)
-            ledger = await Ledger.open(where)
+            # On PostgreSQL `run_bots` holds the writer lock shared: a reader beside it, as `residents ledger` is.
+            ledger = await Ledger.open(where, read_only=isinstance(where, str))
             yield Deployed(room, provider, ledger, where, bots, stop, task, seen)
         finally:
             run_mod.ResidentBot = saved  # type: ignore[misc]

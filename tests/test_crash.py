@@ -520,7 +520,7 @@ async def test_a_room_error_holds_later_posts_of_that_channel_back_in_order(ledg
 class Process:
     """`residents run` as a subprocess, with its output kept for the failure message."""
 
-    def __init__(self, cwd: Path, room_url: str, provider_url: str, db: Path, *args: str) -> None:
+    def __init__(self, cwd: Path, room_url: str, provider_url: str, db: Path | str, *args: str) -> None:
         self.cwd, self.room_url, self.provider_url, self.db = cwd, room_url, provider_url, db
         self.args = args  # more of `residents run`'s options (`--log-level info`)
         self.proc: asyncio.subprocess.Process | None = None

@@ -314,11 +314,12 @@ def test_verify_shared_by_worker_processes_reads_either_backend(
     assert capsys.readouterr().out == alone
 
 
-async def test_run_writes_a_url_and_a_second_run_is_refused_by_the_database(
+async def test_run_writes_a_url_and_a_second_run_shares_it_driving_nothing_the_first_holds(
     tmp_path: Path, pg_server: pgkit.Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`residents run --db URL` against the local room: its table names the URL without the password, and
-    a second `run` on the same database stops at once, exit 2, naming the first."""
+    a second `run` on the same database is one more process sharing it (`tests/test_leases.py`): the one
+    bot stays with the first, so the second connects none."""
     from roomkit import running_room
 
     (tmp_path / "residences").mkdir()
@@ -348,10 +349,14 @@ async def test_run_writes_a_url_and_a_second_run_is_refused_by_the_database(
                 assert line.startswith("residents run: 1 resident connected; ledger postgresql://ledger:***@"), line
                 assert "hunter2" not in line
                 second = await run(room.url)
-                _, err = await asyncio.wait_for(second.communicate(), timeout=40)
-                lines = err.decode().strip().splitlines()
-                assert second.returncode == 2 and len(lines) == 1, lines
-                assert f"in use by process {first.pid} on " in lines[0] and "hunter2" not in lines[0]
+                assert second.stdout is not None
+                line = (await asyncio.wait_for(second.stdout.readline(), timeout=40)).decode().strip()
+                assert line.startswith("residents run: 0 residents connected; ledger postgresql://"), line
+                holders = pgkit.fetch(url, "SELECT l.unit, p.pid FROM leases l JOIN processes p ON p.id = l.holder")
+                assert holders == [("cairn", first.pid)]
+                second.send_signal(signal.SIGINT)
+                _, err = await asyncio.wait_for(second.communicate(), timeout=20)
+                assert second.returncode == 0, err.decode()
                 first.send_signal(signal.SIGINT)
                 await asyncio.wait_for(first.communicate(), timeout=20)
             finally:

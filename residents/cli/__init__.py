@@ -1,4 +1,4 @@
-"""The verbs people type: `residents replay | check | ledger | usage | run | room | demo | init`, on click.
+"""The verbs people type: `residents replay | check | ledger | usage | run | status | room | demo | init`, on click.
 
 Every verb is imported here by name. Library code raises its own errors; only `main` turns them
 into exit statuses: 2 and one line on stderr for bad input, 1 for a ledger that cannot be used or
@@ -25,6 +25,7 @@ from .ledger import ledger
 from .replay import replay
 from .room import room
 from .run import run
+from .status import status
 from .usage import usage
 
 __all__ = ["DEFAULT_DB", "UsageError", "cli", "main"]
@@ -67,7 +68,7 @@ def cli(ctx: click.Context, verbose: int, debug: bool, config: Path | None) -> N
     gc.freeze()
 
 
-for _verb in (replay, check, ledger, usage, run, room, demo, init):
+for _verb in (replay, check, ledger, usage, run, status, room, demo, init):
     cli.add_command(_verb)
 
 

@@ -52,6 +52,23 @@ LEVELS = ("debug", "info", "warning", "error")
     metavar="SECONDS",
     help="/readyz fails while a post has waited in an outbox longer than this  [default: 120]",
 )
+@click.option(
+    "--lease-seconds",
+    type=click.FloatRange(min=1),
+    default=15.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="On a PostgreSQL ledger shared by several processes: how long a bot's lease lasts unrenewed; "
+    "a process that dies is replaced within this plus --renew-seconds.",
+)
+@click.option(
+    "--renew-seconds",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How often the leases are renewed (less than --lease-seconds).",
+)
 def run(
     discord_api: str | None,
     db: str | None,
@@ -60,6 +77,8 @@ def run(
     metrics_port: int | None,
     ready_post_age: float | None,
     shards: str | None,
+    lease_seconds: float,
+    renew_seconds: float,
 ) -> int:
     """Run every residence with Discord settings, each as its own bot.
 
@@ -70,6 +89,11 @@ def run(
     start-up problem stops everything with one line.
 
     \b
+    On a PostgreSQL ledger (--db URL) any number of processes, on one machine or several, share the
+    ledger and the configuration folder: each bot (or shard of one) is driven by one of them at a time,
+    under a lease; `residents status` lists who holds what.
+
+    \b
     Example:
       residents run --discord-api http://127.0.0.1:8765 --db data/ledger.db
       residents run --log-level warning
@@ -77,6 +101,7 @@ def run(
       residents run --metrics-port 9464 --log-format json
     """
     from ..discord.run import StartupError, main
+    from ..ledger.leases import Terms
     from ..metrics import READY_POST_AGE  # with aiohttp and prometheus_client: only when running
 
     root, gateway = logging.getLogger(), logging.getLogger("discord")
@@ -90,8 +115,15 @@ def run(
         gateway.setLevel(logging.NOTSET)
     else:  # discord.py's connection lines at info; everything else at warning, or as -v/-vv say
         gateway.setLevel(min(root.level, logging.INFO))
+    if renew_seconds >= lease_seconds:
+        raise UsageError(
+            f"--renew-seconds {renew_seconds:g}: renew more often than a lease lasts (--lease-seconds {lease_seconds:g})"
+        )
+    terms = Terms(lease_seconds, renew_seconds)
     try:
-        return main(config_dir(), ledger_path(db), discord_api, shards, metrics_port, ready_post_age or READY_POST_AGE)
+        return main(
+            config_dir(), ledger_path(db), discord_api, shards, metrics_port, ready_post_age or READY_POST_AGE, terms
+        )
     except StartupError as e:
         raise UsageError(str(e)) from None
     finally:

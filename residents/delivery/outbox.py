@@ -21,6 +21,11 @@ The outbox knows nothing of Discord: each resident registers its room (`ResumeRo
 read its own recent messages), and every room failure arrives as `RoomUnavailable`. Every process
 delivers through one: `residents run` shares one among its residents (the demo too); replay and the
 tests give theirs a room of their own and no backoff (`Outbox.of_room`).
+
+Several processes on one ledger (`residents.ledger.leases`): a process may post as a bot (or in a shard of
+it) only while its lease covers it. Every send of the outbox passes one check, `fence` (residence, channel),
+just before the room is asked; a post it refuses is left to the ledger, where the holder's outbox finds it
+(`resume`), and this process drops that resident's queue in that channel.
 """
 
 from __future__ import annotations
@@ -28,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..ledger import Ledger, LedgerWriteError
 from ..observe import UNOBSERVED, Observer
 from ..records import Post
-from .resume import ResumeRoom, RoomRefused, RoomUnavailable, resume_generation
+from .live import LiveRoom
+from .resume import ResumeRoom, RoomRefused, RoomUnavailable, Seen, resume_generation
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,15 @@ NO_BACKOFF = Backoff(base=0.0, cap=0.0)  # a room of one's own (replay, tests): 
 # Refusals in a row (HTTP 400, 403, 404) after which a post is set aside: a refusal can be passing (a
 # permission given back a moment later), so it is tried again with the channel's backoff, but not for ever.
 REFUSED_TRIES = 3
+
+
+class LeaseLost(RoomUnavailable):
+    """This process's lease no longer covers posting as this resident in this channel: the post waits in the
+    ledger for the process that holds it."""
+
+
+# Whether this process may post now as `residence` in `channel`: None where every post may go (one process).
+Fence = Callable[[str, str], Awaitable[bool]]
 
 
 @dataclass
@@ -99,6 +114,8 @@ class Outbox:
         self.channels: dict[str, _Channel] = {}
         self.closed = False
         self.observer: Observer = UNOBSERVED  # told each post that leaves (`residents.metrics`)
+        self.fence: Fence | None = None  # several processes: the lease check before every send
+        self.left: set[str] = set()  # residents whose posts the fence left in the ledger since their last `resume`
 
     @classmethod
     def of_room(cls, ledger: Ledger, residence: str, room: ResumeRoom) -> Outbox:
@@ -112,6 +129,18 @@ class Outbox:
         self.rooms[residence] = room
         for channel, ch in self.channels.items():
             if ch.queue:
+                self._kick(channel)
+
+    def fenced(self, residence: str, channel: str, room: LiveRoom) -> LiveRoom:
+        """`room` for a live reply of `residence` in `channel`, behind the same fence as every send."""
+        return room if self.fence is None else _FencedLive(room, residence, channel, self.fence)
+
+    def unregister(self, residence: str) -> None:
+        """Its bot stopped here (another process holds it now): what it left queued goes when the fence
+        says, and until another `register`, nothing of it is sent from this process."""
+        self.rooms.pop(residence, None)
+        for channel, ch in self.channels.items():
+            if any(e.residence == residence for e in ch.queue):
                 self._kick(channel)
 
     def pending(self, channel: str) -> set[str]:
@@ -133,8 +162,11 @@ class Outbox:
             if post.message_id is not None:
                 continue
             entry = _Entry(residence, post, True, asyncio.get_running_loop().create_future())
+            queued = self._queued(post)
             if self.closed:  # the process is stopping: the post waits in the ledger for the next start
                 entry.done.set_result(False)
+            elif queued is not None:  # resumed from the ledger already (`resume` after a lapse): one entry
+                entry.done = queued.done
             else:
                 self._channel(post.channel).queue.append(entry)
             futures.append(entry.done)
@@ -159,7 +191,11 @@ class Outbox:
 
         Returns how many of those posts are in the room after it; the rest keep being retried.
         """
-        posts = await self.ledger.undelivered_posts_of(residence)
+        posts = [
+            p
+            for p in await self.ledger.undelivered_posts_of(residence)
+            if self._queued(p) is None and (self.fence is None or await self.fence(residence, p.channel))
+        ]  # under leases, only what this process's lease covers: the rest is for the holder
         entries: dict[str, list[_Entry]] = {}
         for post in posts:
             entry = _Entry(residence, post, False, asyncio.get_running_loop().create_future())
@@ -194,6 +230,11 @@ class Outbox:
 
     # ------------------------------------------------------------------ the worker
 
+    def _queued(self, post: Post) -> _Entry | None:
+        """The entry of this very post (by id) already waiting in its channel, if any."""
+        ch = self.channels.get(post.channel)
+        return next((e for e in ch.queue if e.post.id == post.id), None) if ch is not None else None
+
     def _channel(self, channel: str) -> _Channel:
         ch = self.channels.get(channel)
         if ch is None:
@@ -215,13 +256,20 @@ class Outbox:
                 if not ch.queue:
                     break
                 head = ch.queue[0]
-                room = self.rooms.get(head.residence)
+                found = self.rooms.get(head.residence)
+                if found is None and self.fence is not None and not await self.fence(head.residence, channel):
+                    await self._leave(channel, head.residence, LeaseLost(f"{head.residence}'s bot runs elsewhere"))
+                    continue
+                room = found if found is None or self.fence is None else _Fenced(found, head.residence, self.fence)
                 if room is None:  # its bot has not logged in yet: it kicks this channel when it does
                     log.info("outbox %s: waiting for %s to connect", channel, head.residence)
                     return
                 failure: RoomUnavailable | LedgerWriteError | None = None
                 try:
                     await self._send_front(ch, room)
+                except LeaseLost as e:
+                    await self._leave(channel, head.residence, e)
+                    continue
                 except (RoomUnavailable, LedgerWriteError) as e:
                     # A ledger refusing a delivery's record: the post may be in the room unrecorded, so it is
                     # tried again like a room failure, looking for it in the room before sending it again.
@@ -278,6 +326,32 @@ class Outbox:
         if (e.post.message_id is not None or e.post.refused is not None) and not e.done.done():
             e.done.set_result(True)
             self.observer.post_delivered(e.residence, e.post)
+
+    async def _leave(self, channel: str, residence: str, e: LeaseLost) -> None:
+        """Drop a resident's posts from the queue of every channel the fence refuses it now (this one first):
+        they stay undelivered in the ledger, for the process whose lease covers them (or for this one's
+        `resume` once its lease is renewed: `left`); whoever waits for them here is told they did not go out."""
+        assert self.fence is not None
+        left = 0
+        for ref, other in list(self.channels.items()):
+            if ref != channel and (
+                not any(x.residence == residence for x in other.queue) or await self.fence(residence, ref)
+            ):
+                continue
+            busy = other.worker is not None and not other.worker.done()
+            kept, front = [], other.resumed
+            for i, entry in enumerate(other.queue):
+                if entry.residence != residence or (ref != channel and i == 0 and busy):
+                    kept.append(entry)  # (another channel's front may be in a send: its own check drops it)
+                    continue
+                left += 1
+                if i < front:
+                    other.resumed -= 1
+                if not entry.done.done():
+                    entry.done.set_result(False)
+            other.queue = kept
+        self.left.add(residence)
+        log.warning("outbox %s: %d post(s) of %s left in the ledger: %s", channel, left, residence, e)
 
     def _pop_delivered(self, ch: _Channel) -> None:
         while ch.queue and (ch.queue[0].post.message_id is not None or ch.queue[0].post.refused is not None):
@@ -342,3 +416,44 @@ class Outbox:
         ch.tried.set()
         await asyncio.sleep(delay)
         ch.tried.clear()
+
+
+async def _check(fence: Fence, residence: str, channel: str) -> None:
+    """The one check before anything leaves as `residence` (a post, a live message's create, edit or removal):
+    LeaseLost unless this process's lease covers it now."""
+    if not await fence(residence, channel):
+        raise LeaseLost(f"this process no longer holds the lease of {residence} there")
+
+
+class _Fenced:
+    """A resident's room as the outbox uses it under leases: each send first passes `_check`."""
+
+    def __init__(self, room: ResumeRoom, residence: str, fence: Fence) -> None:
+        self.room, self.residence, self.fence = room, residence, fence
+
+    async def own_messages(self, channel: str, after_id: str | None, after_time: float) -> list[Seen]:
+        return await self.room.own_messages(channel, after_id, after_time)
+
+    async def send(self, post: Post) -> str:
+        await _check(self.fence, self.residence, post.channel)
+        return await self.room.send(post)
+
+
+class _FencedLive:
+    """A live reply's room under leases: each create, edit and removal first passes `_check` (LeaseLost is a
+    RoomUnavailable: the live view stops showing, and the settled reply waits in the ledger)."""
+
+    def __init__(self, room: LiveRoom, residence: str, channel: str, fence: Fence) -> None:
+        self.room, self.residence, self.channel, self.fence = room, residence, channel, fence
+
+    async def send_live(self, content: str, nonce: str) -> str:
+        await _check(self.fence, self.residence, self.channel)
+        return await self.room.send_live(content, nonce)
+
+    async def edit(self, message_id: str, content: str) -> None:
+        await _check(self.fence, self.residence, self.channel)
+        await self.room.edit(message_id, content)
+
+    async def delete(self, message_id: str) -> None:
+        await _check(self.fence, self.residence, self.channel)
+        await self.room.delete(message_id)

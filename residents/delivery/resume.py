@@ -76,14 +76,35 @@ class ResumeRoom(Protocol):
         ...
 
 
-async def recover(ledger: Ledger, residences: Collection[str] | None = None) -> Recovery:
-    """At start-up, before any bot connects: settle what a stopped process left open, then plan its posts."""
-    rec = await settle_interrupted(ledger, residences)
-    rec.planned = await plan_unposted(ledger, residences)
+async def recover(
+    ledger: Ledger, residences: Collection[str] | None = None, channels: Collection[str] | None = None
+) -> Recovery:
+    """At start-up, before any bot connects: settle what a stopped process left open, then plan its posts
+    (`channels`: only in these, as `settle_interrupted` says)."""
+    rec = await settle_interrupted(ledger, residences, channels)
+    rec.planned = await plan_unposted(ledger, residences, channels)
     return rec
 
 
-async def plan_unposted(ledger: Ledger, residences: Collection[str] | None = None) -> list[str]:
+async def open_channels(ledger: Ledger, residence: str) -> set[str]:
+    """The channels where `residence` has a generation recovery would touch: open, with a /continue still
+    streaming, or settled with no posts planned."""
+    ids = (
+        await ledger.unsettled_generations()
+        + await ledger.streaming_generations()
+        + await ledger.generations_without_posts()
+    )
+    found = set()
+    for gid in ids:
+        g = await ledger.get_generation(gid)
+        if g is not None and g.residence == residence:
+            found.add(g.channel)
+    return found
+
+
+async def plan_unposted(
+    ledger: Ledger, residences: Collection[str] | None = None, channels: Collection[str] | None = None
+) -> list[str]:
     """Plan the posts of every settled generation (of `residences`, or of all when None) that has none.
 
     Only generations of the residences this process runs are touched: another process (a replay,
@@ -92,7 +113,12 @@ async def plan_unposted(ledger: Ledger, residences: Collection[str] | None = Non
     done = []
     for gid in await ledger.generations_without_posts():
         g = await ledger.get_generation(gid)
-        if g is not None and (residences is None or g.residence in residences) and await _plan_missing(ledger, g):
+        if (
+            g is not None
+            and (residences is None or g.residence in residences)
+            and (channels is None or g.channel in channels)
+            and await _plan_missing(ledger, g)
+        ):
             done.append(gid)
     return done
 

@@ -153,6 +153,15 @@ class ResidentBot(commands.Bot):
     async def on_resumed(self) -> None:
         self.gateway_session = True
 
+    async def on_error(self, event_method: str, /, *args: Any, **kwargs: Any) -> None:
+        """An event handler cut short because the bot was stopped under it (its lease went to another
+        process, or the process stops) is expected, and said so once at info; any other error is discord.py's
+        to report."""
+        if self.is_closed():
+            log.info("%s: %s ended as the bot stopped", self.residence.name, event_method)
+            return
+        await super().on_error(event_method, *args, **kwargs)
+
     async def on_disconnect(self) -> None:
         self.gateway_session = False
 

@@ -13,9 +13,10 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import discord
 from pydantic import ValidationError
@@ -24,10 +25,10 @@ from ..config import Checkpoints, Residence, ShardSettings, load_all_residences,
 from ..delivery.keys import KeyRejections
 from ..delivery.live import LiveBoard, withdraw_left_in_progress
 from ..delivery.outbox import Backoff, Outbox
-from ..delivery.resume import recover
+from ..delivery.resume import open_channels, recover
 from ..generation.attempts import AttemptRunner
 from ..generation.run import Generator
-from ..ledger import Ledger, hold_ledger, postgres
+from ..ledger import Ledger, hold_ledger, leases, postgres
 from ..metrics import READY_POST_AGE, Metrics, MetricsPortInUse, MetricsServer
 from ..observe import UNOBSERVED, Observer
 from ..provider import Endpoint, KeyRejected, MissingKey, Provider, close_all, connect_all, endpoint
@@ -121,13 +122,20 @@ def provider_endpoints(residences: list[Residence], env: Mapping[str, str]) -> d
     return out
 
 
-async def start_bot(bot: ResidentBot, token: str, outbox: Outbox) -> None:
+async def start_bot(
+    bot: ResidentBot,
+    token: str,
+    outbox: Outbox,
+    prepare: Callable[[ResidentBot], Awaitable[None]] | None = None,
+) -> None:
     """`Bot.start`, with the residence's undelivered posts tried once between login and connect.
 
     What cannot be delivered yet stays first in its channel's queue and is retried with backoff;
-    nothing planned later overtakes it.
+    nothing planned later overtakes it. `prepare` runs first after login (the bot can read the room).
     """
     await bot.login(token)
+    if prepare is not None:
+        await prepare(bot)
     room = DiscordResumeRoom(bot, views=lambda post: receipt_view(bot, post))
     await withdraw_left_in_progress(outbox.ledger, room, bot.residence.name)  # a live reply cut by a stop
     outbox.register(bot.residence.name, room)
@@ -147,6 +155,7 @@ async def run_bots(
     metrics_port: int | None = None,
     ready_post_age: float = READY_POST_AGE,
     serving: Callable[[str], None] | None = None,
+    terms: leases.Terms | None = None,
 ) -> None:
     """The bots of `dep` until `stop` is set (or a signal); a start-up problem raises StartupError.
 
@@ -156,9 +165,11 @@ async def run_bots(
     failure. `announce` is told once, when every bot is ready. `metrics_port`: metrics and health
     are served on 127.0.0.1 from before anything connects (`residents.metrics`), and `serving` is told
     their base URL; `/readyz` fails while a post has waited longer than `ready_post_age` seconds.
+    On a PostgreSQL ledger the process is one of any number sharing it: it drives only the bots (or shards)
+    it holds a lease on, on `terms` (`residents.ledger.leases`; `_serve_leased`).
     """
     if metrics_port is None:
-        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, None)
+        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, None, terms)
         return
     metrics = Metrics([r.name for r in dep.residences], ready_post_age)
     server = MetricsServer(metrics)
@@ -169,7 +180,7 @@ async def run_bots(
     try:
         if serving is not None:
             serving(url)
-        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics)
+        await _run(dep, db, env, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics, terms)
     finally:
         await server.stop()
 
@@ -184,6 +195,7 @@ async def _run(
     backoff: Backoff | None,
     announce: Callable[[list[ResidentBot]], None] | None,
     metrics: Metrics | None,
+    terms: leases.Terms | None = None,
 ) -> None:
     endpoints = provider_endpoints(dep.residences, env)
     providers = connect_all((name, prov, where) for name, (prov, where) in endpoints.items())
@@ -196,10 +208,17 @@ async def _run(
         if key_rejections is None:
             key_env_of = {name: where.key_env for name, (_, where) in endpoints.items()}
             key_rejections = KeyRejections("the provider's key", key_env_of=key_env_of)  # every residence named
-        async with Ledger.open(db) as ledger:
+        shared = postgres.is_url(db)
+        async with Ledger.open(db, shared=shared) as ledger:
             if metrics is not None:
                 ledger.observer = metrics
                 metrics.sources.ledger_open = lambda: not ledger.db.closed
+            if shared:
+                await _serve_leased(
+                    dep, ledger, providers, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics,
+                    terms or leases.Terms(),
+                )  # fmt: skip
+                return
             # Before any bot connects: what a stopped process left open is settled and planned.
             await recover(ledger, {r.name for r in dep.residences})
             await _serve(dep, ledger, providers, guild_ready_timeout, stop, key_rejections, backoff, announce, metrics)
@@ -270,21 +289,7 @@ async def _serve(
             if t is stopper:
                 continue
             b = next(b for b, task in zip(bots, tasks, strict=True) if task is t)
-            exc = t.exception()
-            if isinstance(exc, discord.LoginFailure):
-                problem = (
-                    f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
-                    f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
-                )
-            elif isinstance(exc, discord.ConnectionClosed) and exc.code in (
-                CLOSE_INVALID_SHARD,
-                CLOSE_SHARDING_REQUIRED,
-            ):
-                problem = shard_refusal(b.residence, exc.code, exc.shard_id)
-            elif exc is not None:
-                problem = f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
-            else:
-                problem = b.startup_problem or f"{b.residence.name}: the bot stopped"
+            problem = _task_problem(b, t)
         await outbox.close()  # before the bots' HTTP sessions: what waits stays in the ledger for the next start
         for b in bots:
             await b.close()
@@ -296,6 +301,304 @@ async def _serve(
             raise StartupError(problem)
     finally:
         await outbox.close()
+
+
+def lease_units(residences: list[Residence]) -> list[leases.Unit]:
+    """What the processes on one ledger share out: each bot, or each shard of a bot with a fixed count (the
+    ids `discord.shards` names, or all of them); a bot on `auto` shards is one unit (its count is Discord's)."""
+    units = []
+    for r in residences:
+        settings = r.discord.shards if r.discord is not None else None
+        if settings is None or settings.count is None:
+            units.append(leases.Unit(r.name))
+        else:
+            ids = settings.ids if settings.ids is not None else range(settings.count)
+            units += [leases.Unit(r.name, i) for i in ids]
+    return units
+
+
+def _task_problem(b: ResidentBot, t: asyncio.Task[Any]) -> str:
+    """The one line that stops `run` when a bot's task ended: a rejected token, a refused sharding, a
+    connection that failed, or the problem the bot found as it got ready."""
+    exc = t.exception()
+    if isinstance(exc, discord.LoginFailure):
+        return (
+            f"residences/{b.residence.name}.yaml: discord.token_env: the token in "
+            f"{b.residence.discord.token_env if b.residence.discord else '?'} was rejected"
+        )
+    if isinstance(exc, discord.ConnectionClosed) and exc.code in (CLOSE_INVALID_SHARD, CLOSE_SHARDING_REQUIRED):
+        return shard_refusal(b.residence, exc.code, exc.shard_id)
+    if exc is not None:
+        return f"{b.residence.name}: could not connect to Discord: {type(exc).__name__}: {exc}"
+    return b.startup_problem or f"{b.residence.name}: the bot stopped"
+
+
+class _Driven:
+    """The bots this process drives on a shared ledger: started as their leases are taken (the residence's
+    open generations settled first, its undelivered posts resumed), stopped at once when one is lost."""
+
+    def __init__(
+        self,
+        dep: Deployment,
+        ledger: Ledger,
+        outbox: Outbox,
+        registry: dict[str, Resident],
+        keeper: leases.Leases,
+        guild_ready_timeout: float,
+    ) -> None:
+        self.dep, self.ledger, self.outbox, self.registry, self.keeper = dep, ledger, outbox, registry, keeper
+        self.guild_ready_timeout = guild_ready_timeout
+        self.residences = {r.name: r for r in dep.residences}
+        self.commander = commands_bot_of(dep.residences)
+        self.bots: dict[str, ResidentBot] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.shards: dict[str, frozenset[int | None]] = {}  # what each running bot carries
+        self.peers: dict[str, ResidentBot] = {}
+        self._guilds: dict[str, int | None] = {}  # channel id → its guild's id, as the room said
+        self.resuming: set[asyncio.Task[int]] = set()
+        self.changed = asyncio.Event()  # set when a bot is stopped (`announce_when_ready` waits no more for it)
+        self.starting = True  # until the first renewal is acted on: what is taken then is the start's share
+
+    def _count(self, name: str) -> int | None:
+        r = self.residences[name]
+        settings = r.discord.shards if r.discord is not None else None
+        return settings.count if settings is not None else None
+
+    async def fence(self, residence: str, channel: str) -> bool:
+        """Whether this process's lease covers a post as `residence` in `channel` now: the bot's lease, or
+        for a sharded bot the lease of the shard carrying the channel's guild (direct messages: shard 0)."""
+        count = self._count(residence)
+        if count is None:
+            return self.keeper.may_post(residence)
+        bot = self.bots.get(residence)
+        if bot is None or not channel.isdigit():
+            return False
+        if channel not in self._guilds:
+            found = bot.get_channel(int(channel))
+            if found is None:
+                try:
+                    found = await bot.fetch_channel(int(channel))
+                except (TimeoutError, discord.HTTPException, OSError):
+                    return False  # unknown here: not this process's to post, this time
+            guild = getattr(found, "guild", None)
+            self._guilds[channel] = guild.id if guild is not None else None
+        guild_id = self._guilds[channel]
+        shard = 0 if guild_id is None else (guild_id >> 22) % count
+        return self.keeper.may_post(leases.Unit(residence, shard).key)
+
+    async def _recover_shards(self, bot: ResidentBot) -> None:
+        """After login, before the outbox resumes: settle and plan what a stopped process left open in the
+        channels of the shards this process now holds (the bot's other shards may run on elsewhere)."""
+        name = bot.residence.name
+        mine = [c for c in await open_channels(self.ledger, name) if await self.fence(name, c)]
+        if mine:
+            await recover(self.ledger, {name}, mine)
+
+    def wanted(self) -> dict[str, frozenset[int | None]]:
+        """Per residence, the shards (None: the whole bot) this process's leases cover now."""
+        out: dict[str, set[int | None]] = {}
+        for key in self.keeper.held:
+            unit = leases.unit_of(key)
+            out.setdefault(unit.residence, set()).add(unit.shard)
+        return {name: frozenset(shards) for name, shards in out.items()}
+
+    async def start(self, name: str, shards: frozenset[int | None]) -> None:
+        r = self.residences[name]
+        count = self._count(name)
+        if count is not None and r.discord is not None and r.discord.shards is not None:
+            ids = sorted(i for i in shards if i is not None)
+            r = r.model_copy(
+                update={"discord": r.discord.model_copy(update={"shards": ShardSettings(count=count, ids=ids)})}
+            )
+            self.registry[name].residence = r
+            prepare: Callable[[ResidentBot], Awaitable[None]] | None = self._recover_shards
+        else:
+            # The previous holder is gone (its lease ran out): what it left open is settled and planned now.
+            await recover(self.ledger, {name})
+            prepare = None
+        bot_class = sharded(ResidentBot) if r.discord is not None and r.discord.shards is not None else ResidentBot
+        bot = bot_class(
+            self.registry[name],
+            self.registry,
+            guild_ready_timeout=self.guild_ready_timeout,
+            commands_bot=name == self.commander,
+            peers=self.peers,
+            checkpoints=self.dep.checkpoints if name == self.commander else None,
+        )
+        self.bots[name] = self.peers[name] = bot
+        self.shards[name] = shards
+        self.tasks[name] = asyncio.create_task(
+            start_bot(bot, self.dep.tokens[name], self.outbox, prepare), name=f"bot:{name}"
+        )
+        # At start, a process takes its share; later, what it takes was another process's: said louder.
+        log.log(
+            logging.INFO if self.starting else logging.WARNING,
+            "leases: %s now runs here%s",
+            name,
+            "" if count is None else f" (shards {sorted(i for i in shards if i is not None)} of {count})",
+        )
+
+    async def halt(self, name: str, why: str) -> None:
+        """Stop a bot at once: nothing more of it is posted from here (the fence says so already)."""
+        bot, task = self.bots.pop(name), self.tasks.pop(name)
+        self.peers.pop(name, None)
+        self.shards.pop(name, None)
+        self.outbox.unregister(name)
+        self.changed.set()
+        # A bot stopped before it is ready leaves discord.py's wait for its guilds running, which would
+        # dispatch `ready` on the closed client: cancelled first (discord.py offers no public way).
+        state = getattr(bot, "_connection", None)
+        for waiting in [getattr(state, "_ready_task", None), *getattr(state, "_ready_tasks", {}).values()]:
+            if isinstance(waiting, asyncio.Task):
+                waiting.cancel()
+        await bot.close()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        log.warning("leases: %s stopped here: %s", name, why)
+
+    async def _busy(self, name: str) -> bool:
+        """Whether `name` has a reply being generated (an open generation): not given up while it has, so
+        the process taking it over never settles a turn that is still running here."""
+        for gid in await self.ledger.unsettled_generations():
+            g = await self.ledger.get_generation(gid)
+            if g is not None and g.residence == name:
+                return True
+        return False
+
+    async def settle(self, lost: list[str], excess: list[str], why: str = "its lease was taken") -> None:
+        """Make the bots running match the leases held: stop what was lost or is given up (once idle), start
+        what was taken."""
+        excess = [key for key in excess if not await self._busy(leases.unit_of(key).residence)]
+        for key in excess:
+            self.keeper.forget(key)  # no post of it from here, before another process may take it
+        wanted = self.wanted()
+        for name in list(self.bots):
+            if wanted.get(name) != self.shards[name]:
+                await self.halt(name, why if lost else "another process shares the bots now")
+        if excess:
+            await self.keeper.release(excess)
+        for name, shards in wanted.items():
+            if name not in self.bots:
+                await self.start(name, shards)
+        self.starting = False
+        for name in self.outbox.left & set(self.bots):
+            # Its lease lapsed here for a moment (the database was slow) and is renewed: what the fence
+            # left in the ledger meanwhile goes out now, in order, ahead of anything new.
+            self.outbox.left.discard(name)
+            self.resuming.add(asyncio.create_task(self.outbox.resume(name), name=f"resume:{name}"))
+            self.resuming = {t for t in self.resuming if not t.done()}
+
+    async def announce_when_ready(self, announce: Callable[[list[ResidentBot]], None] | None) -> None:
+        """`announce` the bots this process took at start once each is ready, or given up meanwhile."""
+        if announce is None:
+            return
+        first = list(self.bots.values())
+        while waiting := [b for b in first if not b.settled.is_set() and self.bots.get(b.residence.name) is b]:
+            self.changed.clear()
+            watches = [asyncio.ensure_future(e.wait()) for e in [self.changed, *(b.settled for b in waiting)]]
+            try:
+                await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for watch in watches:
+                    watch.cancel()
+        announce([b for b in first if b.settled.is_set()])
+
+    async def close(self) -> None:
+        for task in self.resuming:
+            task.cancel()
+        await asyncio.gather(*self.resuming, return_exceptions=True)
+        for name in list(self.bots):
+            await self.halt(name, "the process stops")
+
+
+async def _serve_leased(
+    dep: Deployment,
+    ledger: Ledger,
+    providers: dict[str, Provider],
+    guild_ready_timeout: float,
+    stop: asyncio.Event | None,
+    key_rejections: KeyRejections,
+    backoff: Backoff | None,
+    announce: Callable[[list[ResidentBot]], None] | None,
+    metrics: Metrics | None,
+    terms: leases.Terms,
+) -> None:
+    """One of several processes on a PostgreSQL ledger: every `terms.renew` seconds renew the leases held,
+    take a fair share of the free ones, and start or stop bots to match (`_Driven`), until `stop`."""
+    try:
+        conn = await postgres.connect(ledger.path, reconnect=postgres.AT_ONCE)  # a renewal fails, not waits
+    except Exception as e:
+        raise StartupError(f"{postgres.shown(ledger.path)}: cannot open the ledger: {postgres.reason(e)}") from None
+    keeper = leases.Leases(conn, lease_units(dep.residences), terms)
+    outbox = Outbox(ledger, backoff)
+    observer: Observer = metrics if metrics is not None else UNOBSERVED
+    outbox.observer = observer
+    generator = Generator(AttemptRunner(providers, ledger, observer=observer))
+    board = LiveBoard()
+    registry: dict[str, Resident] = {}
+    for r in dep.residences:
+        registry[r.name] = Resident(r, generator, ledger, outbox, key_rejections)
+        registry[r.name].board = board
+        registry[r.name].observer = observer
+    driven = _Driven(dep, ledger, outbox, registry, keeper, guild_ready_timeout)
+    outbox.fence = driven.fence
+    if metrics is not None:
+        metrics.sources.backlog = outbox.backlog
+        metrics.sources.sessions = lambda: {
+            name: b.gateway_session and not b.is_closed() for name, b in driven.bots.items()
+        }
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    announcer: asyncio.Task[None] | None = None
+    problem = None
+    failing = False  # the last renewal failed: said once at warning, then at info until one succeeds
+    try:
+        try:
+            await keeper.start()
+        except Exception as e:
+            raise StartupError(
+                f"{postgres.shown(ledger.path)}: cannot register this process: {postgres.reason(e)}"
+            ) from None
+        while not stop.is_set():
+            try:
+                got = await keeper.tick()
+                lost, excess = got.lost, got.excess
+                failing = False
+            except Exception as e:  # the server cannot be reached: what ran out stops, the rest waits
+                log.log(
+                    logging.INFO if failing else logging.WARNING,
+                    "leases: renewal failed (tried again every %gs; the bots stop as their leases run out): %s",
+                    terms.renew,
+                    postgres.reason(e),
+                )
+                failing = True
+                lost, excess = keeper.expired(), []
+                for key in lost:
+                    keeper.forget(key)
+            await driven.settle(lost, excess, "its lease ran out unrenewed" if failing else "its lease was taken")
+            if announcer is None:
+                announcer = asyncio.create_task(driven.announce_when_ready(announce))
+            ended = [name for name, t in driven.tasks.items() if t.done()]
+            if ended:
+                problem = _task_problem(driven.bots[ended[0]], driven.tasks[ended[0]])
+                break
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()), *driven.tasks.values()]
+            await asyncio.wait(waits, timeout=terms.renew, return_when=asyncio.FIRST_COMPLETED)
+            waits[0].cancel()
+    finally:
+        if announcer is not None:
+            announcer.cancel()
+        await outbox.close()
+        await driven.close()
+        await keeper.stop()
+        await conn.close()
+    if problem and not stop.is_set():
+        raise StartupError(problem)
 
 
 CLOSE_INVALID_SHARD = 4010  # Discord's gateway close codes: "Invalid shard"
@@ -349,6 +652,7 @@ def main(
     shards: str | None = None,
     metrics_port: int | None = None,
     ready_post_age: float = READY_POST_AGE,
+    terms: leases.Terms | None = None,
 ) -> int:
     """`residents run`: log lines go through the root logger's one handler (set up by the CLI), once."""
     dep = plan_deployment(
@@ -362,8 +666,9 @@ def main(
         print(startup.table(start_rows(bots, discord_api is not None), postgres.shown(db)), flush=True)
 
     # Refused (LedgerInUse, exit 2) while another process writes this ledger: before the provider is
-    # asked anything or the ledger read. `run_bots`' own opening shares this process's hold.
-    holding = hold_ledger(db)
+    # asked anything or the ledger read. `run_bots`' own opening shares this process's hold. On PostgreSQL
+    # any number of processes share the ledger, each bot driven by one of them under a lease.
+    holding = None if postgres.is_url(db) else hold_ledger(db)
     try:
         asyncio.run(
             run_bots(
@@ -374,8 +679,10 @@ def main(
                 metrics_port=metrics_port,
                 ready_post_age=ready_post_age,
                 serving=lambda url: print(f"metrics: {url}/metrics; health: {url}/healthz, {url}/readyz", flush=True),
+                terms=terms,
             )
         )
     finally:
-        holding.release()
+        if holding is not None:
+            holding.release()
     return 0

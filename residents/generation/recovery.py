@@ -54,16 +54,23 @@ class Recovery:
     planned: list[str] = field(default_factory=list)  # filled by `residents.delivery.resume.recover`: posts planned
 
 
-async def settle_interrupted(ledger: Ledger, residences: Collection[str] | None = None) -> Recovery:
+async def settle_interrupted(
+    ledger: Ledger, residences: Collection[str] | None = None, channels: Collection[str] | None = None
+) -> Recovery:
     """Settle every generation a stopped process left open (of `residences`, or of all when None).
 
     Only generations of the residences this process runs are touched: another process (a replay,
-    say) may be writing its own generations to the same ledger file right now.
+    say) may be writing its own generations to the same ledger file right now. `channels`: only those in
+    these channels (a sharded bot's shards taken over, whose other shards run on in another process).
     """
     rec = Recovery([], [], [])
 
     def ours(g: Generation | None) -> bool:
-        return g is not None and (residences is None or g.residence in residences)
+        return (
+            g is not None
+            and (residences is None or g.residence in residences)
+            and (channels is None or g.channel in channels)
+        )
 
     for gid in await ledger.unsettled_generations():
         g = await ledger.get_generation(gid)

@@ -87,3 +87,22 @@ def acquire(ledger: str) -> Hold:
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         _held[key] = _Lock(fd, 1)
         return Hold(key)
+
+
+def holder(ledger: str) -> str | None:
+    """Who holds `ledger`'s lock ("pid host" as the writer left it, or "" when it left nothing), or None
+    when no process does (`residents status`). A shared lock tried and let go at once: a writer starting
+    in that instant is refused as if another held the file, and says so."""
+    try:
+        fd = os.open(lock_path(ledger), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -168,7 +168,8 @@ class PgSession:
         self.reconnect = RECONNECT
 
     @classmethod
-    def connect(cls, url: str, *, read_only: bool = False) -> PgSession:
+    def connect(cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> PgSession:
+        """`reconnect`: how long its calls wait for the server (`RECONNECT` by default)."""
         loop = asyncio.new_event_loop()
         settings = {"application_name": f"{os.getpid()} {socket.gethostname()}"[:63]}
         if read_only:
@@ -178,7 +179,10 @@ class PgSession:
         except BaseException:
             loop.close()
             raise
-        return cls(loop, conn, url, settings)
+        session = cls(loop, conn, url, settings)
+        if reconnect is not None:
+            session.reconnect = reconnect
+        return session
 
     @property
     def in_transaction(self) -> bool:
@@ -344,39 +348,44 @@ class PgSession:
 class WriterHold:
     """This process's hold on one PostgreSQL ledger's writer lock: a session of its own holds the advisory
     lock (the server lets go of it when that session ends, however the process ends). As for a file's
-    lock, the same process may open its ledger again; the last `release()` ends the session."""
+    lock, the same process may open its ledger again; the last `release()` ends the session.
 
-    _held: dict[str, list[Any]] = {}  # url → [the holding connection, holds]
+    `shared`: the lock in shared mode, which `residents run` processes take (any number of them share a
+    ledger under leases, `leases.py`); a writer that is not one of them takes it alone, so each kind is
+    refused while the other holds it."""
 
-    def __init__(self, url: str) -> None:
+    _held: dict[tuple[str, bool], list[Any]] = {}  # (url, shared) → [the holding connection, holds]
+
+    def __init__(self, url: str, shared: bool = False) -> None:
         self._url: str | None = url
+        self._shared = shared
 
     @classmethod
-    async def acquire(cls, url: str) -> WriterHold | str:
+    async def acquire(cls, url: str, shared: bool = False) -> WriterHold | str:
         """A hold, or who holds the lock instead ("pid host" as that session named itself, or "")."""
-        held = cls._held.get(url)
+        held = cls._held.get((url, shared))
         if held is not None:
             held[1] += 1
-            return cls(url)
+            return cls(url, shared)
         holder = await connect(url)
         try:
-            other = await holder.run(_take_writer_lock)
+            other = await holder.run(_take_writer_lock, shared)
         except BaseException:
             await holder.close()
             raise
         if other is not None:
             await holder.close()
             return other
-        cls._held[url] = [holder, 1]
-        return cls(url)
+        cls._held[(url, shared)] = [holder, 1]
+        return cls(url, shared)
 
     async def release(self) -> None:
         if self._url is None:
             return
-        held = self._held[self._url]
+        held = self._held[(self._url, self._shared)]
         held[1] -= 1
         if held[1] == 0:
-            del self._held[self._url]
+            del self._held[(self._url, self._shared)]
             await held[0].close()
         self._url = None
 
@@ -405,15 +414,26 @@ def _off_loop(work: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, work).result()
 
 
-def _take_writer_lock(conn: PgSession) -> str | None:
-    """None once this session holds the writer lock; else who does ("pid host", or "" if not known)."""
-    [(taken,)] = conn.execute("SELECT pg_try_advisory_lock($1)", (WRITER_LOCK,)).fetchall()
+def _take_writer_lock(conn: PgSession, shared: bool = False) -> str | None:
+    """None once this session holds the writer lock (in shared mode if `shared`); else who does ("pid
+    host", or "" if not known)."""
+    take = "SELECT pg_try_advisory_lock_shared($1)" if shared else "SELECT pg_try_advisory_lock($1)"
+    [(taken,)] = conn.execute(take, (WRITER_LOCK,)).fetchall()
     if taken:
         return None
     got = conn.execute(WRITER_HOLDER, lock_key_parts(WRITER_LOCK)).fetchone()
     return str(got[0]) if got is not None and got[0] else ""
 
 
-async def connect(url: str, *, read_only: bool = False) -> Connection:
-    """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own."""
-    return await Connection.serve(shown(url), "postgresql", lambda: PgSession.connect(url, read_only=read_only))
+async def connect(url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> Connection:
+    """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own; `reconnect`: how
+    long its calls wait for the server when it goes away (`RECONNECT` by default)."""
+    return await Connection.serve(
+        shown(url), "postgresql", lambda: PgSession.connect(url, read_only=read_only, reconnect=reconnect)
+    )
+
+
+# A session whose calls fail at once when the server goes away, and whose next call connects again: the
+# leases' (`discord.run`), whose renewal is tried again every few seconds and whose failure stops the bots
+# as their leases run out, which a call waiting `RECONNECT.within` for the server would hold up.
+AT_ONCE = Reconnect(within=0.0)

@@ -179,22 +179,25 @@ class Ledger:
         self.observer: Observer = UNOBSERVED  # told each commit's time (`residents.metrics`)
 
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False) -> _Opening:
+    def open(cls, path: str | Path, *, read_only: bool = False, shared: bool = False) -> _Opening:
         """The ledger at `path`, created and migrated as needed: `ledger = await Ledger.open(p)`, or
         `async with Ledger.open(p) as ledger:`, which closes it however the block ends.
 
         A writer holds the ledger's lock while open (`lock.py`): LedgerInUse while another process has
         it, before anything is read or written. `read_only`: an existing ledger for reading, beside a
-        running process or on read-only media: no lock, no migration, nothing written."""
-        return _Opening(cls, path, read_only)
+        running process or on read-only media: no lock, no migration, nothing written. `shared`: on
+        PostgreSQL, the writer lock in shared mode: one of several `residents run` processes, each driving
+        only the bots it holds a lease on (`leases.py`); a writer of another kind is refused meanwhile."""
+        return _Opening(cls, path, read_only, shared)
 
     @classmethod
-    async def _connect_postgresql(cls, url: str) -> Ledger:
+    async def _connect_postgresql(cls, url: str, shared: bool = False) -> Ledger:
         """The ledger in the PostgreSQL database at `url`: the writer lock first (LedgerInUse before
-        anything is read or written), then its schema made or migrated, as a file's."""
+        anything is read or written; in shared mode when `shared`), then its schema made or migrated, as a
+        file's."""
         name = postgres.shown(url)
         try:
-            hold = await postgres.WriterHold.acquire(url)
+            hold = await postgres.WriterHold.acquire(url, shared)
         except Exception as e:
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
         if not isinstance(hold, postgres.WriterHold):
@@ -243,10 +246,10 @@ class Ledger:
         return cls(db, url)
 
     @classmethod
-    async def _connect(cls, path: str | Path) -> Ledger:
+    async def _connect(cls, path: str | Path, shared: bool = False) -> Ledger:
         path = str(path)
         if postgres.is_url(path):
-            return await cls._connect_postgresql(path)
+            return await cls._connect_postgresql(path, shared)
         hold: lock.Hold | None = None
         if path != ":memory:":
             p = Path(path)
@@ -1142,12 +1145,12 @@ def _transaction(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -
 class _Opening:
     """What `Ledger.open` returns: awaited, the open ledger; entered (`async with`), the ledger, closed on exit."""
 
-    def __init__(self, cls: type[Ledger], path: str | Path, read_only: bool) -> None:
-        self.cls, self.path, self.read_only = cls, path, read_only
+    def __init__(self, cls: type[Ledger], path: str | Path, read_only: bool, shared: bool = False) -> None:
+        self.cls, self.path, self.read_only, self.shared = cls, path, read_only, shared
         self.ledger: Ledger | None = None
 
     def _connect(self) -> Coroutine[Any, Any, Ledger]:
-        return self.cls._connect_read_only(self.path) if self.read_only else self.cls._connect(self.path)
+        return self.cls._connect_read_only(self.path) if self.read_only else self.cls._connect(self.path, self.shared)
 
     def __await__(self) -> Generator[Any, None, Ledger]:
         return self._connect().__await__()

@@ -1,0 +1,111 @@
+"""The lease table's rules on a real PostgreSQL server, without bots: the fair share, renewal only by the
+same holder at the same epoch, an expired or stopped holder's units taken with a new epoch, and what a
+process holds beyond its share named for giving up. Expiry is set in the table, not waited for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from residents import cli
+from residents.ledger import leases, postgres
+from residents.ledger.leases import Leases, Terms, Unit
+
+try:
+    import pgkit
+except ImportError:  # tests/ collected as a package
+    from tests import pgkit
+
+UNITS = [Unit("cairn"), Unit("moss"), Unit("reed"), Unit("sill")]
+TERMS = Terms(length=60.0, renew=20.0)  # long: nothing expires unless a test says so
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[pgkit.Server]:
+    with pgkit.server() as server:
+        yield server
+
+
+@pytest.fixture
+async def url(pg_server: pgkit.Server) -> AsyncIterator[str]:
+    url = pg_server.create()
+    assert await asyncio.to_thread(cli.main, ["ledger", "migrate", "--db", url]) == 0
+    yield url
+
+
+async def process(url: str, units: list[Unit] = UNITS) -> Leases:
+    keeper = Leases(await postgres.connect(url), units, TERMS)
+    await keeper.start()
+    return keeper
+
+
+def expire(url: str, unit: str) -> None:
+    pgkit.execute(url, f"UPDATE leases SET expires_at = 0 WHERE unit = '{unit}'")
+
+
+async def test_two_processes_share_four_units_two_each_and_a_third_unit_holder_gives_up_its_surplus(url: str) -> None:
+    one = await process(url)
+    first = await one.tick()  # alone: it takes every unit
+    assert sorted(first.gained) == ["cairn", "moss", "reed", "sill"] and set(first.gained.values()) == {1}
+    two = await process(url)
+    assert (await two.tick()).gained == {}  # nothing free, all leases run
+    again = await one.tick()  # two live processes now: one holds two more than its share
+    assert sorted(again.kept) == ["cairn", "moss", "reed", "sill"] and again.excess == ["reed", "sill"]
+    await one.release(again.excess)
+    assert sorted(one.held) == ["cairn", "moss"] and not one.may_post("reed") and one.may_post("cairn")
+    took = await two.tick()
+    assert took.gained == {"reed": 2, "sill": 2}  # each take bumps the epoch
+    assert (await one.tick()).excess == [] and (await two.tick()).excess == []
+    got = await _status(url)
+    assert {p.id: sorted(u for u, _ in p.units) for p in got.processes} == {
+        one.process: ["cairn", "moss"],
+        two.process: ["reed", "sill"],
+    }
+    for keeper in (one, two):
+        await keeper.stop()
+        await keeper.conn.close()
+
+
+async def _status(url: str) -> leases.Status:
+    conn = await postgres.connect(url)
+    try:
+        return await conn.run(leases.status)
+    finally:
+        await conn.close()
+
+
+async def test_a_lease_taken_after_it_expired_cannot_be_renewed_by_its_old_holder(url: str) -> None:
+    old = await process(url, [Unit("cairn")])
+    assert (await old.tick()).gained == {"cairn": 1}
+    new = await process(url, [Unit("cairn")])
+    expire(url, "cairn")  # the old holder froze past its lease
+    assert (await new.tick()).gained == {"cairn": 2}
+    back = await old.tick()  # thawed: its renewal at epoch 1 fails, and nothing is free to take
+    assert back.lost == ["cairn"] and back.kept == {} and back.gained == {}
+    assert not old.may_post("cairn") and new.may_post("cairn") and old.held == {}
+    for keeper in (old, new):
+        await keeper.conn.close()
+
+
+async def test_a_stopped_process_leaves_its_units_free_at_once(url: str) -> None:
+    one = await process(url, [Unit("cairn")])
+    await one.tick()
+    two = await process(url, [Unit("cairn")])
+    assert (await two.tick()).gained == {}
+    await one.stop()  # a clean stop: leases given up, the process marked stopped
+    assert (await two.tick()).gained == {"cairn": 2}
+    [(stopped,)] = pgkit.fetch(url, "SELECT stopped_at IS NOT NULL FROM processes WHERE id = $1", one.process)
+    assert stopped is True
+    for keeper in (one, two):
+        await keeper.conn.close()
+
+
+async def test_a_sharded_bot_is_shared_shard_by_shard(url: str) -> None:
+    shards = leases.as_units([("cairn", 4)])
+    one, two = await process(url, shards), await process(url, shards)
+    first, second = await one.tick(), await two.tick()
+    assert sorted(first.gained) == ["cairn#0", "cairn#1"] and sorted(second.gained) == ["cairn#2", "cairn#3"]
+    for keeper in (one, two):
+        await keeper.conn.close()
