@@ -119,10 +119,12 @@ class Pipeline:
 
 
 @pytest.fixture
-async def pipeline(tmp_path):
+async def pipeline(request, tmp_path):
+    """The real pipeline on a ledger in tmp_path; a test that asks for `backend` too gets it on that ledger."""
     server = ProviderServer()
     await server.start()
-    ledger = await Ledger.open(tmp_path / "ledger.db")
+    where = request.getfixturevalue("backend").location if "backend" in request.fixturenames else tmp_path / "ledger.db"
+    ledger = await Ledger.open(where)
     p = Pipeline(server, ledger, [])
     try:
         yield p
