@@ -62,6 +62,11 @@ def quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def identifiers(names: Sequence[str]) -> str:
+    """Column names as a statement lists them, each `quoted`."""
+    return ", ".join(quoted(n) for n in names)
+
+
 # ----------------------------------------------------------------------------- the schema, on each backend
 
 
@@ -346,13 +351,16 @@ async def _copy(
 
 async def _copy_table(src: Connection, dst: Connection, t: Table, progress: Callable[[str, int, bool], None]) -> int:
     """One table, page by page in key order; the next page read while the last is written."""
-    cols = ", ".join(quoted(c) for c in t.columns)
-    key = ", ".join(quoted(c) for c in t.key)
-    select = f"SELECT {cols}, {key} FROM {quoted(t.name)}"
-    first = f"{select} ORDER BY {key} LIMIT $1"
-    n = len(t.key)
-    after = f"{select} WHERE ({key}) > ({placeholders(n)}) ORDER BY {key} LIMIT ${n + 1}"
-    insert = f"INSERT INTO {quoted(t.name)} ({cols}) VALUES ({placeholders(len(t.columns))})"
+    first = (
+        f"SELECT {identifiers(t.columns)}, {identifiers(t.key)} FROM {quoted(t.name)}"
+        f" ORDER BY {identifiers(t.key)} LIMIT $1"
+    )
+    after = (
+        f"SELECT {identifiers(t.columns)}, {identifiers(t.key)} FROM {quoted(t.name)}"
+        f" WHERE ({identifiers(t.key)}) > ({placeholders(len(t.key))})"
+        f" ORDER BY {identifiers(t.key)} LIMIT {placeholders(1, len(t.key) + 1)}"
+    )
+    insert = f"INSERT INTO {quoted(t.name)} ({identifiers(t.columns)}) VALUES ({placeholders(len(t.columns))})"
     width = len(t.columns)
     copied = 0
     page = await src.run(_page, after, None, first)
