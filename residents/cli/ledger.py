@@ -1,7 +1,7 @@
 """`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
 hash chain checked, the chain written out for anyone to check offline. They open it read only, so they
-work beside a running process and on read-only media. `residents ledger migrate` is the one writer:
-it brings a ledger from an older residents up to date."""
+work beside a running process and on read-only media. `residents ledger migrate` brings a ledger from an
+older residents up to date; `residents ledger copy` moves one whole to another file or database."""
 
 from __future__ import annotations
 
