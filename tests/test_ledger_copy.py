@@ -367,7 +367,7 @@ async def test_a_source_a_writer_goes_on_writing_is_copied_as_it_stood_when_the_
     (a generation, a chain entry) while a running writer holds the source: the copy is the one state the
     source was in when the copy began, and ends on that state's head."""
     source = place(kind, tmp_path, request, "source.db")
-    await asyncio.to_thread(copy_quiet, sources("sqlite"), source)
+    await asyncio.to_thread(copy_quiet, await asyncio.to_thread(sources, "sqlite"), source)  # off this loop
     [head] = rows(source, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
     monkeypatch.setattr(ledger_copy, "PAGE", 3)
     destination = str(tmp_path / "copy.db")
