@@ -65,8 +65,8 @@ class GatedProvider(ProviderServer):
 class Deployed:
     room: RoomServer
     provider: GatedProvider
-    ledger: Ledger  # a second connection to the bots' SQLite file, for reading
-    db: Path
+    ledger: Ledger  # a second connection to the bots' ledger, for reading
+    db: Path | str  # the bots' ledger: a SQLite file, or a PostgreSQL database's URL
     bots: list[ResidentBot]
     stop: asyncio.Event
     task: asyncio.Task[None]
@@ -152,13 +152,15 @@ async def deployed(
     layout: Layout | None = None,
     expected_errors: Sequence[str] = (),
     checkpoints: Checkpoints | None = None,
+    db: str | None = None,
     **run_options: Any,
 ) -> AsyncIterator[Deployed]:
     """`run_bots` for `residences` (token `local-NAME`) until every bot is connected with its commands synced
     (in every guild of `layout`, when the room is built from one).
 
     `expected_errors`: substrings of ERROR lines the test provokes on purpose; `checkpoints`: residents.yaml's
-    `ledger.checkpoints`; `run_options` go to `run_bots`.
+    `ledger.checkpoints`; `db`: the ledger (a path or a URL; `ledger.db` in tmp_path unless given);
+    `run_options` go to `run_bots`.
     """
     bots: list[ResidentBot] = []
     seen: dict[str, list[int]] = {}
@@ -175,7 +177,7 @@ async def deployed(
 
             self.add_listener(on_message)
 
-    db = tmp_path / "ledger.db"
+    where: Path | str = tmp_path / "ledger.db" if db is None else db
     async with error_guard() as guard, running_room(channels, layout=layout) as room:
         guard.ignore.extend(lambda problem, e=e: e in problem for e in expected_errors)
         provider = GatedProvider(responder)
@@ -187,7 +189,7 @@ async def deployed(
         task = asyncio.create_task(
             run_bots(
                 Deployment(list(residences), {r.name: f"local-{r.name}" for r in residences}, checkpoints),
-                str(db),
+                str(where),
                 {"ANTHROPIC_BASE_URL": provider.url, "ANTHROPIC_API_KEY": "test-key", **run_options.pop("env", {})},
                 guild_ready_timeout=0.05,
                 stop=stop,
@@ -221,8 +223,8 @@ async def deployed(
                 return bool(carried) and all((app.id, g.id) in room.state.synced for g in carried)
 
             await eventually(ready, timeout=READY_TIMEOUT)
-            ledger = await Ledger.open(db)
-            yield Deployed(room, provider, ledger, db, bots, stop, task, seen)
+            ledger = await Ledger.open(where)
+            yield Deployed(room, provider, ledger, where, bots, stop, task, seen)
         finally:
             run_mod.ResidentBot = saved  # type: ignore[misc]
             provider.release()
