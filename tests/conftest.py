@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import hypothesis.configuration
+import pgkit
 import pytest
+from ledgerkit import BACKENDS, Backend
 
 from residents.config import Residence, build_residence
 from residents.context import RoomMessage
@@ -117,10 +121,12 @@ class Pipeline:
 
 
 @pytest.fixture
-async def pipeline(tmp_path):
+async def pipeline(request, tmp_path):
+    """The real pipeline on a ledger in tmp_path; a test that asks for `backend` too gets it on that ledger."""
     server = ProviderServer()
     await server.start()
-    ledger = await Ledger.open(tmp_path / "ledger.db")
+    where = request.getfixturevalue("backend").location if "backend" in request.fixturenames else tmp_path / "ledger.db"
+    ledger = await Ledger.open(where)
     p = Pipeline(server, ledger, [])
     try:
         yield p
@@ -128,6 +134,24 @@ async def pipeline(tmp_path):
         await p.client.close()
         await ledger.close()
         await server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgkit.Server]:
+    """One real PostgreSQL server for the session, started when a test first asks for it: fails (never
+    skips) where none can be started."""
+    with pgkit.server() as server:
+        yield server
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """The test's ledger on each backend in turn (`ledgerkit`): a file in tmp_path, or a fresh database."""
+    if request.param == "sqlite":
+        names = itertools.count(2)
+        return Backend("sqlite", str(tmp_path / "ledger.db"), lambda: str(tmp_path / f"ledger-{next(names)}.db"))
+    server: pgkit.Server = request.getfixturevalue("pg_server")
+    return Backend("postgresql", server.create(), server.create)
 
 
 class _ErrorCatcher(logging.Handler):

@@ -25,7 +25,7 @@ from residents.config import Checkpoints, Residence
 from residents.discord import run as run_mod
 from residents.discord.app import ResidentBot
 from residents.discord.run import Deployment, run_bots
-from residents.ledger import Ledger
+from residents.ledger import Ledger, postgres
 from residents.localservers.provider import Call, ProviderServer, Responder
 from residents.localservers.room import Layout, RoomServer
 
@@ -65,8 +65,8 @@ class GatedProvider(ProviderServer):
 class Deployed:
     room: RoomServer
     provider: GatedProvider
-    ledger: Ledger  # a second connection to the bots' SQLite file, for reading
-    db: Path | str  # the bots' ledger: a SQLite file, or a PostgreSQL URL (`deployed(..., db=URL)`)
+    ledger: Ledger  # a second connection to the bots' ledger, for reading
+    db: Path | str  # the bots' ledger: a SQLite file, or a PostgreSQL database's URL
     bots: list[ResidentBot]
     stop: asyncio.Event
     task: asyncio.Task[None]
@@ -159,8 +159,8 @@ async def deployed(
     (in every guild of `layout`, when the room is built from one).
 
     `expected_errors`: substrings of ERROR lines the test provokes on purpose; `checkpoints`: residents.yaml's
-    `ledger.checkpoints`; `db`: the ledger (a file in `tmp_path` unless a PostgreSQL URL is given); `run_options`
-    go to `run_bots`.
+    `ledger.checkpoints`; `db`: the ledger (a path or a URL; `ledger.db` in tmp_path unless given);
+    `run_options` go to `run_bots`.
     """
     bots: list[ResidentBot] = []
     seen: dict[str, list[int]] = {}
@@ -177,7 +177,7 @@ async def deployed(
 
             self.add_listener(on_message)
 
-    where: Path | str = db if db is not None else tmp_path / "ledger.db"
+    where: Path | str = tmp_path / "ledger.db" if db is None else db
     async with error_guard() as guard, running_room(channels, layout=layout) as room:
         guard.ignore.extend(lambda problem, e=e: e in problem for e in expected_errors)
         provider = GatedProvider(responder)
@@ -224,7 +224,7 @@ async def deployed(
 
             await eventually(ready, timeout=READY_TIMEOUT)
             # On PostgreSQL `run_bots` holds the writer lock shared: a reader beside it, as `residents ledger` is.
-            ledger = await Ledger.open(where, read_only=isinstance(where, str))
+            ledger = await Ledger.open(where, read_only=postgres.is_url(str(where)))
             yield Deployed(room, provider, ledger, where, bots, stop, task, seen)
         finally:
             run_mod.ResidentBot = saved  # type: ignore[misc]

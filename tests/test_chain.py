@@ -1,5 +1,6 @@
-"""The ledger's hash chain, over the real pipeline and the real CLI: every settled record is in it, in the
-same transaction; editing one row with sqlite makes `residents ledger verify` name that record's entry;
+"""The ledger's hash chain, over the real pipeline and the real CLI, on both backends (`backend`) where the
+test is not about SQLite itself: every settled record is in it, in the
+same transaction; editing one row with the database's client makes `residents ledger verify` name that record's entry;
 an export verifies offline — by the CLI and by the few lines in docs/provenance.md — and fails after any one byte
 changes; an old ledger begins its chain at a marked genesis.
 
@@ -18,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import asyncpg
 import pytest
+from ledgerkit import Backend, rows
 
 from residents import cli
 from residents.ledger import Ledger, chain
@@ -30,12 +33,28 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
 
 
-def replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str], scenarios: tuple[str, ...] = SCENARIOS) -> Path:
-    db = tmp_path / "ledger.db"
+def replayed_into(location: str, capsys: pytest.CaptureFixture[str], scenarios: tuple[str, ...] = SCENARIOS) -> str:
+    """The scenarios replayed through the real pipeline into the ledger at `location` (a path or a URL)."""
     for name in scenarios:
-        assert cli.main(["replay", str(ROOT / "scenarios" / f"{name}.yaml"), "--db", str(db), "--json"]) == 0
+        assert cli.main(["replay", str(ROOT / "scenarios" / f"{name}.yaml"), "--db", location, "--json"]) == 0
     capsys.readouterr()
+    return location
+
+
+def replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str], scenarios: tuple[str, ...] = SCENARIOS) -> Path:
+    """... into a SQLite file (the tests of what SQLite alone does)."""
+    db = tmp_path / "ledger.db"
+    replayed_into(str(db), capsys, scenarios)
     return db
+
+
+def unguarded(backend: Backend) -> None:
+    """The chain's append-only triggers out of the way, as someone forcing an edit would do: dropped on
+    SQLite, disabled on PostgreSQL."""
+    if backend.name == "sqlite":
+        script(Path(backend.location), "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")
+    else:
+        backend.change("ALTER TABLE chain DISABLE TRIGGER USER")
 
 
 def sql(db: Path, statement: str, params: tuple = ()) -> list[tuple]:
@@ -56,10 +75,10 @@ def script(db: Path, statements: str) -> None:
         con.close()
 
 
-def entry_of(db: Path, kind: str, record: str) -> int:
-    [(seq,)] = sql(db, "SELECT max(seq) FROM chain WHERE kind=? AND record=?", (kind, record))
+def entry_of(db: Path | str, kind: str, record: str) -> int:
+    [(seq,)] = rows(str(db), "SELECT max(seq) FROM chain WHERE kind=$1 AND record=$2", kind, record)
     assert seq is not None, f"no {kind} entry for {record}"
-    return seq
+    return int(seq)
 
 
 def run_verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:
@@ -67,7 +86,7 @@ def run_verify(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, lis
     return code, capsys.readouterr().out.splitlines()
 
 
-def texts(db: Path) -> list[str]:
+def texts(db: Path | str) -> list[str]:
     """Every text the ledger holds: what no entry, export or answer may contain."""
     found = []
     for table, column in (
@@ -78,109 +97,117 @@ def texts(db: Path) -> list[str]:
         ("attempt_blocks", "content"),
     ):
         found += [
-            bytes(r[0]).decode("utf-8", "surrogatepass") for r in sql(db, f"SELECT {column} FROM {table}") if r[0]
+            bytes(r[0]).decode("utf-8", "surrogatepass") for r in rows(str(db), f"SELECT {column} FROM {table}") if r[0]
         ]
     return found
 
 
-def test_every_settled_record_is_in_the_chain_and_verify_ends_with_the_head(tmp_path, capsys):
-    db = replayed(tmp_path, capsys)
-    counts = dict(sql(db, "SELECT kind, count(*) FROM chain GROUP BY kind"))
-    [(gens,)] = sql(db, "SELECT count(*) FROM generations WHERE status != 'pending'")
-    [(attempts,)] = sql(db, "SELECT count(*) FROM attempts WHERE outcome != 'streaming'")
-    [(stumps,)] = sql(db, "SELECT count(*) FROM stumps")
-    [(posts,)] = sql(db, "SELECT count(*) FROM posts")
-    [(delivered,)] = sql(db, "SELECT count(*) FROM posts WHERE message_id IS NOT NULL")
+def test_every_settled_record_is_in_the_chain_and_verify_ends_with_the_head(backend: Backend, capsys):
+    db = replayed_into(backend.location, capsys)
+    sql = backend.rows
+    counts = {k: int(n) for k, n in sql("SELECT kind, count(*) FROM chain GROUP BY kind")}
+    [(gens,)] = sql("SELECT count(*) FROM generations WHERE status != 'pending'")
+    [(attempts,)] = sql("SELECT count(*) FROM attempts WHERE outcome != 'streaming'")
+    [(stumps,)] = sql("SELECT count(*) FROM stumps")
+    [(posts,)] = sql("SELECT count(*) FROM posts")
+    [(delivered,)] = sql("SELECT count(*) FROM posts WHERE message_id IS NOT NULL")
     assert counts == {"generation": gens, "attempt": attempts, "stump": stumps, "post": posts, "delivered": delivered}
     assert stumps == 3 and posts > 4 and delivered == posts  # a retry stump, a cut output, a cut reasoning block
-    [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
-    code, out = run_verify(capsys, "--db", str(db))
+    [(last, head)] = sql("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    code, out = run_verify(capsys, "--db", db)
     assert code == 0 and out == [out[0]] and out[0].endswith(f"; chain of {last} entries, head {head}")
-    bodies = "\n".join(r[0] for r in sql(db, "SELECT body FROM chain"))
+    bodies = "\n".join(r[0] for r in sql("SELECT body FROM chain"))
     for text in texts(db):  # hashes and metadata only
         for i in range(0, max(1, len(text) - 16), 8):
             assert text[i : i + 16] not in bodies or not text[i : i + 16].strip(), text[i : i + 16]
 
 
-EDITS = [  # (what a person changes with sqlite, the kind of entry, which record's entry it is)
+EDITS = [  # (what a person changes with the database's client, its parameters, the kind of entry, which record's)
     (
-        "UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned'",
+        "UPDATE stumps SET text=$1 WHERE cause='retry-abandoned'",
+        (b"changed",),
         "stump",
         "SELECT id FROM stumps WHERE cause='retry-abandoned'",
     ),
     (
-        "UPDATE posts SET content=CAST('something else' AS BLOB) WHERE kind='partial' AND seq=2",
+        "UPDATE posts SET content=$1 WHERE kind='partial' AND seq=2",
+        (b"something else",),
         "post",
         "SELECT id FROM posts WHERE kind='partial' AND seq=2",
     ),
     (
         "UPDATE posts SET message_id='999' WHERE kind='receipt' AND generation_id IN"
         " (SELECT generation_id FROM posts WHERE kind='partial')",
+        (),
         "delivered",
         "SELECT id FROM posts WHERE message_id='999'",
     ),
     (
-        "UPDATE attempt_blocks SET content=CAST('other reasoning' AS BLOB), chars=15 WHERE type='thinking'",
+        "UPDATE attempt_blocks SET content=$1, chars=15 WHERE type='thinking'",
+        (b"other reasoning",),
         "attempt",
         "SELECT attempt_id FROM attempt_blocks WHERE type='thinking'",
     ),
     (
         "UPDATE attempts SET error='edited_error' WHERE rowid=(SELECT min(rowid) FROM attempts WHERE outcome='abandoned')",
+        (),
         "attempt",
         "SELECT id FROM attempts WHERE error='edited_error'",
     ),
     # No invariant of the records alone can see this one: only the chain does.
     (
         "UPDATE generations SET output_tokens=output_tokens+1 WHERE stop_reason='max_tokens' AND chars > 0",
+        (),
         "generation",
         "SELECT id FROM generations WHERE stop_reason='max_tokens' AND chars > 0",
     ),
 ]
 
 
-@pytest.mark.parametrize("edit,kind,record_sql", EDITS, ids=[e[1] + str(i) for i, e in enumerate(EDITS)])
-def test_editing_one_row_makes_verify_name_its_entry(tmp_path, capsys, edit, kind, record_sql):
-    db = replayed(tmp_path, capsys)
-    assert run_verify(capsys, "--db", str(db))[0] == 0
-    sql(db, edit)
-    [(record,)] = sql(db, record_sql)
+@pytest.mark.parametrize("edit,params,kind,record_sql", EDITS, ids=[e[2] + str(i) for i, e in enumerate(EDITS)])
+def test_editing_one_row_makes_verify_name_its_entry(backend: Backend, capsys, edit, params, kind, record_sql):
+    db = replayed_into(backend.location, capsys)
+    assert run_verify(capsys, "--db", db)[0] == 0
+    backend.change(edit, *params)
+    [(record,)] = backend.rows(record_sql)
     seq = entry_of(db, kind, record)
-    code, out = run_verify(capsys, "--db", str(db))
+    code, out = run_verify(capsys, "--db", db)
     assert code == 1
     assert out[0].startswith(f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: "), out
 
 
-def test_a_changed_or_missing_chain_entry_is_named(tmp_path, capsys):
-    db = replayed(tmp_path, capsys)
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):  # the table refuses edits ...
-        sql(db, "UPDATE chain SET body=body WHERE seq=3")
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-        sql(db, "DELETE FROM chain WHERE seq=3")
-    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")  # ... until someone forces it
-    [(kind, record, body)] = sql(db, "SELECT kind, record, body FROM chain WHERE seq=3")
+def test_a_changed_or_missing_chain_entry_is_named(backend: Backend, capsys):
+    db = replayed_into(backend.location, capsys)
+    sql, change = backend.rows, backend.change
+    refused = (sqlite3.IntegrityError, asyncpg.PostgresError)
+    with pytest.raises(refused, match="append-only"):  # the table refuses edits ...
+        change("UPDATE chain SET body=body WHERE seq=3")
+    with pytest.raises(refused, match="append-only"):
+        change("DELETE FROM chain WHERE seq=3")
+    unguarded(backend)  # ... until someone forces it
+    [(kind, record, body)] = sql("SELECT kind, record, body FROM chain WHERE seq=3")
     changed = body.replace('"chars":', '"chars":1', 1)
     assert changed != body
-    sql(db, "UPDATE chain SET body=? WHERE seq=3", (changed,))
-    code, out = run_verify(capsys, "--db", str(db))
+    change("UPDATE chain SET body=$1 WHERE seq=3", changed)
+    code, out = run_verify(capsys, "--db", db)
     assert code == 1 and out[0] == f"chain entry 3 ({kind} {record}): its hash does not match its content", out
-    sql(db, "UPDATE chain SET body=? WHERE seq=3", (body,))
-    assert run_verify(capsys, "--db", str(db))[0] == 0
-    sql(db, "DELETE FROM chain WHERE seq=5")
-    code, out = run_verify(capsys, "--db", str(db))
-    [(kind6, record6)] = sql(db, "SELECT kind, record FROM chain WHERE seq=6")
+    change("UPDATE chain SET body=$1 WHERE seq=3", body)
+    assert run_verify(capsys, "--db", db)[0] == 0
+    change("DELETE FROM chain WHERE seq=5")
+    code, out = run_verify(capsys, "--db", db)
+    [(kind6, record6)] = sql("SELECT kind, record FROM chain WHERE seq=6")
     assert code == 1 and out[0] == f"chain entry 6 ({kind6} {record6}): follows entry 4; entries 5..5 are missing"
     assert any(line.endswith(": not in the chain") for line in out), out  # the record entry 5 stated
 
 
-def test_a_record_written_without_its_entry_is_named(tmp_path, capsys):
-    db = replayed(tmp_path, capsys)
-    sql(
-        db,
+def test_a_record_written_without_its_entry_is_named(backend: Backend, capsys):
+    db = replayed_into(backend.location, capsys)
+    backend.change(
         "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
         " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
         " FROM stumps WHERE cause='retry-abandoned'",
     )
-    code, out = run_verify(capsys, "--db", str(db))
+    code, out = run_verify(capsys, "--db", db)
     assert code == 1 and "stump s-unchained00: not in the chain" in out, out
 
 
@@ -240,21 +267,22 @@ def test_the_few_lines_in_the_docs_check_an_export_too(tmp_path, capsys):
         assert run.returncode != 0, f"the checker in docs/provenance.md accepted a change of byte {i}"
 
 
-def test_an_export_since_an_entry_starts_from_its_anchor(tmp_path, capsys):
-    db = replayed(tmp_path, capsys)
+def test_an_export_since_an_entry_starts_from_its_anchor(backend: Backend, tmp_path, capsys):
+    db = replayed_into(backend.location, capsys)
     out = tmp_path / "newer.jsonl"
-    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out), "--since", "5"]) == 0
-    [(anchor,)] = sql(db, "SELECT hash FROM chain WHERE seq=4")
-    [(last, head)] = sql(db, "SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
+    assert cli.main(["ledger", "export", "--db", db, "--out", str(out), "--since", "5"]) == 0
+    [(anchor,)] = backend.rows("SELECT hash FROM chain WHERE seq=4")
+    [(last, head)] = backend.rows("SELECT seq, hash FROM chain ORDER BY seq DESC LIMIT 1")
     code, said = run_verify(capsys, "--export", str(out))
     assert code == 0 and said == [
         f"export ok: entries 5..{last} ({last - 4}), head {head}; it continues entry 4, whose hash it names as {anchor}"
     ]
-    assert cli.main(["ledger", "export", "--db", str(db), "--out", str(out), "--since", str(last + 1)]) == 2
+    assert cli.main(["ledger", "export", "--db", db, "--out", str(out), "--since", str(last + 1)]) == 2
     assert f"--since {last + 1}: no such entry" in capsys.readouterr().err
 
 
 def test_an_old_ledger_begins_its_chain_at_a_marked_genesis(tmp_path, capsys):
+    """SQLite only by nature: a ledger from before the chain is a file; PostgreSQL's baseline has the chain."""
     db = replayed(tmp_path, capsys)
     before = dict(sql(db, "SELECT kind, count(*) FROM chain GROUP BY kind"))
     # The ledger as it was before the chain: no table, no migration recorded.
@@ -285,8 +313,8 @@ def test_an_old_ledger_begins_its_chain_at_a_marked_genesis(tmp_path, capsys):
     assert code == 1 and out[0].startswith(f"chain entry {entry_of(db, 'stump', sid)} (stump {sid}): ")
 
 
-async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_path):
-    ledger = await Ledger.open(tmp_path / "l.db")
+async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(backend: Backend):
+    ledger = await Ledger.open(backend.location)
     try:
         assert await ledger.db.execute_fetchall("SELECT * FROM chain") == []  # nothing before anything settles
         g = Generation(id="g-atomic000000", residence="cairn", channel="1", model="claude-3-opus-20240229")
@@ -296,7 +324,7 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
         entries = await ledger.db.execute_fetchall("SELECT count(*) FROM chain")
         clash = Stump("s-first0000000", g.id, None, "retry-abandoned", "again", None, residence="cairn")
         g.status, g.stop_reason, g.text = "completed", "end_turn", ""
-        with pytest.raises(sqlite3.IntegrityError):
+        with pytest.raises((sqlite3.IntegrityError, asyncpg.UniqueViolationError)):
             await ledger.finish_generation(g, [Stump("s-second000000", g.id, None, "max_tokens", "x", None), clash])
         assert await ledger.db.execute_fetchall("SELECT count(*) FROM chain") == entries
         assert (await ledger.get_generation(g.id)).status == "pending"  # type: ignore[union-attr]
@@ -314,10 +342,11 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
         assert await verify(ledger) == []
     finally:
         await ledger.close()
-    db = tmp_path / "l.db"
-    script(db, "DROP TRIGGER chain_no_update;")
-    sql(db, "UPDATE chain SET body=replace(body, 'private', 'moderators') WHERE kind='stump_access'")
-    ledger = await Ledger.open(db)
+    await asyncio.to_thread(unguarded, backend)
+    await asyncio.to_thread(
+        backend.change, "UPDATE chain SET body=replace(body, 'private', 'moderators') WHERE kind='stump_access'"
+    )
+    ledger = await Ledger.open(backend.location)
     try:
         [line] = await verify(ledger)
         assert re.fullmatch(
@@ -327,9 +356,9 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(tmp_p
         await ledger.close()
 
 
-def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
+def test_a_fresh_ledger_opened_writes_no_entry(backend: Backend):
     async def go() -> list:
-        ledger = await Ledger.open(tmp_path / "new.db")
+        ledger = await Ledger.open(backend.location)
         try:
             return await ledger.db.execute_fetchall("SELECT * FROM chain")
         finally:
@@ -338,12 +367,12 @@ def test_a_fresh_ledger_opened_writes_no_entry(tmp_path):
     assert asyncio.run(go()) == []
 
 
-def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain(tmp_path, capsys):
+def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain(backend: Backend, capsys):
     """Issue 12: stump access (the resident's choice, and each read of the text) is chained like a record."""
     from residents.ledger import access
 
-    db = replayed(tmp_path, capsys, ("retry",))
-    [(sid,)] = sql(db, "SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
+    db = replayed_into(backend.location, capsys, ("retry",))
+    [(sid,)] = backend.rows("SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
 
     async def choose_read_and_verify() -> list[str]:
         async with Ledger.open(db) as lg:
@@ -357,41 +386,43 @@ def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain
 
     assert asyncio.run(choose_read_and_verify()) == []
     assert entry_of(db, "stump-access", sid) > entry_of(db, "stump", sid)
-    [(body,)] = sql(db, "SELECT body FROM chain WHERE kind='stump-read' AND record=?", (sid,))
+    [(body,)] = backend.rows("SELECT body FROM chain WHERE kind='stump-read' AND record=$1", sid)
     assert json.loads(body)["reader"] == "mo (42)" and "text" not in body
     # rewriting who chose, or who read, is named with its entry
-    sql(db, "UPDATE stump_access_changes SET access='moderators' WHERE stump_id=?", (sid,))
-    sql(db, "UPDATE stump_reads SET reader='nobody' WHERE stump_id=?", (sid,))
+    backend.change("UPDATE stump_access_changes SET access='moderators' WHERE stump_id=$1", sid)
+    backend.change("UPDATE stump_reads SET reader='nobody' WHERE stump_id=$1", sid)
     found = asyncio.run(verify_again())
     assert any(f"(stump-access {sid}): the ledger no longer matches it: access" in v for v in found), found
     assert any(f"(stump-read {sid}): the ledger no longer matches it: reader" in v for v in found), found
 
 
-def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_order(tmp_path, capsys, monkeypatch):
+def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_order(
+    backend: Backend, capsys, monkeypatch
+):
     """A long ledger is checked by one process per core (each with some of the chain's parts: kinds of
     record, the walk; and a range of generations); with every kind of tamper at once, `verify` names
     the same lines, in the same order, as checking it in one pass: edited records, a changed, unparsable, non-canonical or relabelled entry, a
     deleted entry, a record gone, a record never chained."""
-    db = replayed(tmp_path, capsys)
-    script(db, "DROP TRIGGER chain_no_update; DROP TRIGGER chain_no_delete;")
-    [(body3,)] = sql(db, "SELECT body FROM chain WHERE seq=3")
-    [(body9,)] = sql(db, "SELECT body FROM chain WHERE seq=9")
-    script(
-        db,
-        "UPDATE stumps SET text=CAST('changed' AS BLOB) WHERE cause='retry-abandoned';"
-        "UPDATE posts SET message_id='999' WHERE kind='receipt';"
-        "UPDATE chain SET body='not json' WHERE seq=7;"
-        "UPDATE chain SET kind='stump' WHERE seq=11;"
-        "UPDATE chain SET body=body||'é' WHERE seq=12;"
-        "DELETE FROM chain WHERE seq=14;"
-        "DELETE FROM posts WHERE rowid=(SELECT max(rowid) FROM posts WHERE kind='partial');"
+    db = replayed_into(backend.location, capsys)
+    unguarded(backend)
+    [(body3,)] = backend.rows("SELECT body FROM chain WHERE seq=3")
+    [(body9,)] = backend.rows("SELECT body FROM chain WHERE seq=9")
+    for statement in (
+        "UPDATE stumps SET text=$1 WHERE cause='retry-abandoned'",
+        "UPDATE posts SET message_id='999' WHERE kind='receipt'",
+        "UPDATE chain SET body='not json' WHERE seq=7",
+        "UPDATE chain SET kind='stump' WHERE seq=11",
+        "UPDATE chain SET body=body||'é' WHERE seq=12",
+        "DELETE FROM chain WHERE seq=14",
+        "DELETE FROM posts WHERE rowid=(SELECT max(rowid) FROM posts WHERE kind='partial')",
         "INSERT INTO stumps (id, generation_id, attempt_id, residence, scope, cause, text, chars, created_at)"
         " SELECT 's-unchained00', generation_id, attempt_id, residence, 'attempt', 'retry-abandoned', text, chars, 0"
-        " FROM stumps WHERE cause='retry-abandoned' LIMIT 1;",
-    )
-    sql(db, "UPDATE chain SET body=? WHERE seq=3", (body3.replace('"chars":', '"chars":1', 1),))
-    sql(db, "UPDATE chain SET body=? WHERE seq=9", (body9.replace(":", ": ", 1),))
-    code, one_pass = run_verify(capsys, "--db", str(db))
+        " FROM stumps WHERE cause='retry-abandoned' LIMIT 1",
+    ):
+        backend.change(statement, *((b"changed",) if "$1" in statement else ()))
+    backend.change("UPDATE chain SET body=$1 WHERE seq=3", body3.replace('"chars":', '"chars":1', 1))
+    backend.change("UPDATE chain SET body=$1 WHERE seq=9", body9.replace(":", ": ", 1))
+    code, one_pass = run_verify(capsys, "--db", db)
     assert code == 1
     for expected in (
         "its hash does not match its content",
@@ -407,7 +438,7 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
     from residents.ledger import verify as verifying
 
     monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
-    code, in_workers = run_verify(capsys, "--db", str(db))
+    code, in_workers = run_verify(capsys, "--db", db)
     assert code == 1 and in_workers == one_pass
 
 

@@ -3,7 +3,8 @@ line at start and every `every`; /provenance with no message answers the head; a
 cannot find or post in stops start-up with one line.
 
 Real parts: `run_bots` (what `residents run` runs) with real discord.py bots on the local room over real
-sockets, the local provider behind the real SDK, a real SQLite ledger read back with sqlite3.
+sockets, the local provider behind the real SDK, a real ledger read back with the database's own client: a
+SQLite file, and for the head posted and answered, a PostgreSQL database too (`backend`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import logging
 import os
 import re
 import signal
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from conftest import residence, specimen
 from discordkit import Deployed, deployed
+from ledgerkit import Backend, rows
 
 from residents import truth
 from residents.config import Checkpoints
@@ -58,10 +59,9 @@ def every(duration: str, channel: str = "witness") -> Checkpoints:
     return Checkpoints.model_validate({"channel": channel, "every": duration})
 
 
-def chain(db: Path) -> dict[int, str]:
-    """Every entry's hash by seq, read straight from the file."""
-    with sqlite3.connect(db) as con:
-        return dict(con.execute("SELECT seq, hash FROM chain").fetchall())
+def chain(db: Path | str) -> dict[int, str]:
+    """Every entry's hash by seq, read straight from the file or the database."""
+    return {int(seq): str(digest) for seq, digest in rows(str(db), "SELECT seq, hash FROM chain")}
 
 
 def heads(d: Deployed, channel: str = "witness") -> list[tuple[int, str] | None]:
@@ -77,7 +77,7 @@ def heads(d: Deployed, channel: str = "witness") -> list[tuple[int, str] | None]
     return out
 
 
-async def test_the_head_is_posted_at_start_and_after_every_interval_and_is_in_the_chain(tmp_path):
+async def test_the_head_is_posted_at_start_and_after_every_interval_and_is_in_the_chain(backend: Backend, tmp_path):
     """sill is the commands bot, so sill posts; the first line comes as the bots are ready (the chain is
     empty), then one every 2 s; after a reply, a checkpoint names the chain's last entry, and while the
     ledger is idle every checkpoint names that same head: posting one records nothing."""
@@ -88,6 +88,7 @@ async def test_the_head_is_posted_at_start_and_after_every_interval_and_is_in_th
         calls=calls,
         channels=("general", "witness"),
         checkpoints=every("2s"),
+        db=backend.location,
     ) as d:
         loop = asyncio.get_running_loop()
         first = await d.room.wait_for_message(lambda m: True, channel="witness", timeout=10)
@@ -122,16 +123,15 @@ async def test_the_head_is_posted_at_start_and_after_every_interval_and_is_in_th
         assert min(gaps) >= 1.5, gaps  # one every 2 s, counted from the first
         for h in said[1:]:
             assert h is not None and chain(d.db)[h[0]] == h[1]  # every head named is an entry of the chain
-        with sqlite3.connect(d.db) as con:
-            ids = {m["id"] for m in d.messages("witness")}
-            recorded = {r[0] for r in con.execute("SELECT message_id FROM posts WHERE message_id IS NOT NULL")}
+        ids = {m["id"] for m in d.messages("witness")}
+        recorded = {r[0] for r in rows(str(d.db), "SELECT message_id FROM posts WHERE message_id IS NOT NULL")}
         assert not ids & recorded
         assert not [m for m in d.bot_messages("general") if m["content"].startswith("-# Ledger checkpoint")]
 
 
-async def test_provenance_without_a_message_answers_the_head_now(tmp_path):
+async def test_provenance_without_a_message_answers_the_head_now(backend: Backend, tmp_path):
     calls = [Call(sse=specimen("ceiling-1024.sse"))]
-    async with deployed(tmp_path, [resident("cairn")], calls=calls) as d:
+    async with deployed(tmp_path, [resident("cairn")], calls=calls, db=backend.location) as d:
         out = await d.command("alice", "provenance", moderator=False)
         assert [r["content"] for r in out["responses"]] == ["```\nLedger head: none yet (the chain is empty).\n```"]
         d.room.post("general", "alice", "describe the harbour, @cairn", mentions=["cairn"])

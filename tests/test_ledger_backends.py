@@ -18,7 +18,6 @@ import sqlite3
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -49,13 +48,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
 BACKENDS = ["sqlite", "postgresql"]
 TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a lone surrogate \ud83d"
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[pgkit.Server]:
-    """One real PostgreSQL server for the session: fails (never skips) where none can be started."""
-    with pgkit.server() as server:
-        yield server
 
 
 @pytest.fixture(params=BACKENDS)

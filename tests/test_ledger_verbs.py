@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
+from ledgerkit import Backend
 
 from residents import cli
 from residents.ledger import Ledger, access
@@ -16,16 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def stump_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, str]:
-    """A ledger holding the retry scenario's abandoned attempt, made private and read twice."""
-    db = tmp_path / "ledger.db"
-    assert cli.main(["replay", str(ROOT / "scenarios" / "retry.yaml"), "--db", str(db), "--json"]) == 0
+def stump_db(backend: Backend, capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
+    """A ledger (a file, or a database) holding the retry scenario's abandoned attempt, made private and
+    read twice."""
+    db = backend.location
+    assert cli.main(["replay", str(ROOT / "scenarios" / "retry.yaml"), "--db", db, "--json"]) == 0
     capsys.readouterr()
-    with sqlite3.connect(db) as con:
-        [(sid,)] = con.execute("SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1").fetchall()
+    [(sid,)] = backend.rows("SELECT id FROM stumps WHERE cause='retry-abandoned' LIMIT 1")
 
     async def choose_and_read() -> None:
-        async with Ledger.open(str(db)) as lg:
+        async with Ledger.open(db) as lg:
             await access.set_access(lg, sid, "private", "cairn", None)
             await access.record_read(lg, sid, "mo (42)", "moderator")
             await access.record_read(lg, sid, "cairn", "resident")
@@ -36,13 +36,13 @@ def stump_db(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, 
 
 def test_ledger_show_of_a_stump_shows_its_access_and_who_read_its_text_and_when(stump_db, capsys):
     db, sid = stump_db
-    assert cli.main(["ledger", "show", sid, "--db", str(db), "--json"]) == 0
+    assert cli.main(["ledger", "show", sid, "--db", db, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["access"] == "private"
     assert [(r["reader"], r["kind"]) for r in shown["reads"]] == [("mo (42)", "moderator"), ("cairn", "resident")]
     assert all(isinstance(r["at"], float) for r in shown["reads"]) and "text" in shown
 
-    assert cli.main(["ledger", "show", sid, "--db", str(db)]) == 0
+    assert cli.main(["ledger", "show", sid, "--db", db]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "access: private" in lines
     read_by = next(line for line in lines if line.startswith("text read by: "))

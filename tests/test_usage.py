@@ -4,7 +4,8 @@ a spent daily budget making no provider call and telling its channel once a day,
 real `residents run`.
 
 The anthropic SDK and the openai SDK read streams from the local provider server over real sockets; the
-bots are discord.py against the local room; the ledger is a real SQLite file.
+bots are discord.py against the local room; the ledger is a real SQLite file there; what the ledger alone does with counts (a count edited, a ledger from
+before m045, a day's budget) runs on both backends (`backend`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import Room, residence
 from discordkit import deployed, opts
+from ledgerkit import Backend, is_pg
 from roomkit import eventually, running_room
 from test_cli import run_residents
 from test_crash import Process, connected, db_rows
@@ -28,7 +30,7 @@ from test_discord_e2e import res
 from residents import cli
 from residents.config import Budgets
 from residents.generation import budgets
-from residents.ledger import Ledger, chain, migrations
+from residents.ledger import Ledger, chain, migrations, postgres
 from residents.ledger.connection import Connection
 from residents.ledger.verify import verify
 from residents.localservers import sse
@@ -236,11 +238,10 @@ async def test_residents_usage_sums_exactly_what_the_provider_reported(tmp_path)
 # ---------------------------------------------------------------- the counts in the chain
 
 
-def replayed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    db = tmp_path / "ledger.db"
-    assert cli.main(["replay", str(ROOT / "scenarios" / "retry.yaml"), "--db", str(db), "--json"]) == 0
+def replayed(location: str, capsys: pytest.CaptureFixture[str]) -> str:
+    assert cli.main(["replay", str(ROOT / "scenarios" / "retry.yaml"), "--db", location, "--json"]) == 0
     capsys.readouterr()
-    return db
+    return location
 
 
 def sql(db: Path, statement: str, params: tuple = ()) -> list[tuple]:
@@ -253,18 +254,18 @@ def sql(db: Path, statement: str, params: tuple = ()) -> list[tuple]:
         con.close()
 
 
-def verify_lines(capsys: pytest.CaptureFixture[str], db: Path) -> tuple[int, list[str]]:
-    code = cli.main(["ledger", "verify", "--db", str(db)])
+def verify_lines(capsys: pytest.CaptureFixture[str], db: str) -> tuple[int, list[str]]:
+    code = cli.main(["ledger", "verify", "--db", db])
     return code, capsys.readouterr().out.splitlines()
 
 
 @pytest.mark.parametrize("column", ["input_tokens", "cache_write_tokens", "cache_read_tokens"])
-def test_editing_a_recorded_count_makes_verify_name_the_attempts_entry(tmp_path, capsys, column):
-    db = replayed(tmp_path, capsys)
+def test_editing_a_recorded_count_makes_verify_name_the_attempts_entry(backend: Backend, capsys, column):
+    db = replayed(backend.location, capsys)
     assert verify_lines(capsys, db)[0] == 0
-    [(aid, before)] = sql(db, f"SELECT id, {column} FROM attempts WHERE input_tokens IS NOT NULL LIMIT 1")
-    sql(db, f"UPDATE attempts SET {column} = 5 WHERE id = ?", (aid,))
-    [(seq,)] = sql(db, "SELECT max(seq) FROM chain WHERE kind='attempt' AND record=?", (aid,))
+    [(aid, before)] = backend.rows(f"SELECT id, {column} FROM attempts WHERE input_tokens IS NOT NULL LIMIT 1")
+    backend.change(f"UPDATE attempts SET {column} = 5 WHERE id = $1", aid)
+    [(seq,)] = backend.rows("SELECT max(seq) FROM chain WHERE kind='attempt' AND record=$1", aid)
     code, out = verify_lines(capsys, db)
     was = "null" if before is None else before
     assert code == 1 and out[0] == (
@@ -272,9 +273,10 @@ def test_editing_a_recorded_count_makes_verify_name_the_attempts_entry(tmp_path,
     ), out
 
 
-async def before_m045(path: Path) -> Connection:
+async def before_m045(location: str) -> Connection:
+    """A ledger as a residents before m045 left it: a file by its steps, a database by its baseline alone."""
     first = [name for name, _ in migrations.MIGRATIONS].index("m045_usage_budgets")
-    db = await Connection.open(path)
+    db = await (postgres.connect(location) if is_pg(location) else Connection.open(location))
     saved = list(migrations.MIGRATIONS)
     try:
         migrations.MIGRATIONS[:] = saved[:first]
@@ -284,10 +286,10 @@ async def before_m045(path: Path) -> Connection:
     return db
 
 
-async def test_a_ledger_from_before_m045_verifies_and_its_counts_are_held_by_the_chain(tmp_path):
+async def test_a_ledger_from_before_m045_verifies_and_its_counts_are_held_by_the_chain(backend: Backend):
     """An old ledger's attempts have no counts: migrated, its chain (begun from those records) verifies, its
     attempts' entries state no count, and a count written into an old attempt afterwards is named."""
-    path = tmp_path / "old.db"
+    path = backend.location
     db = await before_m045(path)
     try:
         for statement, params in [
@@ -319,7 +321,7 @@ async def test_a_ledger_from_before_m045_verifies_and_its_counts_are_held_by_the
         assert await verify(lg) == []
         entry = await chain.latest(lg.db, "attempt", "a-old000000001")
         assert entry is not None and "tokens" not in entry.body.replace("output_tokens", "")
-    sql(path, "UPDATE attempts SET cache_read_tokens = 900 WHERE id = 'a-old000000001'")
+    await asyncio.to_thread(backend.change, "UPDATE attempts SET cache_read_tokens = 900 WHERE id = 'a-old000000001'")
     async with Ledger.open(path, read_only=True) as lg:
         out = await verify(lg)
     assert out and out[0].endswith(
@@ -469,7 +471,7 @@ def test_check_names_a_bad_budget_its_key_and_its_line(tmp_path, budgets, line):
     assert done.returncode == 2 and f"{tmp_path / 'policies' / 'budget.yaml'}:{line}" in said, said
 
 
-async def test_a_budget_is_of_the_utc_day_and_counts_input_with_the_cache(pipeline):
+async def test_a_budget_is_of_the_utc_day_and_counts_input_with_the_cache(backend: Backend, pipeline):
     """Spent is what the provider counted today (input with cache writes and reads); tomorrow starts at none."""
     await pipeline.turn(
         pipeline.resident(residence()),

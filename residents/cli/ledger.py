@@ -1,7 +1,7 @@
 """`residents ledger list | show | stumps | verify | export`: the ledger read back, its invariants and its
 hash chain checked, the chain written out for anyone to check offline. They open it read only, so they
-work beside a running process and on read-only media. `residents ledger migrate` is the one writer:
-it brings a ledger from an older residents up to date."""
+work beside a running process and on read-only media. `residents ledger migrate` brings a ledger from an
+older residents up to date; `residents ledger copy` moves one whole to another file or database."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from .. import truth
-from ..ledger import Ledger, chain, postgres, views
+from ..ledger import Ledger, LedgerError, chain, postgres, views
 from ..ledger.access import access_of, reads_of, tool_calls_of
 from ..ledger.checkpoints import chain_head
+from ..ledger.copy import copy_ledger
 from ..ledger.export import verify_export
 from ..ledger.verify import Report, check
 from ..records import Generation, Stump, ToolCall
@@ -471,4 +472,49 @@ def migrate(db: str | None) -> int:
         f"{postgres.shown(path)}: "
         + (f"{len(applied)} migration(s) applied: {', '.join(applied)}" if applied else "up to date")
     )
+    return 0
+
+
+@ledger.command("copy")
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    metavar="PATH|URL",
+    help="The ledger to copy: a SQLite file or a postgresql:// URL.",
+)
+@click.option(
+    "--to", "destination", required=True, metavar="PATH|URL", help="Where: a new file, or an empty PostgreSQL database."
+)
+def copy_(source: str, destination: str) -> int:
+    """Copy a ledger whole, its hash chain with it, between files and PostgreSQL databases.
+
+    Every row of every table, byte for byte, read in one transaction (a running process may go on
+    writing the source: the copy is the ledger as it stood when the copy began) and written in one
+    (a copy that fails leaves the destination empty). The source must be at this residents' migration
+    step (`residents ledger migrate` brings it there); the destination must hold no ledger rows. Rows
+    per table go to stderr as they are copied; the last lines name the chain's head on each side,
+    which `residents ledger verify` on the copy ends on too.
+
+    \b
+    Example:
+      residents ledger copy --from data/ledger.db --to postgresql://residents@db.internal/residents
+      residents ledger copy --from postgresql://residents@db.internal/residents --to backup.db
+    """
+    src_name, dst_name = (postgres.shown(x) if postgres.is_url(x) else x for x in (source, destination))
+    if not postgres.is_url(source) and not Path(source).is_file():
+        raise UsageError(f"--from {source}: no ledger there")
+
+    def told(table: str, rows: int, done: bool) -> None:
+        if done or rows % 100_000 == 0:
+            print(f"{table}: {rows} row(s){'' if done else ' …'}", file=sys.stderr)
+
+    try:
+        copied = asyncio.run(copy_ledger(source, destination, told))
+    except LedgerError as e:  # refused or failed: nothing of it is in the destination
+        raise UsageError(str(e)) from None
+    total = sum(n for _, n in copied.rows)
+    print(f"copied {total} row(s) in {len(copied.rows)} tables from {src_name} to {dst_name}", file=sys.stderr)
+    for name, head in ((src_name, copied.source_head), (dst_name, copied.copy_head)):
+        print(f"{name}: head {truth.head_ref(*head) if head else 'none (an empty chain)'}")
     return 0

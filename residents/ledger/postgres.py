@@ -319,6 +319,10 @@ class PgSession:
         self._run(sql, lambda conn: conn.executemany(said(sql, self.dialect), rows))
         return PgCursor([], [])
 
+    def copy_in(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Rows into `table` by PostgreSQL's COPY (binary): a copy's pages, several times faster than INSERTs."""
+        self._loop.run_until_complete(self._conn.copy_records_to_table(table, records=rows, columns=list(columns)))
+
     def cursor(self) -> PgSession:
         """Itself: one session, its statements one after another (what `cursor()` is for sqlite3 here)."""
         return self
