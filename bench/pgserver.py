@@ -61,11 +61,26 @@ def _as_user() -> tuple[list[str], pwd.struct_passwd | None]:
 
 
 class Server:
-    """A running server: `url(database)` names a database on it; `create()` makes a fresh one."""
+    """A running server: `url(database)` names a database on it; `create()` makes a fresh one; `stop()`
+    and `start()` take it down and bring it back on the same folder and port (a restart)."""
 
     def __init__(self, port: int, folder: Path, process: subprocess.Popen[bytes]) -> None:
         self.port, self.folder, self.process = port, folder, process
         self._names = itertools.count(1)
+
+    def stop(self) -> None:
+        """Fast shutdown (clients disconnected, no wait for them), as `pg_ctl stop -m fast` does it."""
+        _stop(self.folder / "data")
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def start(self) -> None:
+        """The server started again on its folder and port, once it accepts connections."""
+        self.process = _start(self.folder, self.port)
+        _wait_ready(self, self.folder / "server.log")
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://ledger@127.0.0.1:{self.port}/{database}"
@@ -84,7 +99,6 @@ class Server:
 def server() -> Iterator[Server]:
     """initdb into a temporary folder, start `postgres` on 127.0.0.1 (its socket in that folder too),
     wait until it accepts connections, yield it; stop it (fast shutdown) and remove the folder."""
-    bin_dir = binaries()
     prefix, user = _as_user()
     folder = Path(tempfile.mkdtemp(prefix="residents-pg-"))
     try:
@@ -94,7 +108,7 @@ def server() -> Iterator[Server]:
         subprocess.run(
             [
                 *prefix,
-                str(bin_dir / "initdb"),
+                str(binaries() / "initdb"),
                 "-D",
                 str(data),
                 "-U",
@@ -110,13 +124,27 @@ def server() -> Iterator[Server]:
             timeout=120,
         )
         port = _free_port()
-        log = open(folder / "server.log", "wb")  # noqa: SIM115 (closed with the server)
-        process = subprocess.Popen(
+        running = Server(port, folder, _start(folder, port))
+        try:
+            _wait_ready(running, folder / "server.log")
+            yield running
+        finally:
+            running.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _start(folder: Path, port: int) -> subprocess.Popen[bytes]:
+    """`postgres` on the data folder in `folder`, listening on 127.0.0.1:`port`, its log appended to
+    `folder/server.log`."""
+    prefix, _ = _as_user()
+    with open(folder / "server.log", "ab") as log:
+        return subprocess.Popen(
             [
                 *prefix,
-                str(bin_dir / "postgres"),
+                str(binaries() / "postgres"),
                 "-D",
-                str(data),
+                str(folder / "data"),
                 "-k",
                 str(folder),
                 "-h",
@@ -133,24 +161,16 @@ def server() -> Iterator[Server]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        try:
-            _wait_ready(Server(port, folder, process), folder / "server.log")
-            yield Server(port, folder, process)
-        finally:
-            # Fast shutdown (clients disconnected, no wait for them), by pg_ctl as the server's user.
-            subprocess.run(
-                [*prefix, str(bin_dir / "pg_ctl"), "stop", "-D", str(data), "-m", "fast", "-w", "-t", "30"],
-                capture_output=True,
-                timeout=60,
-            )
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-            log.close()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(data: Path) -> None:
+    """Fast shutdown by pg_ctl as the server's user, waiting for it."""
+    prefix, _ = _as_user()
+    subprocess.run(
+        [*prefix, str(binaries() / "pg_ctl"), "stop", "-D", str(data), "-m", "fast", "-w", "-t", "30"],
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def _wait_ready(server: Server, log: Path) -> None:

@@ -53,6 +53,7 @@ class Reply:
     declined: str | None = None  # the reason a /continue was declined, as `residents.truth` words it
     decline: truth.Declined | None = None  # ... and as facts
     waiting: int = 0  # posts of it not in the room yet when the call returned (an outbox held by the room)
+    taken: bool = False  # its trigger had been claimed before: no turn was taken (`Ledger.claim_reply`)
 
 
 class Resident:
@@ -147,22 +148,37 @@ class Resident:
         superseded: Callable[[], bool] = never,
         queued: Callable[[list[Post]], None] | None = None,
         person: str | None = None,
+        claim: bool = True,
     ) -> Reply:
         """One turn, returned once its posts are in the room (or set aside).
 
         `queued(posts)` is called as the reply's posts are handed to delivery (floor control). `person`: the
-        room user id of whoever asked (the trigger's author), whose daily budget the reply counts against."""
+        room user id of whoever asked (the trigger's author), whose daily budget the reply counts against.
+        The turn claims `trigger` in the ledger before anything else (`Ledger.claim_reply`): a message taken
+        already — re-delivered, caught up, or taken by another process — gets no second turn
+        (`Reply.taken`). `claim=False`: a room whose message ids are its own only (a replay's, numbered
+        afresh each run), not one a ledger can hold them against."""
         began = time.monotonic()
         with observe.working_on(residence=self.name, channel=channel):
             async with self.busy(channel):
-                refused = await self._over_budget(channel, trigger, person)
-                if refused is not None:
+                if claim and trigger is not None and not await self._claim(trigger, channel):
+                    reply, waiting = Reply(None, [], taken=True), []
+                elif (refused := await self._over_budget(channel, trigger, person)) is not None:
                     reply, waiting = refused, self._enqueue(refused.posts, queued)
                 else:
                     reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued, person)
             reply = await self._delivered(reply, waiting)
         self.observer.turn_ended(self.name, channel, time.monotonic() - began)
         return reply
+
+    async def _claim(self, trigger: str, channel: str) -> bool:
+        """Whether this turn took `trigger` (False: taken before, and said so in the log)."""
+        taken = await until_written(
+            f"{self.name}: the claim of message {trigger}", self.ledger.claim_reply, self.name, trigger, channel
+        )
+        if not taken:
+            log.info("%s: message %s in %s was taken already; no second reply to it", self.name, trigger, channel)
+        return taken
 
     async def _over_budget(self, channel: str, trigger: str | None, person: str | None) -> Reply | None:
         """None when no daily budget is spent; else the refusal, recorded with the channel's one notice of

@@ -25,7 +25,7 @@ from residents.config import Checkpoints, Residence
 from residents.discord import run as run_mod
 from residents.discord.app import ResidentBot
 from residents.discord.run import Deployment, run_bots
-from residents.ledger import Ledger
+from residents.ledger import Ledger, postgres
 from residents.localservers.provider import Call, ProviderServer, Responder
 from residents.localservers.room import Layout, RoomServer
 
@@ -223,7 +223,8 @@ async def deployed(
                 return bool(carried) and all((app.id, g.id) in room.state.synced for g in carried)
 
             await eventually(ready, timeout=READY_TIMEOUT)
-            ledger = await Ledger.open(where)
+            # On PostgreSQL `run_bots` holds the writer lock shared: a reader beside it, as `residents ledger` is.
+            ledger = await Ledger.open(where, read_only=postgres.is_url(str(where)))
             yield Deployed(room, provider, ledger, where, bots, stop, task, seen)
         finally:
             run_mod.ResidentBot = saved  # type: ignore[misc]

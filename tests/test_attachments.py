@@ -69,7 +69,8 @@ async def one_turn(pipeline, res, history: list[RoomMessage]):
 
     room = Room()
     r = pipeline.resident(res, room)
-    reply = await r.respond(room, "room", history, trigger=history[-1].id)
+    # Each call is a room of its own whose message ids start again at m1: no claim is held against them.
+    reply = await r.respond(room, "room", history, trigger=history[-1].id, claim=False)
     [body] = pipeline.server.requests
     return reply.generation, body
 

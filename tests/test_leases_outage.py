@@ -1,6 +1,8 @@
-"""A `residents run` process cut off from its PostgreSQL ledger (every session the server had with it ended)
-stops its bot as the lease runs out, saying so once, and the other process takes the bot over. The rig
-(real processes, server, room and provider) is `test_leases.py`'s.
+"""A `residents run` process cut off from its PostgreSQL ledger (it reaches the server through a loopback
+relay that closes its connections and refuses new ones: ending its sessions alone no longer cuts it off,
+as it connects again) stops its bot as the lease runs out, saying so once, and the other process takes
+the bot over. The rig (real processes, server, room and provider) is `test_leases.py`'s; the relay is
+`test_ledger_reconnect.py`'s.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import pytest
 try:
     import pgkit
     from test_leases import mention, rig
+    from test_ledger_reconnect import Relay
 except ImportError:  # tests/ collected as a package
     from tests import pgkit
     from tests.test_leases import mention, rig
+    from tests.test_ledger_reconnect import Relay
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +31,23 @@ def pg_server() -> Iterator[pgkit.Server]:
 async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_takes_it_over(
     tmp_path: Path, pg_server: pgkit.Server
 ) -> None:
-    async with rig(tmp_path, pg_server, ("cairn",)) as r:
-        cut, other = r.procs
-        await cut.start()
-        await r.until(lambda: r.holders() == {"cairn": r.pid(cut)} and r.sessions() == [("cairn", None)])
-        await other.start()
-        await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
-        # Every session the process has with the server ends: it can renew nothing from here on.
-        r.rows(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1",
-            f"{r.pid(cut)} %",
-        )
-        await r.until(lambda: "leases: cairn stopped here: its lease ran out unrenewed" in cut.output())
-        await r.until(lambda: r.holders() == {"cairn": r.pid(other)} and r.sessions() == [("cairn", None)])
-        await mention(r, "cairn", "Anyone")
-        assert len(r.by("cairn")) == 1
-        assert cut.output().count("WARNING residents.discord.run: leases: renewal failed") == 1  # once, not every try
+    relay = Relay(pg_server.port)
+    await relay.start()
+    try:
+        async with rig(tmp_path, pg_server, ("cairn",)) as r:
+            cut, other = r.procs
+            cut.db = relay.url(r.url.rsplit("/", 1)[1])
+            await cut.start()
+            await r.until(lambda: r.holders() == {"cairn": r.pid(cut)} and r.sessions() == [("cairn", None)])
+            await other.start()
+            await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+            relay.cut()  # every connection it has ends, and it can make none: it can renew nothing from here on
+            await r.until(lambda: "leases: cairn stopped here: its lease ran out unrenewed" in cut.output())
+            await r.until(lambda: r.holders() == {"cairn": r.pid(other)} and r.sessions() == [("cairn", None)])
+            await mention(r, "cairn", "Anyone")
+            assert len(r.by("cairn")) == 1
+            warned = cut.output().count("WARNING residents.discord.run: leases: renewal failed")
+            assert warned == 1  # once, not every try
+            relay.down = False  # the server is back for it: it stops as any process does
+    finally:
+        await relay.stop()

@@ -195,6 +195,7 @@ async def test_pipeline_with_a_real_key_logs_it_nowhere(tmp_path: Path, caplog: 
         reply = await asyncio.wait_for(resident.respond(room, "c", list(room.history), trigger=m.id), 20)
         assert reply.generation is not None and reply.generation.status == "completed"
         server.reset([Call(status=401)])
+        m = room.say("alice", "again")
         reply = await asyncio.wait_for(resident.respond(room, "c", list(room.history), trigger=m.id), 20)
         assert reply.generation is not None and reply.generation.status == "failed"
     finally:

@@ -59,7 +59,8 @@ class Sightings:
 
 
 class Claims:
-    """Message ids whose turn this process has taken or queued, live or caught up: each is answered once."""
+    """Message ids whose turn this process has taken or queued, live or caught up, so it queues each once.
+    Whether a message was answered is the ledger's claim (`Ledger.claim_reply`), across processes."""
 
     def __init__(self) -> None:
         self.ids: set[int] = set()

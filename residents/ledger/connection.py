@@ -36,6 +36,13 @@ Params = Sequence[Any] | dict[str, Any]
 _Call = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop | None, "asyncio.Future[Any] | None"]
 
 
+class ConnectionLost(Exception):
+    """The session's connection to its database server went away (the server restarted, the session was
+    ended, the network dropped). Nothing of a write transaction it was in is committed — a COMMIT whose
+    outcome was unknown was looked up first (`postgres.PgSession`) — so the whole call can be asked
+    again on a new connection (`Session.call`)."""
+
+
 class Cursor(Protocol):
     """What `Session.execute` returns: the rows of one statement."""
 
@@ -63,6 +70,11 @@ class Session(Protocol):
     def executescript(self, script: str) -> Any: ...
 
     def begin_write(self) -> None: ...
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(self, *args)`: the one way the ledger's thread runs a call (again on a new connection while
+        the server cannot be reached, on PostgreSQL)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -119,6 +131,10 @@ class SqliteSession(sqlite3.Connection):
     def begin_write(self) -> None:
         super().execute("BEGIN IMMEDIATE")
 
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(self, *args)`: a file has no connection to lose."""
+        return fn(self, *args)
+
 
 def sqlite_session(database: str | os.PathLike[str], *, uri: bool = False) -> SqliteSession:
     """A `SqliteSession` in autocommit mode (transactions are said), rows as `sqlite3.Row`."""
@@ -174,7 +190,7 @@ class Connection:
         while (call := calls.get()) is not None:
             fn, args, caller, done = call
             try:
-                result = fn(conn, *args)
+                result = conn.call(fn, *args)
             except BaseException as e:
                 if caller is None or done is None:
                     log.error("%s: a call on the ledger's thread failed: %s", self.name, e)

@@ -9,27 +9,40 @@ the network, and both backends keep one order of calls and one writer per proces
 A write transaction takes the ledger's transaction-scoped advisory lock first (`begin_write`): writes,
 and with them the chain's appends, are serialised in the database itself, as SQLite's `BEGIN IMMEDIATE`
 does for a file, whichever process or connection asks.
+
+The server may go away mid-call (restarted, the session ended, the network dropped): the session then
+connects again and the whole call is asked again (`PgSession.call`), with backoff, for up to
+`RECONNECT.within` seconds. That is safe because a write transaction cut short was rolled back as a
+whole; one cut during its COMMIT is looked up by its transaction id (`txid_status`) before anything is
+asked again, so nothing is written twice. Past the bound the call fails with `ConnectionLost`, which the
+store reports as a `LedgerWriteError` (the disk-full path: the turn holds its posts and tries again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import socket
+import time
 import urllib.parse
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import asyncpg
 
-from .connection import Connection, Params, said
+from .connection import Connection, ConnectionLost, Params, said
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 # The advisory lock keys of a ledger (one database): its write transactions, and its one writer process.
 WRITE_LOCK = 0x7265736964656E74  # "resident"
 WRITER_LOCK = 0x6C65646765727731  # "ledgerw1"
+MIGRATE_LOCK = 0x6D69677261746531  # "migrate1": held by a session applying migrations (`migrations.apply`)
 
 
 # Who holds an advisory lock (its key as pg_locks shows it: classid, objid), as that session named itself.
@@ -39,6 +52,43 @@ WRITER_HOLDER = (
     " WHERE datname = current_database()) AND l.classid = $1::bigint::oid AND l.objid = $2::bigint::oid"
     " AND l.objsubid = 1 LIMIT 1"
 )
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """How long a call waits for its server: tries doubling from `base` s, at most `cap` s apart, for
+    `within` s in all; `connect_timeout` for each new connection."""
+
+    within: float = 30.0
+    base: float = 0.2
+    cap: float = 5.0
+    connect_timeout: float = 5.0
+
+    def delay(self, failures: int) -> float:
+        return min(self.cap, self.base * 2 ** max(0, failures - 1))
+
+
+RECONNECT = Reconnect()
+
+# The server's words for "this session is gone" (SQLSTATE): the administrator or a crash ended it, or the
+# server is starting or stopping. Class 08 (connection exceptions) is asyncpg's PostgresConnectionError.
+GONE_SQLSTATES = frozenset({"57P01", "57P02", "57P03"})
+# ... and for a write the server could not make: its disk is full, or an I/O error (`store`: LedgerWriteError).
+WRITE_REFUSED_SQLSTATES = frozenset({"53100", "58030"})
+
+
+def write_refused(e: BaseException) -> bool:
+    """Whether `e` is the server refusing a write for want of disk (what SQLITE_FULL is for a file)."""
+    return isinstance(e, asyncpg.PostgresError) and e.sqlstate in WRITE_REFUSED_SQLSTATES
+
+
+def _gone(e: BaseException, conn: asyncpg.Connection | None) -> bool:
+    """Whether `e` says the connection is gone, not that a statement failed on a live one."""
+    if isinstance(e, (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError)):
+        return True
+    if isinstance(e, asyncpg.PostgresError):
+        return e.sqlstate in GONE_SQLSTATES
+    return isinstance(e, asyncpg.InterfaceError) and (conn is None or conn.is_closed())
 
 
 def lock_key_parts(key: int) -> tuple[int, int]:
@@ -95,52 +145,178 @@ class PgCursor:
 
 
 class PgSession:
-    """One `asyncpg` connection used synchronously from the thread that made it (see the module's doc)."""
+    """One `asyncpg` connection used synchronously from the thread that made it (see the module's doc);
+    made again when the server goes away."""
 
     dialect = "postgresql"
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, conn: asyncpg.Connection) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: asyncpg.Connection,
+        url: str = "",
+        settings: dict[str, str] | None = None,
+    ) -> None:
         self._loop = loop
         self._conn = conn
+        self._url = url
+        self._settings = settings or {}
         self.description: list[tuple[Any, ...]] | None = None
+        self._lost = False  # the connection is gone: the next statement makes a new one
+        self._orphaned = False  # a transaction was lost with it, and its owner has not said ROLLBACK yet
+        self._xid: int | None = None  # the open write transaction's id (`begin_write`), for a lost COMMIT
+        self.reconnect = RECONNECT
 
     @classmethod
-    def connect(cls, url: str, *, read_only: bool = False) -> PgSession:
+    def connect(cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> PgSession:
+        """`reconnect`: how long its calls wait for the server (`RECONNECT` by default)."""
         loop = asyncio.new_event_loop()
+        settings = {"application_name": f"{os.getpid()} {socket.gethostname()}"[:63]}
+        if read_only:
+            settings["default_transaction_read_only"] = "on"
         try:
-            settings = {"application_name": f"{os.getpid()} {socket.gethostname()}"[:63]}
-            if read_only:
-                settings["default_transaction_read_only"] = "on"
             conn = loop.run_until_complete(asyncpg.connect(url, server_settings=settings))
         except BaseException:
             loop.close()
             raise
-        return cls(loop, conn)
+        session = cls(loop, conn, url, settings)
+        if reconnect is not None:
+            session.reconnect = reconnect
+        return session
 
     @property
     def in_transaction(self) -> bool:
-        return self._conn.is_in_transaction()
+        return self._orphaned or (not self._lost and self._conn.is_in_transaction())
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(self, *args)`, asked again on a new connection while the server cannot be reached, with
+        backoff, for up to `reconnect.within` s; then `ConnectionLost`. A call made inside a transaction an
+        earlier call began is asked once: that transaction, lost, is its owner's to end."""
+        if self.in_transaction:
+            return fn(self, *args)
+        failures, since = 0, time.monotonic()
+        while True:
+            try:
+                result = fn(self, *args)
+            except ConnectionLost as e:
+                self._orphaned = False  # the call's own transaction, if any: gone with its connection
+                failures += 1
+                waited = time.monotonic() - since
+                if waited >= self.reconnect.within:
+                    log.warning("the ledger's database could not be reached for %.0fs (%s); the call fails", waited, e)
+                    raise ConnectionLost(f"its database could not be reached for {waited:.0f}s: {e}") from e
+                if failures == 1:
+                    log.warning(
+                        "the ledger's connection to its database was lost (%s); trying again for up to %.0fs",
+                        e,
+                        self.reconnect.within,
+                    )
+                time.sleep(min(self.reconnect.delay(failures), self.reconnect.within - waited))
+                continue
+            if failures:
+                log.warning(
+                    "the ledger reached its database again after %d failed tr%s over %.1fs",
+                    failures,
+                    "y" if failures == 1 else "ies",
+                    time.monotonic() - since,
+                )
+            return result
+
+    def _run(self, sql: str, work: Callable[[asyncpg.Connection], Coroutine[Any, Any, T]]) -> T | None:
+        """One statement (`sql`, for what it is) on the connection, made again first if it was lost. None: a
+        COMMIT or ROLLBACK of a transaction lost with its connection, settled without it."""
+        if self._orphaned:
+            if sql == "ROLLBACK":  # its owner ends the lost transaction: nothing is left to roll back
+                self._orphaned, self._xid = False, None
+                return None
+            if sql != "COMMIT":
+                raise ConnectionLost("the transaction was lost with its connection")
+            self._lost_commit()
+            return None
+        if self._lost:
+            self._connect_again()
+        within = self._conn.is_in_transaction()
+        try:
+            result = self._loop.run_until_complete(work(self._conn))
+        except Exception as e:
+            if not _gone(e, self._conn):
+                raise
+            self._lost = True
+            if within and sql == "COMMIT":
+                self._lost_commit()
+                return None
+            self._orphaned = within
+            raise ConnectionLost(reason(e)) from e
+        if sql in ("COMMIT", "ROLLBACK"):
+            self._xid = None
+        return result
+
+    def _connect_again(self) -> None:
+        """A new connection in place of the lost one: ConnectionLost while the server cannot be reached."""
+        self._conn.terminate()
+        try:
+            self._conn = self._loop.run_until_complete(
+                asyncpg.connect(self._url, server_settings=self._settings, timeout=self.reconnect.connect_timeout)
+            )
+        except Exception as e:
+            if not _gone(e, None):
+                raise
+            raise ConnectionLost(reason(e)) from e
+        self._lost = False
+
+    def _lost_commit(self) -> None:
+        """A COMMIT whose answer was lost: looked up by the transaction's id on a new connection, waiting for
+        the server up to `reconnect.within` s. Returns if it was committed; ConnectionLost if it was not
+        (nothing of it is written: it may be asked again); RuntimeError if that cannot be known."""
+        xid, self._xid, self._orphaned = self._xid, None, False
+        if xid is None:  # not a write transaction (`begin_write`): nothing to write twice
+            raise ConnectionLost("the connection was lost during a COMMIT")
+        failures, since = 0, time.monotonic()
+        while True:
+            try:
+                if self._lost:
+                    self._connect_again()
+                status = self._loop.run_until_complete(self._conn.fetchval("SELECT txid_status($1)", xid))
+            except ConnectionLost:
+                status = "unreachable"
+            except Exception as e:
+                if not _gone(e, self._conn):
+                    raise
+                self._lost, status = True, "unreachable"
+            if status == "committed":
+                log.warning("the ledger's connection was lost during a COMMIT; transaction %d was committed", xid)
+                return
+            if status == "aborted" or status is None:
+                raise ConnectionLost(f"the connection was lost during a COMMIT; transaction {xid} was not committed")
+            failures += 1  # unreachable, or "in progress" (the old session not yet ended on the server)
+            waited = time.monotonic() - since
+            if waited >= self.reconnect.within:
+                raise RuntimeError(
+                    f"the connection was lost during a COMMIT and whether transaction {xid} was committed"
+                    f" could not be learnt within {waited:.0f}s"
+                )
+            time.sleep(min(self.reconnect.delay(failures), self.reconnect.within - waited))
 
     def execute(self, sql: str, parameters: Params = ()) -> PgCursor:
-        cursor = self._loop.run_until_complete(self._fetch(sql, parameters))
+        cursor = self._run(sql, lambda conn: self._fetch(conn, sql, parameters))
+        if cursor is None:  # a COMMIT or ROLLBACK settled after its connection was lost
+            cursor = PgCursor([], [])
         self.description = cursor.description  # as a DB-API cursor: the last statement's columns
         return cursor
 
-    async def _fetch(self, sql: str, parameters: Params) -> PgCursor:
+    async def _fetch(self, conn: asyncpg.Connection, sql: str, parameters: Params) -> PgCursor:
         if isinstance(parameters, dict):
             raise TypeError("the ledger's PostgreSQL statements take positional parameters ($1, $2, …)")
-        rows = await self._conn.fetch(
-            said(sql, self.dialect), *parameters
-        )  # prepared once per connection (asyncpg's cache)
+        rows = await conn.fetch(said(sql, self.dialect), *parameters)  # prepared once per connection (asyncpg's cache)
         return PgCursor(rows, list(rows[0].keys()) if rows else [])
 
     def executescript(self, script: str) -> None:
         """Several statements without parameters (a migration), in PostgreSQL's simple protocol."""
-        self._loop.run_until_complete(self._conn.execute(script))
+        self._run(script, lambda conn: conn.execute(script))  # (its status line unused)
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Sequence[Any]]) -> PgCursor:
         rows = [tuple(p) for p in seq_of_parameters]
-        self._loop.run_until_complete(self._conn.executemany(said(sql, self.dialect), rows))
+        self._run(sql, lambda conn: conn.executemany(said(sql, self.dialect), rows))
         return PgCursor([], [])
 
     def copy_in(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -152,17 +328,22 @@ class PgSession:
         return self
 
     def begin_write(self) -> None:
-        """BEGIN, then the ledger's write lock for the transaction: one writing transaction at a time."""
+        """BEGIN, then the ledger's write lock for the transaction (one writing transaction at a time), and
+        the transaction's id, by which a COMMIT whose answer is lost is looked up."""
         self.execute("BEGIN")
-        self.execute("SELECT pg_advisory_xact_lock($1)", (WRITE_LOCK,))
+        got = self.execute("SELECT pg_advisory_xact_lock($1), txid_current()", (WRITE_LOCK,)).fetchone()
+        self._xid = int(got[1]) if got is not None else None
 
     def close(self) -> None:
         """Closed (twice is harmless, as sqlite3's close is)."""
         if self._loop.is_closed():
             return
         try:
-            self._loop.run_until_complete(self._conn.close(timeout=5))
-        except (TimeoutError, OSError, asyncpg.PostgresError):
+            if self._lost:
+                self._conn.terminate()
+            else:
+                self._loop.run_until_complete(self._conn.close(timeout=5))
+        except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
             self._conn.terminate()
         finally:
             self._loop.close()
@@ -248,6 +429,15 @@ def _take_writer_lock(conn: PgSession, shared: bool = False) -> str | None:
     return str(got[0]) if got is not None and got[0] else ""
 
 
-async def connect(url: str, *, read_only: bool = False) -> Connection:
-    """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own."""
-    return await Connection.serve(shown(url), "postgresql", lambda: PgSession.connect(url, read_only=read_only))
+async def connect(url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> Connection:
+    """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own; `reconnect`: how
+    long its calls wait for the server when it goes away (`RECONNECT` by default)."""
+    return await Connection.serve(
+        shown(url), "postgresql", lambda: PgSession.connect(url, read_only=read_only, reconnect=reconnect)
+    )
+
+
+# A session whose calls fail at once when the server goes away, and whose next call connects again: the
+# leases' (`discord.run`), whose renewal is tried again every few seconds and whose failure stops the bots
+# as their leases run out, which a call waiting `RECONNECT.within` for the server would hold up.
+AT_ONCE = Reconnect(within=0.0)

@@ -33,7 +33,7 @@ from ..records import (
 from ..text import outbound
 from . import attachments, chain, lock, migrations, postgres, requests
 from . import rows as read
-from .connection import POSTGRESQL, Connection, Session, placeholders, said
+from .connection import POSTGRESQL, Connection, ConnectionLost, Session, placeholders, said
 from .rows import cols as _cols
 from .rows import post as _post
 from .rows import stored_text
@@ -47,10 +47,11 @@ class LedgerError(Exception):
 
 
 class LedgerWriteError(LedgerError):
-    """A change SQLite could not write: the disk is full, or it failed to write (an I/O error).
+    """A change the ledger could not write: the disk is full, or it failed to write (an I/O error), or
+    (PostgreSQL) the server could not be reached again within `postgres.RECONNECT`.
 
     Nothing of the change is on disk, and the very same change can be asked for again: it succeeds once
-    the disk takes writes (`residents.ledger.retry`). Its cause stays the SQLite error it wraps."""
+    the ledger takes writes (`residents.ledger.retry`). Its cause stays the error it wraps."""
 
 
 # SQLite's primary result codes for a write the disk refused (an extended code keeps them in its low byte).
@@ -58,9 +59,14 @@ WRITE_REFUSED = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR})
 
 
 def _as_write_error(path: str, e: BaseException) -> BaseException:
-    """A SQLite error of a write the disk refused, as a `LedgerWriteError` naming the ledger; others as they are."""
+    """A write the disk refused (SQLite's, or the server's on PostgreSQL), or one whose server stayed out of
+    reach, as a `LedgerWriteError` naming the ledger; others as they are."""
     code = getattr(e, "sqlite_errorcode", None)
-    if isinstance(e, sqlite3.Error) and code is not None and code & 0xFF in WRITE_REFUSED:
+    if (
+        (isinstance(e, sqlite3.Error) and code is not None and code & 0xFF in WRITE_REFUSED)
+        or postgres.write_refused(e)
+        or isinstance(e, ConnectionLost)
+    ):
         refused = LedgerWriteError(f"{path}: the ledger could not write: {e}")
         refused.__cause__ = e
         return refused
@@ -358,7 +364,7 @@ class Ledger:
         def work(conn: Session) -> None:  # in the connection's thread
             began = time.perf_counter()
             try:
-                errors = _commit(conn, changes)
+                errors = conn.call(_commit, changes)  # asked again whole if the server went away (PostgreSQL)
             except BaseException as e:  # the commit itself failed: nothing of the batch is on disk
                 errors = [e] * len(changes)
             loop.call_soon_threadsafe(self._committed, batch, errors, time.perf_counter(), began)
@@ -783,15 +789,23 @@ class Ledger:
                 out[p.message_id or ""] = p
         return out
 
+    async def claim_reply(self, residence: str, trigger: str, channel: str) -> bool:
+        """Take the turn on room message `trigger` for `residence`: True if this call took it, False if it
+        was taken before (by this process or another, live or caught up). The one rule for "this message
+        was answered": claimed once, before any provider call; `answered` reads the same claims."""
+        try:
+            return await self.db.run(_claim, (residence, trigger, channel, time.time()))
+        except Exception as e:
+            raise _as_write_error(self.db.name, e) from e
+
     async def answered(self, residence: str, message_ids: Iterable[str]) -> set[str]:
-        """The messages among `message_ids` that a generation of `residence` was started by (its trigger), or
-        that a spent daily budget refused a reply to (`residents.ledger.budgets`): each was handled once."""
+        """The messages among `message_ids` whose turn `residence` has claimed (`claim_reply`): each was
+        taken once, whatever came of it (a reply, a refusal by a spent daily budget)."""
         ids, out = list(message_ids), set[str]()
         for i in range(0, len(ids), 500):
             part = ids[i : i + 500]
-            for query in (ANSWERED, BUDGET_REFUSED):
-                sql = query.format(marks=placeholders(len(part)), residence=len(part) + 1)
-                out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
+            sql = CLAIMED.format(marks=placeholders(len(part)), residence=len(part) + 1)
+            out.update(r[0] for r in await self.db.execute_fetchall(sql, (*part, residence)))
         return out
 
     async def generations_brief(self, ids: Iterable[str]) -> dict[str, Generation]:
@@ -990,8 +1004,12 @@ def _generation_rows(conn: Session, ids: list[str], brief: bool) -> dict[str, li
 
 
 POSTS_BY_MESSAGE = "SELECT * FROM posts WHERE message_id IN ({marks})"
-ANSWERED = "SELECT trigger FROM generations WHERE trigger IN ({marks}) AND residence=${residence}"
-BUDGET_REFUSED = "SELECT trigger FROM budget_refusals WHERE trigger IN ({marks}) AND residence=${residence}"
+CLAIMED = "SELECT trigger FROM reply_claims WHERE trigger IN ({marks}) AND residence=${residence}"
+# Portable as written (SQLite 3.35+, PostgreSQL 9.5+): a row back only when this statement inserted it.
+CLAIM = (
+    "INSERT INTO reply_claims (residence, trigger, channel, claimed_at) VALUES ($1,$2,$3,$4)"
+    " ON CONFLICT DO NOTHING RETURNING trigger"
+)
 REQUEST_PARTS = "SELECT id, body FROM request_parts WHERE id IN ({marks})"
 LATEST_GENERATION = (
     "SELECT id FROM generations WHERE residence=$1{channel} ORDER BY created_at DESC, rowid DESC LIMIT 1"
@@ -1044,7 +1062,7 @@ def stump_meta_sql(*, residence: bool, cause: bool, before: bool, channels: int 
 def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> list[BaseException | None]:
     """Several logical changes in one commit, run in the connection's own thread; each one's error, or None.
 
-    Alone, a change is its own transaction (one statement: none around it). Together, each is a
+    Alone, a change is its own transaction (on SQLite, one statement: none around it). Together, each is a
     savepoint of one BEGIN IMMEDIATE … COMMIT: one that fails is rolled back to its savepoint and
     reported to its caller only. One whose error made SQLite roll back the whole transaction (a full
     disk, an I/O error) is reported to its caller, and the others are written again without it. A
@@ -1052,7 +1070,11 @@ def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> 
     """
     if len(changes) == 1:
         try:
-            _statements(conn, changes[0]) if len(changes[0]) == 1 else _transaction(conn, changes[0])
+            # PostgreSQL: always a transaction, whose id answers for a COMMIT lost with its connection.
+            alone = len(changes[0]) == 1 and conn.dialect == "sqlite"
+            _statements(conn, changes[0]) if alone else _transaction(conn, changes[0])
+        except ConnectionLost:
+            raise  # nothing of it written: the whole commit is asked again (`Session.call`)
         except Exception as e:
             return [e]
         return [None]
@@ -1066,6 +1088,8 @@ def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> 
                 conn.execute("SAVEPOINT change")
                 try:
                     _statements(conn, statements)
+                except ConnectionLost:
+                    raise
                 except Exception as e:  # SQLite's, or a parameter it could not take (a lone surrogate, a huge int)
                     errors[i] = e
                     if not conn.in_transaction:  # SQLite rolled back the whole transaction: again, without it
@@ -1080,6 +1104,20 @@ def _commit(conn: Session, changes: list[list[tuple[str, tuple[Any, ...]]]]) -> 
                 conn.execute("ROLLBACK")
             raise
     return [errors.get(i) for i in range(len(changes))]
+
+
+def _claim(conn: Session, params: tuple[Any, ...]) -> bool:
+    """The claim in a write transaction of its own (on PostgreSQL: under the write lock, and with a
+    transaction id whose outcome a lost connection can look up), run in the connection's own thread."""
+    conn.begin_write()
+    try:
+        taken = conn.execute(CLAIM, params).fetchone() is not None
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return taken
 
 
 def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) -> None:

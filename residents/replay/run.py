@@ -95,7 +95,9 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                     first = len(room.sent)
                     if t.say is not None:
                         m = room.say(t.say.author, t.say.content)
-                        reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id)
+                        # A replay's room numbers its messages afresh each run (m1, m2, …), into whatever ledger it is
+                        # given: no claim is held against them.
+                        reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id, claim=False)
                     else:
                         reply = await resident.continue_generation(room, CHANNEL, None)
                     g = reply.generation

@@ -9,8 +9,10 @@ in the outbox included, and checked again when a queued turn starts.
 A new gateway session (after INVALID_SESSION, a reconnect that could not resume, or a restart) is
 followed by a catch-up (`..catchup`): each mention missed in between and younger than the policy's
 `catch_up.window` is answered, oldest first, as a turn of its own read up to that mention; older ones
-are logged. A message is answered once: the ledger knows every turn's trigger, and a claim in process
-keeps a live message and a catch-up from both taking one.
+are logged. A message is answered once: each turn claims its trigger in the ledger before any provider
+call (`Resident.respond`), the one rule a catch-up reads too (`Ledger.answered`), so a gateway replay, a
+catch-up and another process never take it twice; a claim in process only keeps one process from
+queueing the same message twice.
 
 The room may be unreachable when a turn starts: reading the channel waits with the outbox's backoff
 (a turn asked for during an outage is taken once Discord is back), and the typing indicator is
