@@ -148,7 +148,6 @@ class Resident:
         superseded: Callable[[], bool] = never,
         queued: Callable[[list[Post]], None] | None = None,
         person: str | None = None,
-        claim: bool = True,
     ) -> Reply:
         """One turn, returned once its posts are in the room (or set aside).
 
@@ -156,12 +155,11 @@ class Resident:
         room user id of whoever asked (the trigger's author), whose daily budget the reply counts against.
         The turn claims `trigger` in the ledger before anything else (`Ledger.claim_reply`): a message taken
         already — re-delivered, caught up, or taken by another process — gets no second turn
-        (`Reply.taken`). `claim=False`: a room whose message ids are its own only (a replay's, numbered
-        afresh each run), not one a ledger can hold them against."""
+        (`Reply.taken`)."""
         began = time.monotonic()
         with observe.working_on(residence=self.name, channel=channel):
             async with self.busy(channel):
-                if claim and trigger is not None and not await self._claim(trigger, channel):
+                if trigger is not None and not await self._claim(trigger, channel):
                     reply, waiting = Reply(None, [], taken=True), []
                 elif (refused := await self._over_budget(channel, trigger, person)) is not None:
                     reply, waiting = refused, self._enqueue(refused.posts, queued)

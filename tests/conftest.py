@@ -61,6 +61,15 @@ def residence(**overrides) -> Residence:
     return build_residence(data, "<test>", None, ROOT)
 
 
+_message_ids = itertools.count(1)
+
+
+def next_message_id() -> str:
+    """A message id no other room of this test run has used, as Discord's are unique: a ledger holds one
+    reply per (resident, trigger message), so rooms sharing a ledger must not reuse ids."""
+    return f"m{next(_message_ids)}"
+
+
 class Room:
     """A room that collects posts, as replay's does, and keeps the history later turns read."""
 
@@ -70,12 +79,12 @@ class Room:
         self.sent: list[Post] = []
 
     def say(self, author: str, content: str) -> RoomMessage:
-        m = RoomMessage(f"m{len(self.history) + 1}", author, False, content)
+        m = RoomMessage(next_message_id(), author, False, content)
         self.history.append(m)
         return m
 
     async def send(self, post: Post) -> str:
-        mid = f"m{len(self.history) + 1}"
+        mid = next_message_id()
         self.history.append(RoomMessage(mid, self.name, True, post.content))
         self.sent.append(post)
         return mid
@@ -114,9 +123,7 @@ class Pipeline:
         self.server.reset(calls)
         m = room.say(author, content)
         before = len(room.sent)
-        # A test's rooms number their messages afresh (m1, m2, …) into one ledger: no claim is held against
-        # them (`tests/test_reply_claims.py` tests the claims).
-        reply = await res.respond(room, "room", list(room.history), trigger=m.id, claim=False)
+        reply = await res.respond(room, "room", list(room.history), trigger=m.id)
         return reply, room.sent[before:]
 
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from conftest import residence, specimen
+from conftest import next_message_id, residence, specimen
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from imagekit import png
@@ -69,8 +69,8 @@ async def one_turn(pipeline, res, history: list[RoomMessage]):
 
     room = Room()
     r = pipeline.resident(res, room)
-    # Each call is a room of its own whose message ids start again at m1: no claim is held against them.
-    reply = await r.respond(room, "room", history, trigger=history[-1].id, claim=False)
+    # Each call is a room of its own (its history's ids start again at m1): a trigger of its own, too.
+    reply = await r.respond(room, "room", history, trigger=next_message_id())
     [body] = pipeline.server.requests
     return reply.generation, body
 

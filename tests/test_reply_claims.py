@@ -22,11 +22,14 @@ from conftest import Pipeline, Room, residence
 from discordkit import deployed
 from roomkit import eventually
 
+from residents import bundled
 from residents.discord.catchup import Claims
 from residents.ledger import Ledger, migrations, postgres
 from residents.ledger.connection import Connection
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
+from residents.replay.run import replay
+from residents.replay.scenario import load_scenario
 
 BACKENDS = ["sqlite", "postgresql"]
 
@@ -116,6 +119,7 @@ async def test_a_ledger_from_before_claims_reads_them_from_its_generations(tmp_p
         try:
             room = Room()
             await p.turn(p.resident(residence(), room), room, "hello", [said("answered before claims")])
+            asked = room.history[0].id
         finally:
             await p.client.close()
     with closing(sqlite3.connect(path)) as con:  # as m046 left a ledger: no claims table
@@ -123,8 +127,8 @@ async def test_a_ledger_from_before_claims_reads_them_from_its_generations(tmp_p
         con.execute("DELETE FROM _migrations WHERE name = 'm047_reply_claims'")
         con.commit()
     async with Ledger.open(path) as ledger:
-        assert await ledger.answered("cairn", ["m1", "m2"]) == {"m1"}
-        assert await ledger.claim_reply("cairn", "m1", "room") is False
+        assert await ledger.answered("cairn", [asked, "never-said"]) == {asked}
+        assert await ledger.claim_reply("cairn", asked, "room") is False
 
 
 async def test_the_same_message_create_delivered_again_gets_no_second_reply(tmp_path: Path, location: str) -> None:
@@ -175,3 +179,16 @@ async def test_two_connections_migrating_one_new_ledger_at_once_apply_each_step_
     assert recorded == sorted(names)
     async with Ledger.open(location) as ledger:  # and the ledger opens on it
         assert await ledger.claim_reply("cairn", "1", "general")
+
+
+def test_a_replay_run_twice_into_one_ledger_answers_every_turn_both_times(tmp_path: Path) -> None:
+    """A replay's room names its messages afresh for each run, as a room's ids are never reused: the
+    claims a first run left in a kept ledger (`replay --db`) hold no turn of the second back."""
+    path = bundled.scenario("continuation")
+    assert path is not None
+    db = str(tmp_path / "kept.db")
+    runs = [asyncio.run(replay(load_scenario(path), db)) for _ in range(2)]
+    said_turns = [t for t in load_scenario(path).turns if t.say is not None]
+    for result in runs:
+        answered = [t for t in result["turns"] if t.get("generation") is not None]
+        assert len(answered) == len(result["turns"]) >= len(said_turns) > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from typing import Any
 
 from .. import truth
@@ -41,10 +42,13 @@ class CollectingRoom:
         self.sent: list[Post] = []
         self.nonces: dict[str, str] = {}  # message id → the post id it was sent with
         self._n = 0
+        # A room's message ids are its own for ever, as Discord's are: a ledger holds one reply per trigger
+        # message, and a replay may be run again into the same ledger (`--db`).
+        self._run = uuid.uuid4().hex[:8]
 
     def _id(self) -> str:
         self._n += 1
-        return f"m{self._n}"
+        return f"m{self._n}-{self._run}"
 
     def say(self, author: str, content: str) -> RoomMessage:
         m = RoomMessage(self._id(), author, False, content)
@@ -95,9 +99,7 @@ async def replay(sc: Scenario, db_path: str | None) -> dict[str, Any]:
                     first = len(room.sent)
                     if t.say is not None:
                         m = room.say(t.say.author, t.say.content)
-                        # A replay's room numbers its messages afresh each run (m1, m2, …), into whatever ledger it is
-                        # given: no claim is held against them.
-                        reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id, claim=False)
+                        reply = await resident.respond(room, CHANNEL, list(room.history), trigger=m.id)
                     else:
                         reply = await resident.continue_generation(room, CHANNEL, None)
                     g = reply.generation
