@@ -404,26 +404,38 @@ def copy_quiet(source: str, destination: str) -> None:
     assert asyncio.run(ledger_copy.copy_ledger(source, destination)).copy_head is not None
 
 
-def test_attachments_copy_byte_exact_between_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A request's attachments (a name with a lone surrogate, kept as a BLOB) copy as they are."""
-    source = str(tmp_path / "a.db")
+@pytest.mark.parametrize(("source_kind", "destination_kind"), DIRECTIONS)
+def test_attachments_copy_byte_exact_in_every_direction(
+    source_kind: str,
+    destination_kind: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A request's attachments (a name with a lone surrogate, kept as bytes: a BLOB, a BYTEA) copy as they
+    are, and `verify` checks them on the copy."""
+    source = place(source_kind, tmp_path, request, "a.db")
 
     async def write() -> None:
         files = [
             SharedFile("m-1", 0, "pic " + TRICKY, "image/png", 10, "ab" * 32, Shown.IMAGE),
-            SharedFile("m-1", 1, "x.bin", None, 5, None, Shown.DESCRIBED, NotShown.UNSUPPORTED),
+            SharedFile("m-1", 1, "x.bin", None, 5, "cd" * 32, Shown.DESCRIBED, NotShown.UNSUPPORTED),
         ]
         async with Ledger.open(source) as lg:
             g = Generation(id="g-a", residence="cairn", channel="room", model="m", attachments=files)
             await lg.start_attempt(Attempt(id="a-a", generation_id="g-a", segment=0, index=0), new_generation=g)
 
     asyncio.run(write())
-    destination = str(tmp_path / "b.db")
+    destination = place(destination_kind, tmp_path, request, "b.db")
     assert copy(capsys, source, destination)[0] == 0
     assert contents(destination) == contents(source)
-    assert rows(destination, "SELECT name FROM attachments WHERE position = 0") == [
-        (("pic " + TRICKY).encode("utf-8", "surrogatepass"),)
+    assert [bytes(n) for (n,) in rows(destination, "SELECT name FROM attachments ORDER BY position")] == [
+        ("pic " + TRICKY).encode("utf-8", "surrogatepass"),
+        b"x.bin",
     ]
+    capsys.readouterr()
+    code = cli.main(["ledger", "verify", "--db", destination])  # its one generation left under way
+    assert code == 0, capsys.readouterr().out
 
 
 @pytest.mark.parametrize("kind", BACKENDS)

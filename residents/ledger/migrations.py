@@ -675,6 +675,21 @@ INSERT INTO reply_claims (residence, trigger, channel, claimed_at)
 )
 
 
+# A file's name and type are kept as the room gave them, byte-exact: BLOBs of UTF-8 with surrogates passed
+# through (`attachments._blob`), which SQLite's TEXT columns hold as they are but PostgreSQL's baseline
+# declared TEXT, refusing every attachment there. No ledger on PostgreSQL can hold a row yet, so the
+# conversion has nothing to convert; on SQLite there is nothing to do.
+step(
+    "m048_attachments_bytes",
+    "-- SQLite keeps a BLOB in a TEXT column as it is",
+    postgresql="""
+ALTER TABLE attachments
+  ALTER COLUMN name TYPE BYTEA USING convert_to(name, 'UTF8'),
+  ALTER COLUMN media_type TYPE BYTEA USING convert_to(media_type, 'UTF8');
+""",
+)
+
+
 class MigrationError(Exception):
     """A step this backend has no form of."""
 
