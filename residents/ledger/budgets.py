@@ -71,7 +71,7 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
             ),
             *[Ledger._post_insert(p) for p in posts],
             *chain.posts(posts),
-            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(*fields)),
+            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(r)),
         ]
     )
 
