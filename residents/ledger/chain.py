@@ -17,6 +17,7 @@ one way an entry is confirmed); every other entry's body is read whole.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import sqlite3
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import truth
-from ..records import Attempt, Block, BudgetRefusal, Generation, Post, Refusal, Segment, Stump
+from ..records import Attempt, BudgetRefusal, Generation, Post, Refusal, Stump
 from ..text import outbound
 from . import rows
 from .connection import Connection, Session, placeholders
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 GENESIS_PREV = "0" * 64
 Statement = tuple[str, tuple[Any, ...]]
+Rows = list[dict[str, Any]]
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
@@ -245,30 +247,56 @@ def _begin_write(conn: Session) -> None:
 
 
 def _backfill(conn: sqlite3.Connection) -> int:
-    """The genesis entry, then each record's entry as it stands now (the builders `verify` holds records
-    against), records read by `rows` as the ledger reads them."""
+    """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
     db = conn.cursor()
-    blocks: dict[str, list[Block]] = defaultdict(list)
-    for r in rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
-        blocks[r["attempt_id"]].append(rows.block(r))
-    segments: dict[str, list[Segment]] = defaultdict(list)
-    for r in rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"):
-        segments[r["generation_id"]].append(rows.segment(r))
-    items: list[tuple[str, str, dict[str, Any]]] = []
-    for r in rows.dicts(db, "SELECT * FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"):
-        items.append(("attempt", r["id"], attempt_payload(rows.attempt(r, blocks[r["id"]]))))
-    for r in rows.dicts(db, "SELECT * FROM generations WHERE status != 'pending' ORDER BY rowid"):
-        g = rows.generation(r)
-        g.segments = segments[g.id]
-        items.append(("generation", g.id, generation_payload(g)))
-    items += [("stump", r["id"], stump_payload(rows.stump(r))) for r in rows.dicts(db, "SELECT * FROM stumps")]
-    posts = rows.dicts(db, "SELECT * FROM posts ORDER BY rowid")
-    items += [("post", p["id"], post_payload(rows.post(p))) for p in posts]
-    items += [(kind, sid, payload) for kind, sid, payload in _access_now(db)]
-    items += [("delivered", p["id"], delivered_payload(p["id"], p["message_id"])) for p in posts if p["message_id"]]
+    of = {t: _by(rows.dicts(db, f"SELECT * FROM {t} ORDER BY rowid"), "generation_id") for t in _RECORD_TABLES}
+    blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
+    of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
+    gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
+    items = [(k, r.id, p) for r in records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
+    items += _access_now(db)
     conn.execute(*append("genesis", None, {"backfill": len(items)}))
     conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
     return len(items)
+
+
+_RECORD_TABLES = ("attempts", "stumps", "posts")
+
+
+def _by(found: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in found:
+        out[r[key]].append(r)
+    return out
+
+
+def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
+    """Generations' rows and their records' (`of`: each table's rows by generation id, blocks by attempt
+    id) as their entries must state them: what `verify` holds against the chain and `backfill` writes."""
+    out = []
+    for g in gens:
+        gen = rows.generation(g)
+        gen.segments = [rows.segment(s) for s in of["segments"].get(g["id"], ())]
+        payload = generation_payload(gen) if gen.status != "pending" else None
+        out.append(Record("generations", gen.id, {"generation": payload}, gen.text))
+    for a in itertools.chain.from_iterable(of["attempts"].values()):
+        att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
+        out.append(
+            Record("attempts", att.id, {"attempt": attempt_payload(att) if att.outcome != "streaming" else None})
+        )
+    for s in itertools.chain.from_iterable(of["stumps"].values()):
+        out.append(Record("stumps", s["id"], {"stump": stump_payload(rows.stump(s))}))
+    return out + [post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
+
+
+def post_record(p: dict[str, Any]) -> Record:
+    delivered = delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
+    refused = (
+        refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
+        if p.get("refused") is not None
+        else None
+    )
+    return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
 def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
@@ -367,15 +395,16 @@ def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
 
 
 def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    keys = sorted((set(stated) | set(now)) - {"kind", "at"})  # (`confirms` may have set them on `now`)
+    """The fields an entry states otherwise than its record now: a list or object by name, a value as both."""
     out = []
-    for k in keys:
-        if stated.get(k) != now.get(k):
-            a, b = stated.get(k), now.get(k)
-            if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
-                out.append(k)
-            else:
-                out.append(f"{k} (entry {_short(a)}, ledger {_short(b)})")
+    for k in sorted((set(stated) | set(now)) - {"kind", "at"}):
+        a, b = stated.get(k), now.get(k)
+        if a != b:
+            out.append(
+                k
+                if isinstance(a, dict | list) or isinstance(b, dict | list)
+                else f"{k} (entry {_short(a)}, ledger {_short(b)})"
+            )
     return out
 
 
@@ -516,11 +545,8 @@ class Held:
     total: int = 0
 
     def add(self, other: Held) -> None:
-        self.lines += other.lines
-        self.unchained += other.unchained
-        self.confirmed += other.confirmed
-        self.count += other.count
-        self.total += other.total
+        for name in ("lines", "unchained", "confirmed", "count", "total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _unattested(kind: str) -> str:
@@ -548,11 +574,10 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
                     out.count, out.total = out.count + 1, out.total + seq
     for r in records:
         steps = history[r.table, r.id]
-        if len(steps) > 1 or steps and steps[0].kind != HISTORY[r.table][0]:
-            broken = history_problem(r.table, r.id, steps, r.text)
-            if broken:
-                kind = next(s.kind for s in steps if s.seq == broken[0])
-                out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
+        broken = history_problem(r.table, r.id, steps, r.text) if steps else None
+        if broken:
+            kind = next(s.kind for s in steps if s.seq == broken[0])
+            out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
         confirmed = set()
         for kind, payload in r.expected.items():
             last = next((s for s in reversed(steps) if s.kind == kind), None)

@@ -90,7 +90,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         held = chain.hold_access(db)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, [_post_record(p) for p in orphans], top))
+        held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
@@ -330,7 +330,7 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, _records(gens, of, blocks), top))
+        out.held.add(chain.hold(db, chain.records(gens, of, blocks), top))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
@@ -366,40 +366,6 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
         if len(gens) < batch:
             return out
         lo = gens[-1]["id"]
-
-
-def _records(gens: _Rows, of: dict[str, dict[str, _Rows]], blocks: dict[str, _Rows]) -> list[chain.Record]:
-    """The batch's records (and those of missing generations in its span) as their entries must state them."""
-    out = []
-    segments = of["segments"]
-    for g in gens:
-        gen = rows.generation(g)
-        gen.segments = [rows.segment(s) for s in segments.get(g["id"], ())]
-        settled = gen.status != "pending"
-        out.append(
-            chain.Record(
-                "generations", gen.id, {"generation": chain.generation_payload(gen) if settled else None}, gen.text
-            )
-        )
-    for a in itertools.chain.from_iterable(of["attempts"].values()):
-        att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
-        payload = chain.attempt_payload(att) if att.outcome != "streaming" else None
-        out.append(chain.Record("attempts", att.id, {"attempt": payload}))
-    for s in itertools.chain.from_iterable(of["stumps"].values()):
-        out.append(chain.Record("stumps", s["id"], {"stump": chain.stump_payload(rows.stump(s))}))
-    out += [_post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
-    return out
-
-
-def _post_record(p: dict[str, Any]) -> chain.Record:
-    delivered = chain.delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
-    refused = (
-        chain.refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
-        if p.get("refused") is not None
-        else None
-    )
-    expected = {"post": chain.post_payload(rows.post(p)), "delivered": delivered, "refused": refused}
-    return chain.Record("posts", p["id"], expected)
 
 
 _Rows = list[dict[str, Any]]
