@@ -310,10 +310,10 @@ _OF: list[tuple[str, str]] = [
         " refused, refused_status, refused_code FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
     ),
 ]
-# The blocks of the batch's attempts, by their ids (seeks on the blocks' primary key, in its order).
+# The blocks of the batch's attempts (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
-    "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN ({marks})"
-    " ORDER BY attempt_id, pos"
+    "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN"
+    " (SELECT id FROM attempts WHERE generation_id > $1{upto}) ORDER BY attempt_id, pos"
 )
 _ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > $1{upto} ORDER BY generation_id, rowid"
 _CALLS = (
@@ -388,16 +388,11 @@ def _batch(
     upto = "" if end is None else " AND generation_id <= $2"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
-    attempt_ids = list(map(_ID, itertools.chain.from_iterable(of["attempts"].values())))
-    blocks: dict[str, _Rows] = {}
-    for i in range(0, len(attempt_ids), 500):
-        ids = attempt_ids[i : i + 500]
-        blocks |= _grouped(rows.dicts(db, _BLOCKS.format(marks=placeholders(len(ids))), ids), _BY_ATTEMPT)
+    blocks = _grouped(rows.dicts(db, _BLOCKS.format(upto=upto), span), _BY_ATTEMPT)
     calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
     return gens, of, blocks, calls, rows.dicts(db, _ATTACHMENTS.format(upto=upto), span)
 
 
-_ID = operator.itemgetter("id")
 _BY_GENERATION = operator.itemgetter("generation_id")
 _BY_ATTEMPT = operator.itemgetter("attempt_id")
 
