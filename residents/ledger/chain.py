@@ -16,10 +16,12 @@ one way an entry is confirmed); every other entry's body is read whole.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import logging
+import operator
 import sqlite3
 import time
 from collections import defaultdict
@@ -106,7 +108,13 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 
 
 def _fields(record: Any, names: str) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in names.split()}
+    keys, values = _getter(names)
+    return dict(zip(keys, values(record), strict=True))
+
+
+@functools.cache
+def _getter(names: str) -> tuple[list[str], Callable[[Any], tuple[Any, ...]]]:
+    return names.split(), operator.attrgetter(*names.split())
 
 
 def attempt_payload(a: Attempt) -> dict[str, Any]:
