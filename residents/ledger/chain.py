@@ -508,7 +508,6 @@ HISTORY: dict[str, tuple[str, dict[str, Rule | None]]] = {
     "budget_refusals": ("budget-refusal", {}),  # written once
 }
 TABLE_OF = {kind: table for table, (first, then) in HISTORY.items() for kind in (first, *then)}
-RECORD_KINDS = tuple(TABLE_OF)
 
 
 def history_problem(table: str, record: str, steps: list[Step], text: str) -> tuple[int, str] | None:
