@@ -673,7 +673,7 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
     return out
 
 
-BATCH = 20_000
+BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows, however long the chain
 WALK = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
