@@ -26,7 +26,7 @@ import asyncpg
 
 from ..records import PostReason
 from . import chain, postgres, rows
-from .connection import placeholders, sqlite_session
+from .connection import sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
 from .verify_attachments import check_attachments
@@ -252,13 +252,8 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     # (read by the partial index on stump_id, then put in the order they were written)
     got = rows.dicts(db, "SELECT rowid AS written, * FROM posts WHERE stump_id IS NOT NULL")
     published = sorted(got, key=lambda r: r["written"])
-    named = sorted({p["stump_id"] for p in published})
-    stumps: dict[str, dict[str, Any]] = {}
-    for i in range(0, len(named), 500):
-        part = named[i : i + 500]
-        marks = placeholders(len(part))
-        for r in rows.dicts(db, f"SELECT * FROM stumps WHERE id IN ({marks})", part):
-            stumps[r["id"]] = r
+    sql = "SELECT * FROM stumps WHERE id IN (SELECT stump_id FROM posts WHERE stump_id IS NOT NULL) ORDER BY id"
+    stumps = {r["id"]: r for r in rows.dicts(db, sql)}
     lines: list[str] = []
     check_recovered(lines, stumps, published)
     recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
