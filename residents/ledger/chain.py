@@ -171,12 +171,15 @@ def stump_read_payload(stump_id: str, reader: str, reader_kind: str, generation_
     return {"id": stump_id, "reader": reader, "reader_kind": reader_kind, "generation_id": generation_id}
 
 
-_REFUSAL_COLUMNS = "id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id"
+_REFUSAL_FIELDS = "id residence channel trigger person scope tokens budget spent day post_id"
+_REFUSALS = (
+    "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id FROM budget_refusals"
+)
 
 
 def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
     """A reply a spent daily budget refused (`residents.ledger.budgets`): its fields but when."""
-    return _fields(r, _REFUSAL_COLUMNS.replace(",", ""))
+    return _fields(r, _REFUSAL_FIELDS)
 
 
 def generation(g: Generation) -> Statement:
@@ -257,7 +260,9 @@ def _begin_write(conn: Session) -> None:
 def _backfill(conn: sqlite3.Connection) -> int:
     """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
     db = conn.cursor()
-    of = {t: _by(rows.dicts(db, f"SELECT * FROM {t} ORDER BY rowid"), "generation_id") for t in _RECORD_TABLES}
+    of = {
+        table: _by(rows.dicts(db, f"SELECT * FROM {table} ORDER BY rowid"), "generation_id") for table in _RECORD_TABLES
+    }
     blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
     of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
     gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
@@ -311,12 +316,16 @@ def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
     """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
     entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
-    for kind, table, columns, build in (
-        ("stump-access", "stump_access_changes", "stump_id, access, set_by, generation_id", stump_access_payload),
-        ("stump-read", "stump_reads", "stump_id, reader, reader_kind, generation_id", stump_read_payload),
-        ("budget-refusal", "budget_refusals", _REFUSAL_COLUMNS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
+    for kind, sql, build in (
+        (
+            "stump-access",
+            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes",
+            stump_access_payload,
+        ),
+        ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
+        ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
     ):
-        latest = {r[0]: r for r in db.execute(f"SELECT {columns} FROM {table} ORDER BY rowid").fetchall()}
+        latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
     return out
 
