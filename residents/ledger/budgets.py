@@ -62,17 +62,16 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
     r = refusal
     # The columns in the chain payload's order, then when: the row and its entry state the same fields.
     fields = (r.id, r.residence, r.channel, r.trigger, r.person, r.scope, r.tokens, r.budget, r.spent, r.day, r.post_id)
-    await ledger._tx(
+    await ledger.write(
         [
             (
                 "INSERT INTO budget_refusals (id, residence, channel, trigger, person, scope, tokens, budget, spent,"
                 " day, post_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
                 (*fields, r.created_at),
             ),
-            *[Ledger._post_insert(p) for p in posts],
-            *chain.posts(posts),
-            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(*fields)),
-        ]
+            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(r)),
+        ],
+        posts,
     )
 
 

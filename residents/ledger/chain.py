@@ -1,57 +1,27 @@
 """The ledger's hash chain: every settled record appended as an entry whose hash covers the entry before.
 
 Why: the ledger is the only memory of what a resident emitted; a witness who sees a post, and an
-auditor given an export, should be able to check that the ledger was not rewritten afterwards.
+auditor given an export, should be able to check that the ledger was not rewritten afterwards. The
+entries (hashes and metadata, never text) and the algorithm are specified in docs/provenance.md.
 
-An entry is a JSON object of hashes and metadata, never text (an export reveals no stump text):
+Appending: `append` gives the one INSERT to put in the transaction of the change it records, so a
+crash never leaves a record without its entry or an entry without its record; the INSERT reads the
+head itself, under the transaction's write lock, and hashes with `chain_hash` (`install`).
 
-- `generation` — a settlement (again at each /continue): status, stop reason, counts, SHA-256 of the
-  canonical text, its segments;
-- `attempt` — a settled provider call: outcome, stop or discard reason, error kind, counts (the
-  provider's input, cache-write and cache-read tokens where it gave them), SHA-256 of its text and of
-  each content block (reasoning and tool input included, by hash only);
-- `stump` — a stump as stored: cause, scope, counts, SHA-256 of its text;
-- `post` — a planned post: kind, seq, SHA-256 of its content as stored (`content_sha256`) and, where a
-  lone surrogate left as U+FFFD, of the content as sent (`sent_sha256`);
-- `delivered` — the message id a post got (`refused`, written by the delivery layer, in its place: a
-  post set aside as undeliverable);
-- `stump-access`, `stump-read` — a stump's access chosen by its resident, a read of its text;
-- `budget-refusal` — a reply a spent daily budget refused: whose budget, which, what was counted, the
-  message, its author and the notice posted of it;
-- `genesis` — first on a ledger that had records before the chain: the `backfill` entries after it
-  were written from those records when the chain began.
-
-Every entry has `kind`, `at` (milliseconds since the epoch when appended) and the record's id.
-
-The algorithm (the README's "Provenance" section has it in a few lines of Python):
-
-    canonical(x) = json.dumps(x, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    hash(n)      = sha256(canonical({"entry": entry(n), "prev": hash(n-1), "seq": n})).hexdigest()
-    hash(0)      = "0" * 64
-
-Text is hashed as its exact bytes in the ledger: UTF-8, lone surrogates passed through
-(`str.encode("utf-8", "surrogatepass")`). An export is one line per entry,
-`canonical({"entry", "hash", "prev", "seq"})` + "\\n", so one changed byte anywhere fails the check.
-
-Appending: `append(kind, record, payload)` returns one `(sql, params)` INSERT to put in the same
-transaction as the change it records (`Ledger._tx`), so a crash never leaves a record without its
-entry or an entry without its record. The INSERT reads the head itself, under the transaction's
-write lock; the hash is computed by `chain_hash`, a function `install` registers on the connection.
-
-Checking (`ledger verify`): the walk links every entry to the one before and hashes it; each record is
-read with all its entries, whose history must be one the ledger writes (`HISTORY`: a generation
-settled again only by a /continue, a post delivered or refused once, a stump's access changed by its
-resident), and whose latest entry of each kind must be, byte for byte, the entry its builder gives now
-(`confirms`); every other entry of a record has its body read whole. The walk counts the entries
-that name a record, the records count the entries they read: only when the two differ are entries
-naming a record the ledger lacks looked for. A witness's saved head is `head`'s `N:SHA256`.
+Checking (`ledger verify`): `walk` links every entry to the one before and hashes it; `hold` reads
+each record with its entries, whose history must be one the ledger writes (`HISTORY`) and whose
+latest entry of each kind must be, byte for byte, the entry its builder gives now (`confirms`, the
+one way an entry is confirmed); every other entry's body is read whole.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
 import logging
+import operator
 import sqlite3
 import time
 from collections import defaultdict
@@ -60,15 +30,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import truth
-from ..records import Attempt, Block, Generation, Post, Refusal, Segment, Stump
+from ..records import Attempt, BudgetRefusal, Generation, Post, Refusal, Stump
 from ..text import outbound
 from . import rows
-from .connection import POSTGRESQL, Connection, Session, placeholders
+from .connection import Connection, Session, placeholders
 
 log = logging.getLogger(__name__)
 
 GENESIS_PREV = "0" * 64
 Statement = tuple[str, tuple[Any, ...]]
+Rows = list[dict[str, Any]]
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
@@ -92,7 +63,8 @@ def sent_sha256(content: str) -> str:
 
 def entry_hash(seq: int, prev: str, body: str) -> str:
     """hash(n): `body` is the entry's canonical JSON; this is canonical({"entry","prev","seq"}), hashed."""
-    return hashlib.sha256(f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'.encode("ascii")).hexdigest()
+    claim = f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'
+    return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def export_line(seq: int, prev: str, body: str, digest: str) -> str:
@@ -135,90 +107,49 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
 # `verify` rebuilds what each record's latest entry must say: the three can never disagree.
 
 
+def _fields(record: Any, names: str) -> dict[str, Any]:
+    keys, values = _getter(names)
+    return dict(zip(keys, values(record), strict=True))
+
+
+@functools.cache
+def _getter(names: str) -> tuple[list[str], Callable[[Any], tuple[Any, ...]]]:
+    return names.split(), operator.attrgetter(*names.split())
+
+
 def attempt_payload(a: Attempt) -> dict[str, Any]:
     """An attempt's entry. The input counts (m045) are stated only where the provider gave one, so an entry
     written before them is still the entry its attempt gives now, and a count added later is named."""
-    out = {
-        "id": a.id,
-        "generation_id": a.generation_id,
-        "segment": a.segment,
-        "index": a.index,
-        "outcome": a.outcome,
-        "stop_reason": a.stop_reason,
-        "discard_reason": a.discard_reason,
-        "error": a.error,
-        "chars": a.chars,
-        "output_tokens": a.output_tokens,
-        "text_sha256": sha256_text(a.text),
-        "blocks": [
-            {"index": b.index, "type": b.type, "chars": b.chars, "sha256": sha256_text(b.content)}
-            for b in a.content_blocks()
-        ],
-    }
-    for name in ("input_tokens", "cache_write_tokens", "cache_read_tokens"):
-        value = getattr(a, name)
-        if value is not None:
-            out[name] = value
-    return out
+    out = _fields(a, "id generation_id segment index outcome stop_reason discard_reason error chars output_tokens")
+    out["text_sha256"] = sha256_text(a.text)
+    out["blocks"] = [
+        {"index": b.index, "type": b.type, "chars": b.chars, "sha256": sha256_text(b.content)}
+        for b in a.content_blocks()
+    ]
+    counts = _fields(a, "input_tokens cache_write_tokens cache_read_tokens")
+    return out | {name: value for name, value in counts.items() if value is not None}
 
 
 def generation_payload(g: Generation) -> dict[str, Any]:
-    return {
-        "id": g.id,
-        "residence": g.residence,
-        "channel": g.channel,
-        "model": g.model,
-        "status": g.status,
-        "stop_reason": g.stop_reason,
-        "chars": g.chars,
-        "output_tokens": g.output_tokens,
-        "text_sha256": sha256_text(g.text),
-        "standing": g.standing,
-        "continuation_ended": g.continuation_ended,
-        "segments": [
-            {
-                "index": s.index,
-                "attempt_id": s.attempt_id,
-                "stop_reason": s.stop_reason,
-                "chars": s.chars,
-                "output_tokens": s.output_tokens,
-                "overlap_removed": s.overlap_removed,
-            }
-            for s in sorted(g.segments, key=lambda s: s.index)
-        ],
-    }
+    out = _fields(g, "id residence channel model status stop_reason chars output_tokens standing continuation_ended")
+    out["text_sha256"] = sha256_text(g.text)
+    segment = "index attempt_id stop_reason chars output_tokens overlap_removed"
+    out["segments"] = [_fields(s, segment) for s in sorted(g.segments, key=lambda s: s.index)]
+    return out
 
 
 def stump_payload(s: Stump) -> dict[str, Any]:
-    return {
-        "id": s.id,
-        "generation_id": s.generation_id,
-        "attempt_id": s.attempt_id,
-        "residence": s.residence,
-        "scope": s.scope,
-        "cause": s.cause,
-        "chars": s.chars,
-        "output_tokens": s.output_tokens,
-        "text_sha256": sha256_text(s.text),
-        "block": s.block,
-        "block_type": s.block_type,
-    }
+    out = _fields(s, "id generation_id attempt_id residence scope cause chars output_tokens block block_type")
+    return out | {"text_sha256": sha256_text(s.text)}
 
 
 def post_payload(p: Post) -> dict[str, Any]:
-    out = {
-        "id": p.id,
-        "generation_id": p.generation_id,
-        "channel": p.channel,
-        "seq": p.seq,
-        "post_kind": p.kind,
-        "chars": len(p.content),
-        "content_sha256": sha256_text(p.content),
-    }
-    sent = out["content_sha256"] if p.content.isascii() else sent_sha256(p.content)  # (ASCII is sent as it is)
-    if sent != out["content_sha256"]:
-        out["sent_sha256"] = sent
-    return out
+    """A post's entry: its content's hash as stored and, where they differ (a lone surrogate sent as
+    U+FFFD), as sent; ASCII is sent as it is."""
+    out = _fields(p, "id generation_id channel seq") | {"post_kind": p.kind, "chars": len(p.content)}
+    out["content_sha256"] = sha256_text(p.content)
+    sent = out["content_sha256"] if p.content.isascii() else sent_sha256(p.content)
+    return out | ({"sent_sha256": sent} if sent != out["content_sha256"] else {})
 
 
 def delivered_payload(post_id: str, message_id: str) -> dict[str, Any]:
@@ -240,34 +171,15 @@ def stump_read_payload(stump_id: str, reader: str, reader_kind: str, generation_
     return {"id": stump_id, "reader": reader, "reader_kind": reader_kind, "generation_id": generation_id}
 
 
-def budget_refusal_payload(
-    refusal_id: str,
-    residence: str,
-    channel: str,
-    trigger: str | None,
-    person: str | None,
-    scope: str,
-    tokens: str,
-    budget: int,
-    spent: int,
-    day: str,
-    post_id: str | None,
-) -> dict[str, Any]:
-    """A reply a spent daily budget refused (`residents.ledger.budgets`): whose budget, which, what was
-    counted, the message and its author, and the notice posted of it (or none)."""
-    return {
-        "id": refusal_id,
-        "residence": residence,
-        "channel": channel,
-        "trigger": trigger,
-        "person": person,
-        "scope": scope,
-        "tokens": tokens,
-        "budget": budget,
-        "spent": spent,
-        "day": day,
-        "post_id": post_id,
-    }
+_REFUSAL_FIELDS = "id residence channel trigger person scope tokens budget spent day post_id"
+_REFUSALS = (
+    "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id FROM budget_refusals"
+)
+
+
+def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
+    """A reply a spent daily budget refused (`residents.ledger.budgets`): its fields but when."""
+    return _fields(r, _REFUSAL_FIELDS)
 
 
 def generation(g: Generation) -> Statement:
@@ -346,30 +258,58 @@ def _begin_write(conn: Session) -> None:
 
 
 def _backfill(conn: sqlite3.Connection) -> int:
-    """The genesis entry, then each record's entry as it stands now (the builders `verify` holds records
-    against), records read by `rows` as the ledger reads them."""
+    """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
     db = conn.cursor()
-    blocks: dict[str, list[Block]] = defaultdict(list)
-    for r in rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"):
-        blocks[r["attempt_id"]].append(rows.block(r))
-    segments: dict[str, list[Segment]] = defaultdict(list)
-    for r in rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"):
-        segments[r["generation_id"]].append(rows.segment(r))
-    items: list[tuple[str, str, dict[str, Any]]] = []
-    for r in rows.dicts(db, "SELECT * FROM attempts WHERE outcome != 'streaming' ORDER BY rowid"):
-        items.append(("attempt", r["id"], attempt_payload(rows.attempt(r, blocks[r["id"]]))))
-    for r in rows.dicts(db, "SELECT * FROM generations WHERE status != 'pending' ORDER BY rowid"):
-        g = rows.generation(r)
-        g.segments = segments[g.id]
-        items.append(("generation", g.id, generation_payload(g)))
-    items += [("stump", r["id"], stump_payload(rows.stump(r))) for r in rows.dicts(db, "SELECT * FROM stumps")]
-    posts = rows.dicts(db, "SELECT * FROM posts ORDER BY rowid")
-    items += [("post", p["id"], post_payload(rows.post(p))) for p in posts]
-    items += [(kind, sid, payload) for kind, sid, payload in _access_now(db)]
-    items += [("delivered", p["id"], delivered_payload(p["id"], p["message_id"])) for p in posts if p["message_id"]]
+    of = {
+        table: _by(rows.dicts(db, f"SELECT * FROM {table} ORDER BY rowid"), "generation_id") for table in _RECORD_TABLES
+    }
+    blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
+    of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
+    gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
+    items = [(k, r.id, p) for r in records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
+    items += _access_now(db)
     conn.execute(*append("genesis", None, {"backfill": len(items)}))
     conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
     return len(items)
+
+
+_RECORD_TABLES = ("attempts", "stumps", "posts")
+
+
+def _by(found: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in found:
+        out[r[key]].append(r)
+    return out
+
+
+def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
+    """Generations' rows and their records' (`of`: each table's rows by generation id, blocks by attempt
+    id) as their entries must state them: what `verify` holds against the chain and `backfill` writes."""
+    out = []
+    for g in gens:
+        gen = rows.generation(g)
+        gen.segments = [rows.segment(s) for s in of["segments"].get(g["id"], ())]
+        payload = generation_payload(gen) if gen.status != "pending" else None
+        out.append(Record("generations", gen.id, {"generation": payload}, gen.text))
+    for a in itertools.chain.from_iterable(of["attempts"].values()):
+        att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
+        out.append(
+            Record("attempts", att.id, {"attempt": attempt_payload(att) if att.outcome != "streaming" else None})
+        )
+    for s in itertools.chain.from_iterable(of["stumps"].values()):
+        out.append(Record("stumps", s["id"], {"stump": stump_payload(rows.stump(s))}))
+    return out + [post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
+
+
+def post_record(p: dict[str, Any]) -> Record:
+    delivered = delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
+    refused = (
+        refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
+        if p.get("refused") is not None
+        else None
+    )
+    return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
 def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
@@ -383,12 +323,7 @@ def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
             stump_access_payload,
         ),
         ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
-        (
-            "budget-refusal",
-            "SELECT id, residence, channel, trigger, person, scope, tokens, budget, spent, day, post_id"
-            " FROM budget_refusals",
-            budget_refusal_payload,
-        ),
+        ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
     ):
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
@@ -438,7 +373,6 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
 
 # An entry's columns, in `Entry`'s order.
 _ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
-_ENTRY_AT = _ENTRIES + " WHERE seq = $1"
 
 
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
@@ -478,15 +412,16 @@ def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
 
 
 def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    keys = sorted((set(stated) | set(now)) - {"kind", "at"})  # (`confirms` may have set them on `now`)
+    """The fields an entry states otherwise than its record now: a list or object by name, a value as both."""
     out = []
-    for k in keys:
-        if stated.get(k) != now.get(k):
-            a, b = stated.get(k), now.get(k)
-            if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
-                out.append(k)
-            else:
-                out.append(f"{k} (entry {_short(a)}, ledger {_short(b)})")
+    for k in sorted((set(stated) | set(now)) - {"kind", "at"}):
+        a, b = stated.get(k), now.get(k)
+        if a != b:
+            out.append(
+                k
+                if isinstance(a, dict | list) or isinstance(b, dict | list)
+                else f"{k} (entry {_short(a)}, ledger {_short(b)})"
+            )
     return out
 
 
@@ -505,19 +440,10 @@ def _parsed(body: str) -> dict[str, Any] | None:
 
 def confirms(kind: str, payload: dict[str, Any], body: str) -> bool:
     """The one way an entry is confirmed: its body is, byte for byte, the entry its record's builder gives
-    now (`append`'s canonical JSON, with the `at` the body states)."""
-    at: Any = None
-    if body.startswith('{"at":'):  # the usual body: `at` sorts first among the keys
-        end = body.find(",", 6)
-        if end > 6 and body[6:end].isdigit():
-            at = int(body[6:end])
-    if at is None:
-        stated = _parsed(body)
-        if stated is None:
-            return False
-        at = stated.get("at")
-    payload["kind"], payload["at"] = kind, at  # (the payload is built for this alone)
-    return canonical(payload) == body
+    now (`append`'s canonical JSON, with the `at` the body states: the first key, as keys sort)."""
+    at, _, _ = body[6:].partition(",")
+    stated = int(at) if body.startswith('{"at":') and at.isdigit() else (_parsed(body) or {}).get("at")
+    return canonical({**payload, "kind": kind, "at": stated}) == body
 
 
 # ---------------------------------------------------------------------- a record's history
@@ -581,21 +507,16 @@ def _delivered_or_refused_once(before: list[Step], now: Step, text: str) -> str 
     return f"the post was already {ended.kind} at entry {ended.seq}: a post is delivered or refused once"
 
 
-def _anyone(before: list[Step], now: Step, text: str) -> str | None:
-    return None
-
-
-# table -> (the kind a record's history begins with, {a kind that may follow: its rule}); a kind not
-# listed may not follow (the first kind again, where it is not listed: a record written twice).
-HISTORY: dict[str, tuple[str, dict[str, Rule]]] = {
+# table -> (the kind a record's history begins with, {a kind that may follow: its rule, or None: any});
+# a kind not listed may not follow (the first kind again, where it is not listed: a record written twice).
+HISTORY: dict[str, tuple[str, dict[str, Rule | None]]] = {
     "attempts": ("attempt", {}),  # settled once
     "generations": ("generation", {"generation": _continued}),  # again at each /continue
-    "stumps": ("stump", {"stump-access": _by_its_resident, "stump-read": _anyone}),
+    "stumps": ("stump", {"stump-access": _by_its_resident, "stump-read": None}),
     "posts": ("post", {"delivered": _delivered_or_refused_once, "refused": _delivered_or_refused_once}),
     "budget_refusals": ("budget-refusal", {}),  # written once
 }
 TABLE_OF = {kind: table for table, (first, then) in HISTORY.items() for kind in (first, *then)}
-RECORD_KINDS = tuple(TABLE_OF)
 
 
 def history_problem(table: str, record: str, steps: list[Step], text: str) -> tuple[int, str] | None:
@@ -604,10 +525,10 @@ def history_problem(table: str, record: str, steps: list[Step], text: str) -> tu
     if steps[0].kind != first:
         return steps[0].seq, f"the first entry of {table[:-1]} {record}, whose history begins with a {first} entry"
     for i in range(1, len(steps)):
-        rule = then.get(steps[i].kind)
-        if rule is None:
+        if steps[i].kind not in then:
             return steps[i].seq, f"{table[:-1]} {record} recorded again (first at entry {steps[0].seq})"
-        problem = rule(steps[:i], steps[i], text)
+        rule = then[steps[i].kind]
+        problem = rule(steps[:i], steps[i], text) if rule else None
         if problem:
             return steps[i].seq, problem
     return None
@@ -640,11 +561,8 @@ class Held:
     total: int = 0
 
     def add(self, other: Held) -> None:
-        self.lines += other.lines
-        self.unchained += other.unchained
-        self.confirmed += other.confirmed
-        self.count += other.count
-        self.total += other.total
+        for name in ("lines", "unchained", "confirmed", "count", "total"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def _unattested(kind: str) -> str:
@@ -672,11 +590,10 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
                     out.count, out.total = out.count + 1, out.total + seq
     for r in records:
         steps = history[r.table, r.id]
-        if len(steps) > 1 or steps and steps[0].kind != HISTORY[r.table][0]:
-            broken = history_problem(r.table, r.id, steps, r.text)
-            if broken:
-                kind = next(s.kind for s in steps if s.seq == broken[0])
-                out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
+        broken = history_problem(r.table, r.id, steps, r.text) if steps else None
+        if broken:
+            kind = next(s.kind for s in steps if s.seq == broken[0])
+            out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
         confirmed = set()
         for kind, payload in r.expected.items():
             last = next((s for s in reversed(steps) if s.kind == kind), None)
@@ -740,52 +657,33 @@ class Walked:
 
 
 def walk(db: sqlite3.Cursor, top: int) -> Walked:
-    """Each entry follows the one before (seq and prev) and hashes to itself, read as its stored bytes and
-    hashed as they are: no text is decoded. An entry whose link holds but whose hash does not (a body
-    that is not ASCII with no DEL is never canonical JSON, which escapes both), and one that names no
-    record, is read whole: its body named (`_body_problem`), else its hash."""
+    """Each entry follows the one before (seq and prev) and hashes to itself, `BATCH` entries read at a
+    time (memory stays flat however long the chain is). One that does not, or that names no record (so
+    no record's `hold` reads it), is named by its body (`_body_problem`), else its link or its hash."""
     out = Walked()
-    last_hash = GENESIS_PREV.encode()
-    sha = hashlib.sha256
     while got := db.execute(WALK, (out.last, top, BATCH)).fetchall():
         out.entries += len(got)
         for seq, kind, record, prev, body, digest in got:
             named = kind in TABLE_OF and record is not None
             if named:
                 out.count, out.total = out.count + 1, out.total + seq
-            linked = seq == out.last + 1 and prev == last_hash
-            hashed = (
-                linked
-                and body.isascii()
-                and b"\x7f" not in body
-                and sha(b'{"entry":' + body + b',"prev":"' + prev + b'","seq":%d}' % seq).hexdigest().encode() == digest
-            )
-            if not (hashed and named):
-                e = Entry(*db.execute(_ENTRY_AT, (seq,)).fetchone())
-                problem: str | None
-                if not linked:
-                    problem = _link_problem(e, out.last, last_hash.decode("utf-8", "replace"))
-                else:
-                    problem = _body_problem(e.kind, e.record, e.body) or (
-                        None if hashed else "its hash does not match its content"
-                    )
+            linked = seq == out.last + 1 and prev == out.head
+            if not (linked and named and entry_hash(seq, prev, body) == digest):
+                e = Entry(seq, kind, record, prev, body, digest)
+                problem = (
+                    _link_problem(e, out.last, out.head)
+                    if not linked
+                    else _body_problem(kind, record, body)
+                    or (None if entry_hash(seq, prev, body) == digest else "its hash does not match its content")
+                )
                 if problem:
                     out.lines.append((seq, 0, f"{e.where}: {problem}"))
-            out.last, last_hash = seq, digest
-    out.head = last_hash.decode("utf-8", "replace")
+            out.last, out.head = seq, digest
     return out
 
 
-# The walk reads this many entries at a time, so its memory stays flat however long the chain is.
-BATCH = 20_000
-WALK = (
-    "SELECT seq, kind, record, CAST(prev AS BLOB), CAST(body AS BLOB), CAST(hash AS BLOB) FROM chain"
-    " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
-)
-POSTGRESQL[WALK] = (
-    "SELECT seq, kind, record, convert_to(prev, 'UTF8'), convert_to(body, 'UTF8'), convert_to(hash, 'UTF8')"
-    " FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
-)
+BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows, however long the chain
+WALK = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
 def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainReport:

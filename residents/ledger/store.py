@@ -339,6 +339,12 @@ class Ledger:
             done.add_done_callback(self._orphaned)  # its caller is gone: a failure is told to the log
             raise
 
+    async def write(self, statements: Iterable[chain.Statement], posts: Iterable[Post] = ()) -> None:
+        """One change of a record kind kept in a module of its own (as `budgets`): its rows' statements with
+        their chain entries (`chain.append`), then the posts it plans with theirs, in one transaction."""
+        planned = list(posts)
+        await self._tx([*statements, *map(self._post_insert, planned), *chain.posts(planned)])
+
     def _orphaned(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and (e := done.exception()) is not None:
             log.error("%s: a change whose caller was cancelled failed (it is not on disk): %s", self.db.name, e)

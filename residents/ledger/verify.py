@@ -26,7 +26,7 @@ import asyncpg
 
 from ..records import PostReason
 from . import chain, postgres, rows
-from .connection import placeholders, sqlite_session
+from .connection import sqlite_session
 from .invariants import check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
 from .verify_attachments import check_attachments
@@ -90,7 +90,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         held = chain.hold_access(db)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, [_post_record(p) for p in orphans], top))
+        held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
@@ -252,13 +252,8 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     # (read by the partial index on stump_id, then put in the order they were written)
     got = rows.dicts(db, "SELECT rowid AS written, * FROM posts WHERE stump_id IS NOT NULL")
     published = sorted(got, key=lambda r: r["written"])
-    named = sorted({p["stump_id"] for p in published})
-    stumps: dict[str, dict[str, Any]] = {}
-    for i in range(0, len(named), 500):
-        part = named[i : i + 500]
-        marks = placeholders(len(part))
-        for r in rows.dicts(db, f"SELECT * FROM stumps WHERE id IN ({marks})", part):
-            stumps[r["id"]] = r
+    sql = "SELECT * FROM stumps WHERE id IN (SELECT stump_id FROM posts WHERE stump_id IS NOT NULL) ORDER BY id"
+    stumps = {r["id"]: r for r in rows.dicts(db, sql)}
     lines: list[str] = []
     check_recovered(lines, stumps, published)
     recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
@@ -310,10 +305,10 @@ _OF: list[tuple[str, str]] = [
         " refused, refused_status, refused_code FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
     ),
 ]
-# The blocks of the batch's attempts, by their ids (seeks on the blocks' primary key, in its order).
+# The blocks of the batch's attempts (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
-    "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN ({marks})"
-    " ORDER BY attempt_id, pos"
+    "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN"
+    " (SELECT id FROM attempts WHERE generation_id > $1{upto}) ORDER BY attempt_id, pos"
 )
 _ATTACHMENTS = "SELECT * FROM attachments WHERE generation_id > $1{upto} ORDER BY generation_id, rowid"
 _CALLS = (
@@ -330,7 +325,7 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, _records(gens, of, blocks), top))
+        out.held.add(chain.hold(db, chain.records(gens, of, blocks), top))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
@@ -368,40 +363,6 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
         lo = gens[-1]["id"]
 
 
-def _records(gens: _Rows, of: dict[str, dict[str, _Rows]], blocks: dict[str, _Rows]) -> list[chain.Record]:
-    """The batch's records (and those of missing generations in its span) as their entries must state them."""
-    out = []
-    segments = of["segments"]
-    for g in gens:
-        gen = rows.generation(g)
-        gen.segments = [rows.segment(s) for s in segments.get(g["id"], ())]
-        settled = gen.status != "pending"
-        out.append(
-            chain.Record(
-                "generations", gen.id, {"generation": chain.generation_payload(gen) if settled else None}, gen.text
-            )
-        )
-    for a in itertools.chain.from_iterable(of["attempts"].values()):
-        att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
-        payload = chain.attempt_payload(att) if att.outcome != "streaming" else None
-        out.append(chain.Record("attempts", att.id, {"attempt": payload}))
-    for s in itertools.chain.from_iterable(of["stumps"].values()):
-        out.append(chain.Record("stumps", s["id"], {"stump": chain.stump_payload(rows.stump(s))}))
-    out += [_post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
-    return out
-
-
-def _post_record(p: dict[str, Any]) -> chain.Record:
-    delivered = chain.delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
-    refused = (
-        chain.refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
-        if p.get("refused") is not None
-        else None
-    )
-    expected = {"post": chain.post_payload(rows.post(p)), "delivered": delivered, "refused": refused}
-    return chain.Record("posts", p["id"], expected)
-
-
 _Rows = list[dict[str, Any]]
 
 
@@ -422,16 +383,11 @@ def _batch(
     upto = "" if end is None else " AND generation_id <= $2"
     span: tuple[str, ...] = (lo,) if end is None else (lo, end)
     of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
-    attempt_ids = list(map(_ID, itertools.chain.from_iterable(of["attempts"].values())))
-    blocks: dict[str, _Rows] = {}
-    for i in range(0, len(attempt_ids), 500):
-        ids = attempt_ids[i : i + 500]
-        blocks |= _grouped(rows.dicts(db, _BLOCKS.format(marks=placeholders(len(ids))), ids), _BY_ATTEMPT)
+    blocks = _grouped(rows.dicts(db, _BLOCKS.format(upto=upto), span), _BY_ATTEMPT)
     calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
     return gens, of, blocks, calls, rows.dicts(db, _ATTACHMENTS.format(upto=upto), span)
 
 
-_ID = operator.itemgetter("id")
 _BY_GENERATION = operator.itemgetter("generation_id")
 _BY_ATTEMPT = operator.itemgetter("attempt_id")
 
