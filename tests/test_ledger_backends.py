@@ -20,11 +20,11 @@ import sys
 import types
 from contextlib import closing
 from pathlib import Path
-from typing import Any
 
 import pgkit
 import pytest
 from conftest import Pipeline, Room, residence
+from ledgerkit import Backend, rows
 
 from residents import cli, truth
 from residents.ledger import Ledger, LedgerError, budgets, chain
@@ -46,25 +46,13 @@ pytestmark = pytest.mark.e2e  # a server, the whole CLI and a second `residents`
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("retry", "ceiling", "thinking-cut")
-BACKENDS = ["sqlite", "postgresql"]
 TRICKY = "Ünïcødé — 漢字 and emoji 👩‍👩‍👧 with trailing spaces   \n\t and a lone surrogate \ud83d"
 
 
-@pytest.fixture(params=BACKENDS)
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where a test's ledger is: a SQLite file's path, or a fresh PostgreSQL database's URL."""
-    if request.param == "sqlite":
-        return str(tmp_path / "ledger.db")
-    server: pgkit.Server = request.getfixturevalue("pg_server")
-    return server.create()
-
-
-def rows(location: str, statement: str) -> list[tuple[Any, ...]]:
-    """A statement's rows read straight from the backend (no ledger code in between)."""
-    if location.startswith("postgresql://"):
-        return pgkit.fetch(location, statement)
-    with closing(sqlite3.connect(location)) as con:
-        return con.execute(statement).fetchall()
+@pytest.fixture
+def location(backend: Backend) -> str:
+    """Where a test's ledger is: a SQLite file's path, or a fresh PostgreSQL database's URL (`backend`)."""
+    return backend.location
 
 
 def change(location: str, statement: str) -> None:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
-import pgkit
 import pytest
 from conftest import Pipeline, Room, residence
 from discordkit import deployed
+from ledgerkit import Backend, rows
 from roomkit import eventually
 
 from residents import bundled
@@ -31,29 +30,11 @@ from residents.localservers.provider import Call, ProviderServer
 from residents.replay.run import replay
 from residents.replay.scenario import load_scenario
 
-BACKENDS = ["sqlite", "postgresql"]
 
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[pgkit.Server]:
-    with pgkit.server() as server:
-        yield server
-
-
-@pytest.fixture(params=BACKENDS)
-def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "ledger.db")
-    server: pgkit.Server = request.getfixturevalue("pg_server")
-    return server.create()
-
-
-def rows(location: str, statement: str) -> list[tuple[object, ...]]:
-    """A statement's rows read straight from the backend (no ledger code in between)."""
-    if location.startswith("postgresql://"):
-        return pgkit.fetch(location, statement)
-    with closing(sqlite3.connect(location)) as con:
-        return con.execute(statement).fetchall()
+@pytest.fixture
+def location(backend: Backend) -> str:
+    """Where a test's ledger is: a SQLite file's path, or a fresh PostgreSQL database's URL (`backend`)."""
+    return backend.location
 
 
 def said(text: str) -> Call:
