@@ -35,7 +35,7 @@ from .delivery.send import Room
 from .generation import budgets
 from .generation.run import Generator, never
 from .generation.stumps_tool import StumpsTool
-from .ledger import Ledger
+from .ledger import Ledger, Superseded
 from .ledger import budgets as ledger_budgets
 from .ledger.retry import until_written
 from .observe import UNOBSERVED, Observer
@@ -54,6 +54,7 @@ class Reply:
     decline: truth.Declined | None = None  # ... and as facts
     waiting: int = 0  # posts of it not in the room yet when the call returned (an outbox held by the room)
     taken: bool = False  # its trigger had been claimed before: no turn was taken (`Ledger.claim_reply`)
+    moved: bool = False  # another process settled the turn's generation (it took the bot over): given up
 
 
 class Resident:
@@ -164,7 +165,17 @@ class Resident:
                 elif (refused := await self._over_budget(channel, trigger, person)) is not None:
                     reply, waiting = refused, self._enqueue(refused.posts, queued)
                 else:
-                    reply, waiting = await self._respond(room, channel, history, trigger, superseded, queued, person)
+                    try:
+                        reply, waiting = await self._respond(
+                            room, channel, history, trigger, superseded, queued, person
+                        )
+                    except Superseded as e:
+                        # This process was stopped past its lease and another took the bot over, settling this
+                        # turn's open generation as interrupted: the rest is that process's (nothing posted here).
+                        log.warning(
+                            "%s: the turn in %s was given up, its bot now driven elsewhere: %s", self.name, channel, e
+                        )
+                        reply, waiting = Reply(None, [], moved=True), []
             reply = await self._delivered(reply, waiting)
         self.observer.turn_ended(self.name, channel, time.monotonic() - began)
         return reply

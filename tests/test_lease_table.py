@@ -5,7 +5,7 @@ process holds beyond its share named for giving up. Expiry is set in the table, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -20,12 +20,6 @@ except ImportError:  # tests/ collected as a package
 
 UNITS = [Unit("cairn"), Unit("moss"), Unit("reed"), Unit("sill")]
 TERMS = Terms(length=60.0, renew=20.0)  # long: nothing expires unless a test says so
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[pgkit.Server]:
-    with pgkit.server() as server:
-        yield server
 
 
 @pytest.fixture

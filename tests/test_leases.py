@@ -15,7 +15,7 @@ import contextlib
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ import pytest
 
 from residents import cli
 from residents.localservers import sse
-from residents.localservers.provider import Call, ProviderServer
+from residents.localservers.provider import Call, ProviderServer, Responder
 from residents.localservers.room import RoomServer
 
 try:
@@ -39,12 +39,6 @@ except ImportError:  # tests/ collected as a package
 MODEL = "claude-3-opus-20240229"
 LEASE = ("--lease-seconds", "3", "--renew-seconds", "1", "--log-level", "info")
 NAMES = ("cairn", "sill", "moss", "reed")
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[pgkit.Server]:
-    with pgkit.server() as server:
-        yield server
 
 
 def answer(body: dict[str, Any]) -> Call:
@@ -66,8 +60,8 @@ def write_config(base: Path, names: tuple[str, ...], channels: str = "[general]"
 
 
 class Rig:
-    def __init__(self, room: RoomServer, url: str, procs: list[Process]) -> None:
-        self.room, self.url, self.procs = room, url, procs
+    def __init__(self, room: RoomServer, url: str, procs: list[Process], provider: ProviderServer) -> None:
+        self.room, self.url, self.procs, self.provider = room, url, procs, provider
 
     def rows(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
         return pgkit.fetch(self.url, statement, *params)
@@ -116,10 +110,11 @@ async def rig(
     layout: Any = None,
     channels: str = "[general]",
     shards: str = "",
+    responder: Responder = answer,
 ) -> AsyncIterator[Rig]:
     url = pg_server.create()
     assert await asyncio.to_thread(cli.main, ["ledger", "migrate", "--db", url]) == 0
-    provider = ProviderServer(responder=answer)
+    provider = ProviderServer(responder=responder)
     await provider.start()
     async with error_guard() as guard, running_room(["general"], layout=layout) as room:
         # A killed or frozen process's sockets vanish or stall mid-request: the room logs that, as expected.
@@ -129,7 +124,7 @@ async def rig(
             folder = tmp_path / f"p{i}"
             write_config(folder, names, channels, shards)
             procs.append(Process(folder, room.url, provider.url, url, *LEASE))
-        r = Rig(room, url, procs)
+        r = Rig(room, url, procs, provider)
         try:
             yield r
             for p in procs:
@@ -271,3 +266,38 @@ async def test_a_holder_frozen_past_its_lease_posts_nothing_more_as_that_bot_and
         assert [m["content"] for m in r.by("cairn")] == ["Noted.", "Noted."], r.output()
         assert r.holders() == {"cairn": r.pid(other)}
         assert r.sessions() == [("cairn", None)]
+
+
+async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: Path, pg_server: pgkit.Server) -> None:
+    """Frozen while the provider's answer is on its way: another process takes the bot over and settles the
+    reply it left open as interrupted; thawed, the frozen process reads the whole answer, but the ledger
+    refuses its writes to an attempt no longer streaming, so its turn is given up: nothing of it is recorded
+    over the takeover's settlement (the chain verifies) and nothing of it is posted."""
+    first = True
+
+    def slow_first(body: dict[str, Any]) -> Call:
+        nonlocal first
+        late, first = first, False
+        return Call(sse=sse.stream("Late words.", "end_turn", 3, model=MODEL), delay_seconds=1.0 if late else 0.0)
+
+    async with rig(tmp_path, pg_server, ("cairn",), responder=slow_first) as r:
+        frozen, other = r.procs
+        await frozen.start()
+        await r.until(lambda: r.holders() == {"cairn": r.pid(frozen)} and r.sessions() == [("cairn", None)])
+        await other.start()
+        await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+        assert frozen.proc is not None
+        r.room.post("general", "alice", "Say it slowly, @cairn", mentions=["cairn"])
+        await r.until(lambda: len(r.provider.requests) == 1)  # its turn waits on the provider's answer
+        frozen.proc.send_signal(signal.SIGSTOP)
+        try:
+            await r.until(lambda: r.holders() == {"cairn": r.pid(other)} and r.room.gateway.identifies == 2)
+            await r.until(lambda: r.rows("SELECT status FROM generations") == [("incomplete",)])
+        finally:
+            frozen.proc.send_signal(signal.SIGCONT)
+        await r.until(lambda: "given up, its bot now driven elsewhere" in frozen.output(), timeout=45)
+        await r.until(lambda: "leases: cairn stopped here: its lease was taken" in frozen.output())
+        assert [m for m in r.by("cairn") if "Late words" in m["content"]] == [], r.output()
+        assert r.rows("SELECT status, stop_reason FROM generations") == [("incomplete", "interrupted")]
+        await mention(r, "cairn", "And now")
+        assert r.holders() == {"cairn": r.pid(other)}

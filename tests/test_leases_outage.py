@@ -7,10 +7,7 @@ the bot over. The rig (real processes, server, room and provider) is `test_lease
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 try:
     import pgkit
@@ -20,12 +17,6 @@ except ImportError:  # tests/ collected as a package
     from tests import pgkit
     from tests.test_leases import mention, rig
     from tests.test_ledger_reconnect import Relay
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[pgkit.Server]:
-    with pgkit.server() as server:
-        yield server
 
 
 async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_takes_it_over(

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from residents.ledger import Ledger
 from residents.localservers.room.layout import parse_layout
@@ -22,12 +19,6 @@ try:
 except ImportError:  # tests/ collected as a package
     from tests import pgkit
     from tests.test_leases import mention, rig
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[pgkit.Server]:
-    with pgkit.server() as server:
-        yield server
 
 
 async def test_two_processes_racing_for_one_bot_at_start_leave_exactly_one_driving_it(

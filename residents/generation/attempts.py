@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from .. import observe, truth
 from ..config import Retries
-from ..ledger import Ledger, LedgerWriteError
+from ..ledger import Ledger, LedgerWriteError, Superseded
 from ..ledger.retry import until_written
 from ..observe import UNOBSERVED, Observer
 from ..provider import BlockSink, Provider
@@ -133,6 +133,13 @@ class LedgerSink(BlockSink):
         (not every delta), and settlement writes the whole attempt."""
         try:
             return await self._write()
+        except Superseded as e:
+            # Another process settled this attempt (its bot moved while this one was stopped): nothing more
+            # of it is written; the attempt's settlement says so to the turn.
+            if not self._closed:
+                self._closed = True
+                log.warning("attempt %s: streamed text no longer written: %s", self.attempt_id, e)
+            return False
         except LedgerWriteError as e:
             if not self._failing:
                 self._failing = True

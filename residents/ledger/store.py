@@ -73,6 +73,20 @@ def _as_write_error(path: str, e: BaseException) -> BaseException:
     return e
 
 
+class Superseded(LedgerError):
+    """A change to an attempt that is no longer streaming: another process settled it (a takeover's recovery
+    of a bot whose lease this process lost while it was stopped). Nothing of the change is written; asking
+    again cannot succeed."""
+
+
+class StillStreaming(str):
+    """A statement that must find a row for its change to go on (`_statements`): the attempt its first
+    parameter names is still streaming, so the process writing it is still the one that owns it."""
+
+
+STILL_STREAMING = StillStreaming("SELECT 1 FROM attempts WHERE id=$1 AND outcome='streaming'")
+
+
 class LedgerInUse(LedgerError):
     """Another process writes this ledger: a second writer is refused before it reads or writes anything."""
 
@@ -484,13 +498,21 @@ class Ledger:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
         await self._tx(
             [
-                (self._CHUNK, (attempt_id, seq, block, btype, stored_bytes(text), start))
-                for seq, block, btype, text, start in rows
+                (STILL_STREAMING, (attempt_id,)),
+                *(
+                    (self._CHUNK, (attempt_id, seq, block, btype, stored_bytes(text), start))
+                    for seq, block, btype, text, start in rows
+                ),
             ]
         )
 
     async def finish_attempt(self, a: Attempt, stumps: list[Stump] = ()) -> None:  # type: ignore[assignment]
-        stmts = self._attempt_settle(a) + [self._stump_insert(s) for s in stumps] + chain.stumps(stumps)
+        stmts = (
+            [(STILL_STREAMING, (a.id,))]
+            + self._attempt_settle(a)
+            + [self._stump_insert(s) for s in stumps]
+            + chain.stumps(stumps)
+        )
         await self._tx(stmts)
         _stored(stumps)
 
@@ -595,7 +617,9 @@ class Ledger:
         `last_attempt`, when given, is settled in the same transaction: the attempt and the outcome it
         decides reach disk together.
         """
-        stmts: list[tuple[str, tuple[Any, ...]]] = self._attempt_settle(last_attempt) if last_attempt else []
+        stmts: list[tuple[str, tuple[Any, ...]]] = (
+            [(STILL_STREAMING, (last_attempt.id,)), *self._attempt_settle(last_attempt)] if last_attempt else []
+        )
         stmts += self._generation_settle(g)
         if replaced_output is not None:
             stump_id, by = replaced_output
@@ -1130,6 +1154,11 @@ def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) ->
     # A run of one statement (a reply's posts) is one executemany.
     for sql, run in itertools.groupby(statements, key=lambda st: st[0]):
         rows = [params for _, params in run]
+        if isinstance(sql, StillStreaming):
+            for params in rows:
+                if conn.execute(str(sql), params).fetchone() is None:
+                    raise Superseded(f"attempt {params[0]} is no longer streaming: another process settled it")
+            continue
         if len(rows) == 1:
             conn.execute(sql, rows[0])
         else:
