@@ -27,7 +27,7 @@ from conftest import Pipeline, Room, residence
 from ledgerkit import Backend, rows
 
 from residents import cli, truth
-from residents.ledger import Ledger, LedgerError, budgets, chain
+from residents.ledger import Ledger, LedgerError, Superseded, budgets, chain
 from residents.ledger.migrations import MIGRATIONS
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
@@ -35,6 +35,7 @@ from residents.records import (
     Attempt,
     BudgetRefusal,
     Generation,
+    Outcome,
     Post,
     PostKind,
     PostReason,
@@ -437,6 +438,34 @@ async def test_a_change_that_fails_leaves_the_others_of_its_commit_alone(locatio
     ]
     assert [r[0] for r in rows(location, "SELECT record FROM chain ORDER BY seq")] == ["s-a", "s-b", "s-c"]
     assert await asyncio.to_thread(cli.main, ["ledger", "verify", "--db", location]) == 0
+
+
+async def test_a_settled_attempt_takes_no_more_writes_and_a_missing_one_is_not_called_settled(
+    location: str,
+) -> None:
+    """A process that lost its bot while stopped writes on into an attempt the taker settled: each of its
+    late changes (chunks, the attempt's end, the generation's end) is refused as Superseded and leaves
+    nothing. A chunk for an attempt that never existed is not a takeover: its foreign key says so."""
+    g = Generation(id="g-late", residence="cairn", channel="room", model="m")
+    a = Attempt(id="a-late", generation_id=g.id, segment=0, index=1)
+    async with Ledger.open(location) as lg:
+        await lg.start_attempt(a, g)
+        await lg.add_chunks(a.id, [(0, 0, "text", "before", None)])
+        change(location, "UPDATE attempts SET outcome='incomplete' WHERE id='a-late'")
+        late = Attempt(id=a.id, generation_id=g.id, segment=0, index=1, text="before after", outcome=Outcome.COMPLETED)
+        for write in (
+            lg.add_chunks(a.id, [(1, 0, "text", " after", None)]),
+            lg.finish_attempt(late),
+            lg.finish_generation(g, [], last_attempt=late),
+        ):
+            with pytest.raises(Superseded, match="a-late is no longer streaming"):
+                await write
+        with pytest.raises(Exception) as missing:
+            await lg.add_chunks("a-never", [(0, 0, "text", "lost", None)])
+        assert not isinstance(missing.value, Superseded)
+    assert [bytes(r[0]) for r in rows(location, "SELECT text FROM attempt_chunks ORDER BY seq")] == [b"before"]
+    assert rows(location, "SELECT outcome FROM attempts") == [("incomplete",)]
+    assert rows(location, "SELECT count(*) FROM attempt_chunks WHERE attempt_id='a-never'") == [(0,)]
 
 
 def test_a_url_without_a_ledger_or_a_server_is_one_line_from_every_verb(

@@ -25,6 +25,7 @@ from ..records import (
     Attempt,
     Block,
     Generation,
+    Outcome,
     Post,
     Refusal,
     Stump,
@@ -80,11 +81,12 @@ class Superseded(LedgerError):
 
 
 class StillStreaming(str):
-    """A statement that must find a row for its change to go on (`_statements`): the attempt its first
-    parameter names is still streaming, so the process writing it is still the one that owns it."""
+    """A check before a change (`_statements`): the attempt its first parameter names, if it exists, is still
+    streaming, so the process writing it is still the one that owns it. A missing attempt is not a takeover:
+    the change's own statement reports it (a foreign key)."""
 
 
-STILL_STREAMING = StillStreaming("SELECT 1 FROM attempts WHERE id=$1 AND outcome='streaming'")
+STILL_STREAMING = StillStreaming("SELECT outcome FROM attempts WHERE id=$1")
 
 
 class LedgerInUse(LedgerError):
@@ -1156,7 +1158,8 @@ def _statements(conn: Session, statements: list[tuple[str, tuple[Any, ...]]]) ->
         rows = [params for _, params in run]
         if isinstance(sql, StillStreaming):
             for params in rows:
-                if conn.execute(str(sql), params).fetchone() is None:
+                found = conn.execute(str(sql), params).fetchone()
+                if found is not None and found[0] != Outcome.STREAMING:
                     raise Superseded(f"attempt {params[0]} is no longer streaming: another process settled it")
             continue
         if len(rows) == 1:
