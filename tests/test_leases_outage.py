@@ -12,11 +12,11 @@ from pathlib import Path
 try:
     import pgkit
     from test_leases import mention, rig
-    from test_ledger_reconnect import Relay
+    from test_ledger_reconnect import Relay, end_every_other_session, writer_lock_free
 except ImportError:  # tests/ collected as a package
     from tests import pgkit
     from tests.test_leases import mention, rig
-    from tests.test_ledger_reconnect import Relay
+    from tests.test_ledger_reconnect import Relay, end_every_other_session, writer_lock_free
 
 
 async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_takes_it_over(
@@ -42,3 +42,20 @@ async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_t
             relay.down = False  # the server is back for it: it stops as any process does
     finally:
         await relay.stop()
+
+
+async def test_a_running_process_takes_its_writer_lock_again_after_a_restart_with_no_message(
+    tmp_path: Path, pg_server: pgkit.Server
+) -> None:
+    """A server restart ends every session, the one holding `residents run`'s shared writer lock among them.
+    An idle process (no message, so no ledger write) takes it again with its next lease renewal, so a
+    `ledger migrate` or `ledger copy --to` started then is refused rather than let in beside it."""
+    async with rig(tmp_path, pg_server, ("cairn",), processes=1) as r:
+        [proc] = r.procs
+        await proc.start()
+        await r.until(lambda: r.holders() == {"cairn": r.pid(proc)})
+        assert not writer_lock_free(r.url)
+        end_every_other_session(r.url)
+        assert writer_lock_free(r.url)
+        await r.until(lambda: not writer_lock_free(r.url))
+        await mention(r, "cairn", "Still there")

@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import asyncpg
 import pgkit
 import pytest
 from conftest import Pipeline, Room, residence
@@ -139,6 +140,65 @@ async def test_a_session_ended_between_writes_is_made_again(pg_server: pgkit.Ser
         assert await backend_pid(ledger) != pid
         assert [await ledger.get_generation(g) is not None for g in ("g-before", "g-after")] == [True, True]
     assert count(url, "g-after") == 1
+
+
+def end_every_other_session(url: str) -> None:
+    """Every session on the database but the one asking ended, as a server restart ends them: the ledger's
+    own, and the one holding its writer lock."""
+    pgkit.fetch(
+        url,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+
+
+def writer_lock_free(url: str) -> bool:
+    """Whether a session of another process could take the writer lock alone (it lets go at once)."""
+    [(taken,)] = pgkit.fetch(
+        url,
+        "SELECT pg_try_advisory_lock($1) AND pg_advisory_unlock($1)",
+        postgres.WRITER_LOCK,
+    )
+    return bool(taken)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared"])
+async def test_a_writer_takes_its_lock_again_when_its_sessions_are_ended(pg_server: pgkit.Server, shared: bool) -> None:
+    """A restart ends the session holding the writer lock with the others. The ledger's next statement,
+    on a new connection, takes the lock again (alone, or shared as `residents run` holds it), so another
+    writer is still refused rather than let in beside a process that goes on writing."""
+    url = pg_server.create()
+    async with Ledger.open(url, shared=shared) as ledger:
+        await ledger.create_generation(generation("g-before"))
+        assert not writer_lock_free(url)
+        end_every_other_session(url)
+        assert writer_lock_free(url)  # nothing holds it until the ledger is back
+        await ledger.create_generation(generation("g-after"))
+        assert not writer_lock_free(url)
+    assert writer_lock_free(url)
+    assert count(url, "g-after") == 1
+
+
+async def test_a_writer_finding_its_lock_taken_after_a_restart_writes_nothing_until_it_is_free(
+    pg_server: pgkit.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another writer (say a `ledger migrate`) took the writer lock while the server was away: the ledger's
+    writes wait for it, then fail naming it (nothing written), and go on once it lets go."""
+    monkeypatch.setattr(postgres, "RECONNECT", postgres.Reconnect(within=1.0, base=0.05, cap=0.2, connect_timeout=1))
+    url = pg_server.create()
+    async with Ledger.open(url) as ledger:
+        end_every_other_session(url)
+        other = await asyncpg.connect(url, server_settings={"application_name": "4242 elsewhere"})
+        try:
+            assert await other.fetchval("SELECT pg_try_advisory_lock($1)", postgres.WRITER_LOCK)
+            with pytest.raises(LedgerWriteError, match=r"another writer \(4242 elsewhere\) took the ledger"):
+                await ledger.create_generation(generation("g-refused"))
+            assert count(url, "g-refused") == 0
+        finally:
+            await other.close()
+        await ledger.create_generation(generation("g-refused"))
+        assert not writer_lock_free(url)
+    assert count(url, "g-refused") == 1
 
 
 async def test_a_session_ended_during_a_commit_is_rolled_back_and_written_once(pg_server: pgkit.Server) -> None:

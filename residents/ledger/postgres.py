@@ -166,10 +166,17 @@ class PgSession:
         self._orphaned = False  # a transaction was lost with it, and its owner has not said ROLLBACK yet
         self._xid: int | None = None  # the open write transaction's id (`begin_write`), for a lost COMMIT
         self.reconnect = RECONNECT
+        self.writer: bool | None = (
+            None  # a writer's session: the writer lock taken again on each new connection (shared if True)
+        )
 
     @classmethod
-    def connect(cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> PgSession:
-        """`reconnect`: how long its calls wait for the server (`RECONNECT` by default)."""
+    def connect(
+        cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: bool | None = None
+    ) -> PgSession:
+        """`reconnect`: how long its calls wait for the server (`RECONNECT` by default). `writer`: the session
+        of a process holding the writer lock (`WriterHold`; True: in shared mode), which a server restart
+        ends with every session: each new connection takes the lock again before its first statement."""
         loop = asyncio.new_event_loop()
         settings = {"application_name": f"{os.getpid()} {socket.gethostname()}"[:63]}
         if read_only:
@@ -180,6 +187,7 @@ class PgSession:
             loop.close()
             raise
         session = cls(loop, conn, url, settings)
+        session.writer = writer
         if reconnect is not None:
             session.reconnect = reconnect
         return session
@@ -263,6 +271,18 @@ class PgSession:
                 raise
             raise ConnectionLost(reason(e)) from e
         self._lost = False
+        if self.writer is not None:
+            self._take_writer_lock_again()
+
+    def _take_writer_lock_again(self) -> None:
+        """The writer lock on the new connection, unless this process still holds it on another. Refused, the
+        call is ConnectionLost: it waits (`call`) while another writer (a `ledger migrate` started while the
+        server was away) has the ledger, asking on a new connection each time, and fails past the bound."""
+        holder = _take_writer_lock(self, bool(self.writer))
+        if holder is None or holder == self._settings["application_name"]:
+            return
+        self._lost = True  # the next call connects again, and asks again
+        raise ConnectionLost(f"another writer ({holder or 'unknown'}) took the ledger while its server was away")
 
     def _lost_commit(self) -> None:
         """A COMMIT whose answer was lost: looked up by the transaction's id on a new connection, waiting for
@@ -429,11 +449,16 @@ def _take_writer_lock(conn: PgSession, shared: bool = False) -> str | None:
     return str(got[0]) if got is not None and got[0] else ""
 
 
-async def connect(url: str, *, read_only: bool = False, reconnect: Reconnect | None = None) -> Connection:
+async def connect(
+    url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: bool | None = None
+) -> Connection:
     """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own; `reconnect`: how
-    long its calls wait for the server when it goes away (`RECONNECT` by default)."""
+    long its calls wait for the server when it goes away (`RECONNECT` by default); `writer`: see
+    `PgSession.connect`."""
     return await Connection.serve(
-        shown(url), "postgresql", lambda: PgSession.connect(url, read_only=read_only, reconnect=reconnect)
+        shown(url),
+        "postgresql",
+        lambda: PgSession.connect(url, read_only=read_only, reconnect=reconnect, writer=writer),
     )
 
 

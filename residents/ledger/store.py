@@ -219,7 +219,7 @@ class Ledger:
         if not isinstance(hold, postgres.WriterHold):
             raise _in_use(name, hold)
         try:
-            db = await postgres.connect(url)
+            db = await postgres.connect(url, writer=shared)
         except Exception as e:
             await hold.release()
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
