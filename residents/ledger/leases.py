@@ -27,7 +27,6 @@ SQLite keeps one process by its file lock (`lock.py`); nothing here runs on it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -159,9 +158,16 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
 
 
 def release(conn: Session, process: int, keys: Iterable[str]) -> None:
-    """Give units up at once (more than the fair share), and tell the others they are free."""
-    conn.execute(RELEASE, (process, list(keys)))
-    conn.execute(NOTIFY, (CHANNEL, str(process)))
+    """Give units up at once (more than the fair share), and tell the others they are free (as it commits)."""
+    conn.execute("BEGIN")
+    try:
+        conn.execute(RELEASE, (process, list(keys)))
+        conn.execute(NOTIFY, (CHANNEL, str(process)))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def stopped(conn: Session, process: int) -> None:
@@ -329,8 +335,10 @@ class Listener:
 
     async def close(self) -> None:
         if self._conn is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self._conn.close(), timeout=5)
+            except Exception:
+                self._conn.terminate()
             self._conn = None
 
 
