@@ -9,8 +9,10 @@ configuration folder and the same ledger (a SQLite file, or a database on a thro
 on loopback). The room and the provider run in this process; the residents in theirs.
 
 - **Start-up is excluded**: the clock starts once the room sees every resident's bot connected (its
-  commands synced, as a bot does when it is ready) and one untimed warm-up mention in every channel has
-  been answered (first requests, connection pools, the ledger's first writes).
+  commands synced, as a bot does when it is ready), on PostgreSQL once the processes' leases have settled
+  (every process registered and holding its fair share, no unit free: no handover pending, `settled_leases`),
+  and one untimed warm-up mention in every channel has been answered (first requests, connection pools, the
+  ledger's first writes, the gateway sessions of bots handed over at start).
 - **Generations per second**: people post as fast as they are answered: each channel's person posts its
   next message once the whole reply to the previous one is in the room (a closed loop, one message in
   flight per channel, every channel at once), M messages a round spread over the channels in turn; the
@@ -21,8 +23,10 @@ on loopback). The room and the provider run in this process; the residents in th
   (channels ÷ generations per second), so it is measured below it.
 - **Failover** (with 2 PostgreSQL processes): once the rounds are done, one process is SIGKILLed and a
   new mention is posted in every channel; the figure is the time until every channel has been answered.
-- A second process that is refused (`residents run` exits with its one line before the room sees every
-  bot, as it does while one process holds a ledger) makes its column "not available", with that line.
+- A process that exits before the room sees every bot stops the benchmark with its one line.
+
+On PostgreSQL the JSON counts the leases taken while the clock ran (`timed_handovers`, the epochs' sum
+before the rounds and after the paced phase): 0 once start-up's handovers are excluded.
 
 Every message must get exactly one reply, counted from the room (the channel's resident's posts after the
 message and before the next: one, or a partial and its receipt), and every round must settle one generation
@@ -71,7 +75,6 @@ CUT_MARK = "(the long version)"
 POSTS = {False: 1, True: 2}  # a reply's posts in the room: speech; or a partial and its receipt
 READY_WITHIN = 300.0  # seconds for every bot to connect (200 bots on a loaded 2-core machine)
 ANSWER_WITHIN = 120.0  # seconds for a channel's reply
-REFUSED = "not available: a second process is refused"
 PERSON = "alice"  # who posts every message
 TICKS = os.sysconf("SC_CLK_TCK")  # /proc's unit of CPU time
 RATE = 10.0  # the paced phase's messages a second: well below what one process answers on a busy 2-core machine
@@ -86,7 +89,7 @@ class Arrival:
 
 @dataclass
 class Column:
-    """One deployment's figures, or why it has none."""
+    """One deployment's figures."""
 
     backend: str
     procs: int
@@ -94,10 +97,10 @@ class Column:
     latencies_ms: list[float] = field(default_factory=list)
     failover_s: float | None = None
     failover_note: str | None = None
-    unavailable: str | None = None
     startup_s: float | None = None
     paced_per_s: float | None = None
     replies: dict[str, int] = field(default_factory=dict)
+    timed_handovers: int | None = None  # PostgreSQL: leases taken between the clock's start and the paced end
 
     @property
     def label(self) -> str:
@@ -109,7 +112,6 @@ class Column:
             "label": self.label,
             "backend": self.backend,
             "procs": self.procs,
-            "unavailable": self.unavailable,
             "startup_s": self.startup_s,
             "generations_per_s": {"median": median(rates), "min": min(rates), "max": max(rates)} if rates else None,
             "cpu_ms_per_generation": median([r["cpu_ms_per_generation"] for r in self.rounds]) if rates else None,
@@ -121,6 +123,7 @@ class Column:
             "failover_note": self.failover_note,
             "rounds": self.rounds,
             "replies": self.replies,
+            "timed_handovers": self.timed_handovers,
         }
 
 
@@ -328,6 +331,42 @@ class Processes:
                 await p.wait()
 
 
+# The leases as a whole, by the database's clock: live processes, units, units no live lease covers, and
+# the most units one process holds.
+LEASES = """
+WITH now AS (SELECT extract(epoch from clock_timestamp())::double precision AS t)
+SELECT
+  (SELECT count(*) FROM processes, now WHERE stopped_at IS NULL AND heartbeat_at + lease_seconds > now.t),
+  (SELECT count(*) FROM leases),
+  (SELECT count(*) FROM leases, now WHERE holder IS NULL OR expires_at IS NULL OR expires_at <= now.t),
+  (SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM leases, now WHERE expires_at > now.t GROUP BY holder) h)
+"""
+
+
+def settled_leases(location: str, procs: int, units: int) -> bool:
+    """Whether `procs` processes share `units` with no handover pending: each registered and live, every unit
+    held, none holding more than its fair share (ceil(units / processes)), so no process gives any up and
+    none has any to take (`residents.ledger.leases`)."""
+    [(live, total, free, most)] = pgserver.fetch(location, LEASES)
+    share = -(-units // procs)
+    return (live, total, free) == (procs, units, 0) and int(str(most)) <= share
+
+
+async def until_settled(location: str, procs: int, units: int) -> None:
+    """Wait until the leases have settled (`settled_leases`), read every 0.1 s: handovers are start-up."""
+    deadline = time.monotonic() + READY_WITHIN
+    while not await asyncio.to_thread(settled_leases, location, procs, units):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the leases of {procs} processes did not settle within {READY_WITHIN:.0f} s")
+        await asyncio.sleep(0.1)  # a poll of the database's state, not a stand-in for it
+
+
+def lease_takings(location: str) -> int:
+    """How many times any lease has been taken so far: the sum of their epochs, each taking bumping one."""
+    [(total,)] = pgserver.fetch(location, "SELECT coalesce(sum(epoch), 0) FROM leases")
+    return int(str(total))
+
+
 def online(room: RoomServer, wanted: set[str]) -> int:
     """How many of `wanted` the room sees connected with their commands synced (a bot does it when ready)."""
     synced = {app for app, _guild in room.state.synced}
@@ -378,13 +417,15 @@ async def measure(backend: str, procs: int, s: Settings, folder: Path, location:
         t0 = time.perf_counter()
         await run.start()
         stopped = await until_online(room, run, set(who))
+        if stopped is None and backend == "postgresql":
+            # Bots handed over between processes at start reconnect in their new holder: that is start-up too.
+            await until_settled(location, procs, len(who))
+            stopped = await until_online(room, run, set(who))
         if stopped is not None:
-            if not stopped.startswith("exit status 2:") or "in use" not in stopped:
-                raise RuntimeError(f"{col.label}: residents run stopped at start: {stopped}")
-            col.unavailable = f"{REFUSED} ({stopped})"
-            return col
+            raise RuntimeError(f"{col.label}: residents run stopped at start: {stopped}")
         await asyncio.gather(*(load.ask(n, 0, False) for n in who))  # warm-up, untimed
         col.startup_s = time.perf_counter() - t0
+        takings = await asyncio.to_thread(lease_takings, location) if backend == "postgresql" else None
         for r in range(s.rounds):
             col.rounds.append(await saturated(load, who, s.messages, r * s.messages + 1, location, run))
             if (col.rounds[-1]["generations"], col.rounds[-1]["cut"]) != (s.messages, col.rounds[-1]["cut_asked"]):
@@ -392,6 +433,8 @@ async def measure(backend: str, procs: int, s: Settings, folder: Path, location:
             log.info("%s round %d: %.1f generations/s", col.label, r + 1, col.rounds[-1]["generations_per_s"])
         col.latencies_ms = await paced(load, who, s.messages, s.rate, s.rounds * s.messages + 1)
         col.paced_per_s = load.paced_per_s
+        if takings is not None:
+            col.timed_handovers = await asyncio.to_thread(lease_takings, location) - takings
         col.replies = load.replies(who)
         if col.replies["answered_once"] != col.replies["messages"]:
             raise RuntimeError(f"{col.label}: not every message got exactly one reply: {col.replies}")
@@ -547,9 +590,7 @@ def table(r: dict[str, Any]) -> str:
         f" {r['messages']} messages at {r['rate']:g} a second)",
     ]
     for c in cols:
-        if c["unavailable"]:
-            lines.append(f"{c['label']}: {c['unavailable']}")
-        elif c["failover_note"]:
+        if c["failover_note"]:
             lines.append(f"{c['label']} failover: {c['failover_note']}")
     if not any(c["backend"] == "postgresql" and c["procs"] == 2 for c in cols):
         lines.append("failover: measured with 2 PostgreSQL processes (--procs with 2)")

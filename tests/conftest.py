@@ -272,6 +272,7 @@ E2E_MODULES = frozenset(
         "test_ledger_process",
         "test_leases",
         "test_leases_start",
+        "test_leases_handover",
         "test_leases_outage",
         "test_memory",
         "test_fuzz_config",

@@ -103,3 +103,34 @@ async def test_a_sharded_bot_is_shared_shard_by_shard(url: str) -> None:
     assert sorted(first.gained) == ["cairn#0", "cairn#1"] and sorted(second.gained) == ["cairn#2", "cairn#3"]
     for keeper in (one, two):
         await keeper.conn.close()
+
+
+async def test_a_handover_is_told_to_the_others_and_the_taker_learns_since_when_the_unit_was_driven(url: str) -> None:
+    one = await process(url)
+    first = await one.tick()
+    assert first.driven_since == {}  # nobody drove them before: nothing since then was anyone's to miss
+    [(taken_at,)] = pgkit.fetch(url, "SELECT acquired_at FROM leases WHERE unit = 'reed'")
+    heard = leases.Listener(url, one.process)
+    await heard.ensure()
+    heard.woken.clear()  # it looks once when it starts listening; from here on only what is told wakes it
+    two = await process(url)  # registering tells the others their share shrank
+    await asyncio.wait_for(heard.woken.wait(), timeout=10)
+    again = await one.tick()
+    waking = leases.Listener(url, two.process)
+    await waking.ensure()
+    waking.woken.clear()
+    heard.woken.clear()
+    await one.release(again.excess)  # told to the other; not to the teller itself
+    await asyncio.wait_for(waking.woken.wait(), timeout=10)
+    took = await two.tick()
+    assert sorted(took.gained) == ["reed", "sill"]
+    assert took.driven_since == {"reed": taken_at, "sill": pytest.approx(taken_at, abs=1.0)}
+    assert two.driven_since == took.driven_since
+    assert not heard.woken.is_set()
+    waking.woken.clear()
+    await one.stop()  # a clean stop is told too
+    await asyncio.wait_for(waking.woken.wait(), timeout=10)
+    for listener in (heard, waking):
+        await listener.close()
+    for keeper in (one, two):
+        await keeper.conn.close()

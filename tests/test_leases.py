@@ -111,6 +111,7 @@ async def rig(
     channels: str = "[general]",
     shards: str = "",
     responder: Responder = answer,
+    lease: tuple[str, ...] = LEASE,
 ) -> AsyncIterator[Rig]:
     url = pg_server.create()
     assert await asyncio.to_thread(cli.main, ["ledger", "migrate", "--db", url]) == 0
@@ -123,7 +124,7 @@ async def rig(
         for i in range(processes):
             folder = tmp_path / f"p{i}"
             write_config(folder, names, channels, shards)
-            procs.append(Process(folder, room.url, provider.url, url, *LEASE))
+            procs.append(Process(folder, room.url, provider.url, url, *lease))
         r = Rig(room, url, procs, provider)
         try:
             yield r

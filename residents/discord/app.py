@@ -110,6 +110,9 @@ class ResidentBot(commands.Bot):
         self.settled = asyncio.Event()  # set once ready: commands synced, channels found
         # A gateway session: READY or RESUMED since the last disconnect (`/readyz`, the sessions gauge).
         self.gateway_session = False
+        # Taken over from another process on a shared ledger (`run._Driven`): since when that one drove the bot
+        # (seconds since the epoch). A channel where the resident never answered is caught up from there.
+        self.driven_elsewhere_since: float | None = None
 
     @property
     def residence(self):

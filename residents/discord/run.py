@@ -358,6 +358,7 @@ class _Driven:
         self.resuming: set[asyncio.Task[int]] = set()
         self.changed = asyncio.Event()  # set when a bot is stopped (`announce_when_ready` waits no more for it)
         self.starting = True  # until the first renewal is acted on: what is taken then is the start's share
+        self.withheld = 0  # surplus units kept at the last renewal because a reply of theirs was under way
 
     def _count(self, name: str) -> int | None:
         r = self.residences[name]
@@ -425,6 +426,9 @@ class _Driven:
             peers=self.peers,
             checkpoints=self.dep.checkpoints if name == self.commander else None,
         )
+        keys = [leases.Unit(name, shard).key for shard in shards]
+        since = [self.keeper.driven_since[k] for k in keys if k in self.keeper.driven_since]
+        bot.driven_elsewhere_since = min(since, default=None)
         self.bots[name] = self.peers[name] = bot
         self.shards[name] = shards
         self.tasks[name] = asyncio.create_task(
@@ -468,7 +472,9 @@ class _Driven:
     async def settle(self, lost: list[str], excess: list[str], why: str = "its lease was taken") -> None:
         """Make the bots running match the leases held: stop what was lost or is given up (once idle), start
         what was taken."""
-        excess = [key for key in excess if not await self._busy(leases.unit_of(key).residence)]
+        idle = [key for key in excess if not await self._busy(leases.unit_of(key).residence)]
+        self.withheld = len(excess) - len(idle)
+        excess = idle
         for key in excess:
             self.keeper.forget(key)  # no post of it from here, before another process may take it
         wanted = self.wanted()
@@ -556,6 +562,7 @@ async def _serve_leased(
         except (NotImplementedError, RuntimeError):
             pass
     announcer: asyncio.Task[None] | None = None
+    listener: leases.Listener | None = None
     problem = None
     failing = False  # the last renewal failed: said once at warning, then at info until one succeeds
     try:
@@ -565,7 +572,10 @@ async def _serve_leased(
             raise StartupError(
                 f"{postgres.shown(ledger.path)}: cannot register this process: {postgres.reason(e)}"
             ) from None
+        listener = leases.Listener(ledger.path, keeper.process)
         while not stop.is_set():
+            await listener.ensure()
+            listener.woken.clear()  # what is told from now on is seen by this renewal or wakes the next
             try:
                 got = await keeper.tick()
                 lost, excess = got.lost, got.excess
@@ -588,12 +598,22 @@ async def _serve_leased(
             if ended:
                 problem = _task_problem(driven.bots[ended[0]], driven.tasks[ended[0]])
                 break
-            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait()), *driven.tasks.values()]
-            await asyncio.wait(waits, timeout=terms.renew, return_when=asyncio.FIRST_COMPLETED)
+            # Next renewal: in `terms.renew` s, or at once when another process tells of a handover; soon when
+            # a surplus unit was kept for a reply under way (the process short of it waits for it meanwhile).
+            waits: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(stop.wait()),
+                asyncio.ensure_future(listener.woken.wait()),
+                *driven.tasks.values(),
+            ]
+            pause = min(terms.renew, HANDOVER_RETRY) if driven.withheld else terms.renew
+            await asyncio.wait(waits, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
             waits[0].cancel()
+            waits[1].cancel()
     finally:
         if announcer is not None:
             announcer.cancel()
+        if listener is not None:
+            await listener.close()
         await outbox.close()
         await driven.close()
         await keeper.stop()
@@ -601,6 +621,8 @@ async def _serve_leased(
     if problem and not stop.is_set():
         raise StartupError(problem)
 
+
+HANDOVER_RETRY = 0.5  # seconds between renewals while a surplus unit waits for its reply to end
 
 CLOSE_INVALID_SHARD = 4010  # Discord's gateway close codes: "Invalid shard"
 CLOSE_SHARDING_REQUIRED = 4011  # "Sharding required": a session would carry too many guilds

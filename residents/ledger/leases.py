@@ -7,7 +7,13 @@ is free. A unit is a bot (a residence) or one shard of a sharded bot. A lease is
 holder and epoch (fencing: a lease another process took carries a new epoch, so an old holder's renewal
 fails); a lease whose `expires_at` passed, or whose holder stopped, may be taken by anyone, bumping its
 epoch. Fair share: at most ceil(units / live processes) each; a process above its share gives the rest
-up (after stopping them), so a process that joins gets work within a few renewals.
+up (after stopping them).
+
+A handover is told, not waited for: registering, giving units up and stopping each `NOTIFY` the other
+processes (`CHANNEL`), whose `Listener` wakes their renewal loop at once. Without it a unit given up would
+lie free until the taker's next renewal (up to `renew` seconds, during which nobody answers as that bot);
+with it a handover costs the new holder's connection to the gateway. A lost listener only makes that slow
+again: the renewals still run every `renew` seconds.
 
 Every time is the database's clock (`clock_timestamp()`), never a host's, in seconds since the epoch.
 What this process may do between renewals is judged on its own **monotonic** clock (`Leases.may_post`):
@@ -28,6 +34,8 @@ import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import asyncpg
 
 from .connection import Connection, Session
 
@@ -67,10 +75,14 @@ class Terms:
 @dataclass
 class Tick:
     """What one renewal found: units kept (key → epoch), taken now, lost (taken by another, or released),
-    and held beyond this process's fair share (to stop, then give up)."""
+    and held beyond this process's fair share (to stop, then give up). `driven_since`: of the units taken,
+    those another process drove before, and since when it did (the database's clock): what came for the bot
+    since then was that holder's to answer, or is owed now (a mention that arrived while the bot changed
+    hands, in a channel where it never answered before)."""
 
     kept: dict[str, int] = field(default_factory=dict)
     gained: dict[str, int] = field(default_factory=dict)
+    driven_since: dict[str, float] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     excess: list[str] = field(default_factory=list)
 
@@ -89,17 +101,23 @@ FREE = (
     "SELECT unit FROM leases WHERE unit = ANY($1::text[]) AND (holder IS NULL OR expires_at IS NULL"
     " OR expires_at <= $2 OR holder IN (SELECT id FROM processes WHERE stopped_at IS NOT NULL)) ORDER BY unit LIMIT $3"
 )
+# The new epoch, and when the previous holder took the unit (NULL: nobody ever drove it).
 TAKE = (
-    "UPDATE leases SET holder = $2, epoch = epoch + 1, acquired_at = $3, expires_at = $4 WHERE unit = $1"
-    " RETURNING epoch"
+    "UPDATE leases SET holder = $2, epoch = epoch + 1, acquired_at = $3, expires_at = $4"
+    " FROM (SELECT acquired_at AS before FROM leases WHERE unit = $1) AS previous WHERE unit = $1"
+    " RETURNING epoch, previous.before"
 )
 RELEASE = "UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1 AND unit = ANY($2::text[])"
+# Told to every process listening on the ledger's database, with the teller's process id (its own is ignored).
+CHANNEL = "residents_leases"
+NOTIFY = "SELECT pg_notify($1, $2)"
 STOPPED = "UPDATE processes SET stopped_at = extract(epoch from clock_timestamp())::double precision WHERE id = $1"
 
 
 def register(conn: Session, terms: Terms) -> int:
     """This process's row: its id, which its leases name."""
     [(pid,)] = conn.execute(REGISTER, (socket.gethostname(), os.getpid(), terms.length)).fetchall()
+    conn.execute(NOTIFY, (CHANNEL, str(pid)))  # the others' share shrinks: they give up their surplus now
     return int(pid)
 
 
@@ -127,8 +145,10 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
         elif len(out.kept) < share:
             wanted = [u.key for u in units if u.key not in out.kept]
             for (key,) in conn.execute(FREE, (wanted, now, share - len(out.kept))).fetchall():
-                [(epoch,)] = conn.execute(TAKE, (key, process, now, now + terms.length)).fetchall()
+                [(epoch, before)] = conn.execute(TAKE, (key, process, now, now + terms.length)).fetchall()
                 out.gained[key] = int(epoch)
+                if before is not None:
+                    out.driven_since[key] = float(before)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -138,8 +158,16 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
 
 
 def release(conn: Session, process: int, keys: Iterable[str]) -> None:
-    """Give units up at once (a stop, or more than the fair share): free for the next process's renewal."""
-    conn.execute(RELEASE, (process, list(keys)))
+    """Give units up at once (more than the fair share), and tell the others they are free (as it commits)."""
+    conn.execute("BEGIN")
+    try:
+        conn.execute(RELEASE, (process, list(keys)))
+        conn.execute(NOTIFY, (CHANNEL, str(process)))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def stopped(conn: Session, process: int) -> None:
@@ -148,6 +176,7 @@ def stopped(conn: Session, process: int) -> None:
     try:
         conn.execute("UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1", (process,))
         conn.execute(STOPPED, (process,))
+        conn.execute(NOTIFY, (CHANNEL, str(process)))  # sent as the transaction commits
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -218,6 +247,7 @@ class Leases:
         self.terms = terms
         self.process = 0
         self.held: dict[str, int] = {}  # unit key → epoch
+        self.driven_since: dict[str, float] = {}  # unit key → since when another process drove it (`Tick`)
         self._until: dict[str, float] = {}  # unit key → local monotonic deadline
 
     async def start(self) -> int:
@@ -234,12 +264,16 @@ class Leases:
         for key, epoch in {**got.kept, **got.gained}.items():
             self.held[key] = epoch
             self._until[key] = until
+        for key in got.gained:
+            self.driven_since.pop(key, None)
+        self.driven_since.update(got.driven_since)
         return got
 
     def forget(self, key: str) -> None:
         """This process no longer holds `key`: nothing of it is posted from now on."""
         self.held.pop(key, None)
         self._until.pop(key, None)
+        self.driven_since.pop(key, None)
 
     def may_post(self, key: str) -> bool:
         return time.monotonic() < self._until.get(key, -math.inf)
@@ -260,10 +294,52 @@ class Leases:
         leases then run out by themselves)."""
         self.held.clear()
         self._until.clear()
+        self.driven_since.clear()
         try:
             await asyncio.wait_for(self.conn.run(stopped, self.process), timeout=10)
         except Exception as e:
             log.warning("leases: could not give the leases up at stop (they run out by themselves): %s", e)
+
+
+class Listener:
+    """Wakes this process's renewal loop (`woken`) when another process on the ledger registers, gives units
+    up or stops (`NOTIFY` on `CHANNEL`). A connection of its own on the caller's event loop, idle but for
+    notifications; lost, it is made again by `ensure`, and meanwhile the renewals keep their own pace."""
+
+    def __init__(self, url: str, process: int) -> None:
+        self.url, self.process = url, process
+        self.woken = asyncio.Event()
+        self._conn: asyncpg.Connection | None = None
+        self._failing = False
+
+    def _heard(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload != str(self.process):
+            self.woken.set()
+
+    async def ensure(self) -> None:
+        """Listening, or one line (once until it listens again) saying why not; never raises."""
+        if self._conn is not None and not self._conn.is_closed():
+            return
+        try:
+            conn = await asyncpg.connect(
+                self.url, timeout=5, server_settings={"application_name": f"{os.getpid()} leases"[:63]}
+            )
+            await conn.add_listener(CHANNEL, self._heard)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            if not self._failing:
+                log.warning("leases: cannot hear other processes' handovers (renewals keep their pace): %s", e)
+            self._failing = True
+            return
+        self._conn, self._failing = conn, False
+        self.woken.set()  # what was told while not listening was missed: look at the leases once now
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            try:
+                await asyncio.wait_for(self._conn.close(), timeout=5)
+            except Exception:
+                self._conn.terminate()
+            self._conn = None
 
 
 def as_units(names: Iterable[tuple[str, int | None]]) -> list[Unit]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import time
 from collections import defaultdict
@@ -191,6 +192,11 @@ class ResidentCog(commands.Cog):
         seen = gap.get(ch) if gap is not None else None
         if seen is None:
             seen = ledger_bound(await self.bot.resident.ledger.latest_generation(name, str(ch)))
+        if seen is None and self.bot.driven_elsewhere_since is not None:
+            # Never answered here, but another process drove the bot: a mention since it did (one that came
+            # as the bot changed hands) was for this resident, and is owed unless answered already.
+            since = dt.datetime.fromtimestamp(self.bot.driven_elsewhere_since, dt.UTC)
+            seen = discord.utils.time_snowflake(since)
         if seen is None:  # never seen here, by this process or in the ledger: nothing it was there to miss
             log.info("%s caught up in #%s (%s): nothing seen there before, nothing missed", name, channel.name, ch)
             return
