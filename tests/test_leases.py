@@ -302,3 +302,30 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
         assert r.rows("SELECT status, stop_reason FROM generations") == [("incomplete", "interrupted")]
         await mention(r, "cairn", "And now")
         assert r.holders() == {"cairn": r.pid(other)}
+
+
+async def test_continue_for_a_resident_driven_by_another_process_says_so(
+    tmp_path: Path, pg_server: pgkit.Server
+) -> None:
+    """The commands bot runs in one process; a resident whose bot another process drives cannot be continued
+    from it, and the moderator is told that, not that the generation does not exist."""
+    async with rig(tmp_path, pg_server, ("cairn", "sill")) as r:
+        for p in r.procs:
+            await p.start()
+        await r.until(lambda: len(set(r.holders().values())) == 2 and len(r.sessions()) == 2)
+        await r.until(lambda: any(c.name == "continue" for c in r.room.state.commands.values()))  # synced
+        await mention(r, "sill", "Tide times")
+        [(gid,)] = r.rows("SELECT id FROM generations WHERE residence = 'sill'")
+        out = await r.room.invoke_command(
+            "general", "moddy", "continue", options=[{"name": "generation", "value": gid}], moderator=True
+        )
+        assert out["bot"] == "cairn", out
+        [said] = [m["content"] for m in out["responses"]]
+        assert said == (
+            "sill's bot is driven by another process now; /continue reaches only the residents whose bots run"
+            " beside this command's."
+        )
+        missing = await r.room.invoke_command(
+            "general", "moddy", "continue", options=[{"name": "generation", "value": "g-none"}], moderator=True
+        )
+        assert [m["content"] for m in missing["responses"]] == ["No generation g-none of a resident here."]

@@ -210,8 +210,15 @@ class Moderation(commands.Cog):
         # The generation names its resident; this bot answers for every resident of the process.
         owner = self.bot.registry.get(g.residence) if g is not None else None
         owner_bot = self.bot.peers.get(g.residence) if g is not None else None
-        if g is None or owner is None or owner_bot is None:
+        if g is None or owner is None:
             await self._say(interaction, f"No generation {generation} of a resident here.")
+            return
+        if owner_bot is None:  # several processes share the ledger (leases): its bot is driven by another
+            await self._say(
+                interaction,
+                f"{g.residence}'s bot is driven by another process now; /continue reaches only the residents"
+                " whose bots run beside this command's.",
+            )
             return
         refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence, g.id)
         if refused:
