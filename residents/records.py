@@ -94,6 +94,7 @@ class Cause(StrEnum):
     PROVIDER_ERROR = "provider-error"
     NO_STOP_REASON = "no-stop-reason"
     INTERRUPTED = "interrupted"  # the process stopped while the attempt was streaming
+    TAKEN_OVER = "taken-over"  # streamed on by a process after another took its bot over and settled the attempt
     NO_PROGRESS = "no-progress"  # a continuation segment that added too little, set aside
     REPETITION = "repetition"  # a continuation segment that repeated earlier text, set aside
 

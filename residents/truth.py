@@ -58,6 +58,7 @@ RETRY_ABANDONED = Cause.RETRY_ABANDONED
 PROVIDER_ERROR = Cause.PROVIDER_ERROR
 NO_STOP_REASON = Cause.NO_STOP_REASON
 INTERRUPTED = Cause.INTERRUPTED  # the process stopped while the attempt was streaming
+TAKEN_OVER = Cause.TAKEN_OVER  # streamed on after another process took the bot over (`ledger.Superseded`)
 
 
 def continuation_ended_words(ended: str, standing: str) -> str:
@@ -508,6 +509,7 @@ _RECOVERED_FROM = {
     "repetition": "a continuation segment set aside (repetition)",
     INTERRUPTED: "an output interrupted by a process stop",
     PROVIDER_ERROR: "an attempt ended by a provider error",
+    TAKEN_OVER: "an attempt streamed after its bot moved to another process",
 }
 
 

@@ -273,7 +273,8 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
     """Frozen while the provider's answer is on its way: another process takes the bot over and settles the
     reply it left open as interrupted; thawed, the frozen process reads the whole answer, but the ledger
     refuses its writes to an attempt no longer streaming, so its turn is given up: nothing of it is recorded
-    over the takeover's settlement (the chain verifies) and nothing of it is posted."""
+    over the takeover's settlement (the chain verifies) and nothing of it is posted; its text is kept as a
+    `taken-over` stump."""
     first = True
 
     def slow_first(body: dict[str, Any]) -> Call:
@@ -300,6 +301,11 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
         await r.until(lambda: "leases: cairn stopped here: its lease was taken" in frozen.output())
         assert [m for m in r.by("cairn") if "Late words" in m["content"]] == [], r.output()
         assert r.rows("SELECT status, stop_reason FROM generations") == [("incomplete", "interrupted")]
+        # What it was sent is not lost: kept as a stump of the taken-over attempt, for the resident to decide on.
+        kept = r.rows("SELECT s.scope, s.cause, s.text FROM stumps s JOIN attempts a ON a.id = s.attempt_id")
+        assert [(scope, cause, bytes(text)) for scope, cause, text in kept] == [
+            ("attempt", "taken-over", b"Late words.")
+        ]
         await mention(r, "cairn", "And now")
         assert r.holders() == {"cairn": r.pid(other)}
 

@@ -444,8 +444,8 @@ async def test_a_settled_attempt_takes_no_more_writes_and_a_missing_one_is_not_c
     location: str,
 ) -> None:
     """A process that lost its bot while stopped writes on into an attempt the taker settled: each of its
-    late changes (chunks, the attempt's end, the generation's end) is refused as Superseded and leaves
-    nothing. A chunk for an attempt that never existed is not a takeover: its foreign key says so."""
+    late changes (chunks, the attempt's end, the generation's end) is refused as Superseded and changes
+    nothing of the settlement; the text it streamed is kept as one `taken-over` stump. A chunk for an attempt that never existed is not a takeover: its foreign key says so."""
     g = Generation(id="g-late", residence="cairn", channel="room", model="m")
     a = Attempt(id="a-late", generation_id=g.id, segment=0, index=1)
     async with Ledger.open(location) as lg:
@@ -465,6 +465,11 @@ async def test_a_settled_attempt_takes_no_more_writes_and_a_missing_one_is_not_c
         assert not isinstance(missing.value, Superseded)
     assert [bytes(r[0]) for r in rows(location, "SELECT text FROM attempt_chunks ORDER BY seq")] == [b"before"]
     assert rows(location, "SELECT outcome FROM attempts") == [("incomplete",)]
+    # What it streamed meanwhile is kept, once, as a stump of its own beside the taker's settlement.
+    got = rows(location, "SELECT attempt_id, scope, cause, text, residence FROM stumps")
+    assert [(a, sc, c, bytes(t), res) for a, sc, c, t, res in got] == [
+        ("a-late", "attempt", "taken-over", b"before after", "cairn")
+    ]
     assert rows(location, "SELECT count(*) FROM attempt_chunks WHERE attempt_id='a-never'") == [(0,)]
 
 

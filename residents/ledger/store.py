@@ -24,12 +24,15 @@ from ..observe import UNOBSERVED, Observer
 from ..records import (
     Attempt,
     Block,
+    Cause,
     Generation,
     Outcome,
     Post,
     Refusal,
     Stump,
+    StumpScope,
     join_text,
+    make_stump,
 )
 from ..text import outbound
 from . import attachments, chain, lock, migrations, postgres, requests
@@ -515,7 +518,7 @@ class Ledger:
             + [self._stump_insert(s) for s in stumps]
             + chain.stumps(stumps)
         )
-        await self._tx(stmts)
+        await self._superseded_kept(a, stmts)
         _stored(stumps)
 
     @staticmethod
@@ -628,8 +631,27 @@ class Ledger:
             stmts.append(("UPDATE stumps SET replaced_by=$1 WHERE id=$2", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [chain.generation(g)] + chain.stumps(new_stumps)
-        await self._tx(stmts)
+        await (self._superseded_kept(last_attempt, stmts) if last_attempt else self._tx(stmts))
         _stored(new_stumps)
+
+    async def _superseded_kept(self, a: Attempt, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """The attempt's settlement; refused as Superseded (another process settled it from what reached
+        the ledger while this one was stopped), the text this process streamed is kept all the same, as a
+        stump of its own (cause `taken-over`) beside that settlement, unless the ledger holds it already."""
+        try:
+            await self._tx(statements)
+        except Superseded:
+            found = await self.db.execute_fetchall(
+                "SELECT a.text, g.residence, g.channel, g.model, EXISTS (SELECT 1 FROM stumps s"
+                " WHERE s.attempt_id = a.id AND s.cause = $2) FROM attempts a"
+                " JOIN generations g ON g.id = a.generation_id WHERE a.id = $1",
+                (a.id, Cause.TAKEN_OVER.value),
+            )
+            if found and a.text and stored_text(found[0][0]) != a.text and not found[0][4]:
+                _, residence, channel, model, _ = found[0]
+                g = Generation(id=a.generation_id, residence=residence, channel=channel, model=model)
+                await self.add_stumps([make_stump(g, a, Cause.TAKEN_OVER, StumpScope.ATTEMPT)])
+            raise
 
     async def add_posts(self, posts: list[Post]) -> None:
         await self._tx([self._post_insert(p) for p in posts] + chain.posts(posts))
