@@ -207,7 +207,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
                         (x.id, x.generation_id, x.segment, x.index, "streaming", x.started_at),
                     )
                 )
-                stmts += [st for st in Ledger._attempt_settle(x) if st[0] != chain._APPEND and "DELETE" not in st[0]]
+                stmts += [st for st in Ledger._attempt_settle(x) if st[0] != chain.APPEND and "DELETE" not in st[0]]
                 entries.append(("attempt", x.id, chain.attempt_payload(x)))
             stmts += [st for st in Ledger._generation_settle(g) if "DELETE" not in st[0]]
             entries.append(("generation", g.id, chain.generation_payload(g)))

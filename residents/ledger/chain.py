@@ -24,8 +24,7 @@ import logging
 import operator
 import sqlite3
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,7 +32,7 @@ from .. import truth
 from ..records import Attempt, BudgetRefusal, Generation, Post, Refusal, Stump
 from ..text import outbound
 from . import rows
-from .connection import Connection, Session, placeholders
+from .connection import Connection, placeholders
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ def export_line(seq: int, prev: str, body: str, digest: str) -> str:
     return f'{{"entry":{body},"hash":"{digest}","prev":"{prev}","seq":{int(seq)}}}'
 
 
-_APPEND = (
+APPEND = (
     "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, $1, $2, p, b, chain_hash(n, p, b) FROM"
     " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
     " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), '" + GENESIS_PREV + "') AS p, $3 AS b) AS head"
@@ -99,7 +98,7 @@ def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
     entry = {**payload, "kind": kind, "at": int(time.time() * 1000)}
     if record is not None and entry.setdefault("id", record) != record:
         raise ValueError(f"a {kind} entry for {record} names another id: {entry['id']!r}")
-    return (_APPEND, (kind, record, canonical(entry)))
+    return (APPEND, (kind, record, canonical(entry)))
 
 
 # ---------------------------------------------------------------------- entries of records
@@ -211,76 +210,7 @@ def refused(post_id: str, refusal: Refusal) -> Statement:
     return append("refused", post_id, refused_payload(post_id, refusal.status, refusal.code, refusal.text))
 
 
-def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
-    """The text posts a receipt closes: its generation's partials and speech since the previous receipt."""
-    out: list[Post] = []
-    for p in sorted(all_posts, key=lambda p: p.seq):
-        if p.generation_id != receipt.generation_id or p.seq >= receipt.seq:
-            continue
-        if p.kind == "receipt":
-            out = []
-        elif p.kind in ("partial", "speech"):
-            out.append(p)
-    return out
-
-
 # ---------------------------------------------------------------------- reading records back
-
-
-async def backfill(db: Connection) -> int:
-    """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
-    record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
-    if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
-        return 0
-    if not list(
-        await db.execute_fetchall(
-            "SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
-            " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"
-        )
-    )[0][0]:
-        return 0
-    await db.run(_begin_write)
-    try:
-        if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
-            await db.execute("ROLLBACK")
-            return 0
-        count = await db.run(_backfill)  # on the connection's thread, inside this transaction
-        await db.execute("COMMIT")
-    except BaseException:
-        await db.execute("ROLLBACK")
-        raise
-    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
-    return count
-
-
-def _begin_write(conn: Session) -> None:
-    conn.begin_write()
-
-
-def _backfill(conn: sqlite3.Connection) -> int:
-    """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
-    db = conn.cursor()
-    of = {
-        table: _by(rows.dicts(db, f"SELECT * FROM {table} ORDER BY rowid"), "generation_id") for table in _RECORD_TABLES
-    }
-    blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
-    of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
-    gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
-    items = [(k, r.id, p) for r in records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
-    items += _access_now(db)
-    conn.execute(*append("genesis", None, {"backfill": len(items)}))
-    conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
-    return len(items)
-
-
-_RECORD_TABLES = ("attempts", "stumps", "posts")
-
-
-def _by(found: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in found:
-        out[r[key]].append(r)
-    return out
 
 
 def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
@@ -312,7 +242,7 @@ def post_record(p: dict[str, Any]) -> Record:
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
-def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
+def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
     """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
     entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
@@ -372,37 +302,7 @@ def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
 
 
 # An entry's columns, in `Entry`'s order.
-_ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
-
-
-EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
-
-
-async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
-    """Entries `since`..`last` in order, a page at a time: an export writes each page before reading the next.
-
-    Why pages: the whole chain held at once took 1.1 GB at 100,000 generations. Each page starts after
-    the last entry of the one before (by `seq`, the primary key), so the pages cost the same however
-    far into the chain they are; entries appended meanwhile, past `last`, are left for a later export.
-    """
-    after, page = since - 1, EXPORT_PAGE
-    while after < last:
-        rows_ = await db.execute_fetchall(
-            _ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3", (after, last, page)
-        )
-        if not rows_:
-            return
-        batch = [Entry(*r) for r in rows_]
-        yield batch
-        after = batch[-1].seq
-
-
-async def latest(db: Connection, kind: str, record: str) -> Entry | None:
-    """The newest entry of `kind` for a record: the one a Provenance answer names."""
-    rows_ = list(
-        await db.execute_fetchall(_ENTRIES + " WHERE record=$1 AND kind=$2 ORDER BY seq DESC LIMIT 1", (record, kind))
-    )
-    return Entry(*rows_[0]) if rows_ else None
+ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
 
 
 def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
@@ -629,7 +529,7 @@ def hold_access(db: sqlite3.Cursor) -> Held:
     """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
     that kind; an entry that does not confirm gets the line saying what differs."""
     out = Held()
-    for kind, sid, payload in _access_now(db):
+    for kind, sid, payload in access_now(db):
         got = db.execute(
             "SELECT seq, body FROM chain WHERE record = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1", (sid, kind)
         ).fetchone()
@@ -707,7 +607,7 @@ def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, st
     latest: dict[tuple[str, str | None], Entry] = {}
     for table, (first, then) in HISTORY.items():
         kinds = (first, *then)
-        sql = f"{_ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
+        sql = f"{ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
         for row in db.execute(f"{sql} AND record NOT IN (SELECT id FROM {table}) ORDER BY seq", (top, *kinds)):
             e = Entry(*row)
             problem = _body_problem(e.kind, e.record, e.body)

@@ -228,7 +228,7 @@ class Ledger:
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
         try:
             await migrations.apply(db)
-            await chain.backfill(db)
+            await migrations.backfill(db)
         except Exception as e:
             await db.close()
             await hold.release()
@@ -288,7 +288,7 @@ class Ledger:
             await db.execute("PRAGMA foreign_keys=ON")
             await migrations.apply(db)
             await chain.install(db)
-            await chain.backfill(db)
+            await migrations.backfill(db)
         except Exception as e:
             await db.close()
             if hold is not None:
