@@ -235,7 +235,7 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
 def post_record(p: dict[str, Any]) -> Record:
     delivered = delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
     refused = (
-        refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
+        refused_payload(p["id"], p["refused_status"], p["refused_code"], p["refused"])
         if p.get("refused") is not None
         else None
     )

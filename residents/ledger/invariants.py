@@ -1,6 +1,6 @@
-"""The ledger's promises about its records, checked on raw rows (dicts) one generation at a time: every
-emitted text kept exactly, every cut surfaced once, posts covering each text exactly once, nothing
-uncompleted posted as speech. `verify` reads the rows and puts the lines in order."""
+"""The ledger's promises about its records, checked on rows (`rows.dicts`: texts decoded once) one
+generation at a time: every emitted text kept exactly, every cut surfaced once, posts covering each
+text exactly once, nothing uncompleted posted as speech. `verify` reads the rows and orders the lines."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from .. import truth
 from ..records import Block, PostReason, join_text
 from ..text import FENCE_LINE
 from ..truth import LIMIT, RECEIPT_PREFIX
-from .rows import stored_text
 from .verify_tools import joined_upto
 
 CUT = frozenset({"truncated", "failed", "incomplete"})
@@ -61,10 +60,9 @@ def check_generation(
 ) -> None:
     """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
     gid, status = g["id"], g["status"]
-    text = stored_text(g["text"])
+    text = g["text"]
     where = f"generation {gid}"
     for a in attempts:
-        a["text"] = stored_text(a["text"])
         if a["outcome"] != "streaming":
             if chunks.get(a["id"]):
                 lines.append(
@@ -74,11 +72,8 @@ def check_generation(
             if a["chars"] != len(a["text"]):
                 lines.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
     for s in stumps:
-        s["text"] = stored_text(s["text"])
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
-    for p in posts:
-        p["content"] = stored_text(p["content"])
     if status == "pending":
         unsettled.append(gid)
         return
@@ -116,7 +111,7 @@ def check_blocks(
         own = blocks.get(a["id"], [])
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
-        recs = [Block(b["idx"], b["type"], stored_text(b["content"])) for b in own]
+        recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
         for b, rec in zip(own, recs, strict=False):
             if b["chars"] != rec.chars:
                 lines.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
@@ -331,7 +326,7 @@ def _check_posts(
 def check_line(lines: list[str], p: dict[str, Any], about: str | None = None) -> None:
     """Posts fit a Discord message; receipts and notices are compact and never in the second person.
     Lines name the post (and `about`: its generation or stump), named only when one is found."""
-    content = p["content"] if isinstance(p["content"], str) else stored_text(p["content"])
+    content = p["content"]
     kind = p["kind"]
     found = []
     if len(content) > LIMIT:
@@ -453,7 +448,6 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
         ps.sort(key=lambda p: (p["generation_id"] or "", p["seq"]))
         who = f"stump {sid}"
         for p in ps:
-            p["content"] = stored_text(p["content"])
             check_line(lines, p, who)
         s = stumps.get(sid)
         if s is None:
@@ -466,7 +460,7 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
             lines.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
         if len({p["generation_id"] for p in ps}) != 1:
             lines.append(f"{who}: published by posts of more than one generation")
-        problem = cover(stored_text(s["text"]), [p["content"] for p in ps if p["kind"] == "recovered"])
+        problem = cover(s["text"], [p["content"] for p in ps if p["kind"] == "recovered"])
         if problem:
             lines.append(f"{who}: recovered posts are not its text exactly once: {problem}")
         delivered = [p for p in ps if p["kind"] == "recovered" and p["message_id"] is not None]
