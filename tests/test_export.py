@@ -58,8 +58,8 @@ def ledger_at(backend: Backend, built: Path) -> str:
 
 def whole_chain(db: Path | str, since: int = 1) -> bytes:
     """The export as it was made before streaming: every entry read at once, one line each."""
-    entries = rows(str(db), "SELECT seq, prev, body, hash FROM chain WHERE seq >= $1 ORDER BY seq", since)
-    return "".join(chain.export_line(*r) + "\n" for r in entries).encode("ascii")
+    entries = rows(str(db), chain.ENTRIES + " WHERE seq >= $1 ORDER BY seq", since)
+    return "".join(chain_export.export_line(chain.Entry(*r)) + "\n" for r in entries).encode("ascii")
 
 
 def head_of(db: Path | str) -> tuple[int, str]:
@@ -132,7 +132,7 @@ async def test_pages_follow_each_other_whatever_their_size(ledger_at):
             finally:
                 chain_export.EXPORT_PAGE = saved
             assert all(0 < len(p) <= page for p in pages)
-            got = "".join(e.line + "\n" for p in pages for e in p).encode("ascii")
+            got = "".join(chain_export.export_line(e) + "\n" for p in pages for e in p).encode("ascii")
             assert got == whole_chain(ledger_at, since), (page, since)
 
 

@@ -350,7 +350,7 @@ def export(db: str | None, out: str, since: str) -> int:
                 raise UsageError(f"--since {first}: no such entry in {path} (its chain has {last} entries)")
             with _written(target) as sink:
                 async for page in chain_export.export_pages(lg.db, first, last):
-                    sink.write("".join(e.line + "\n" for e in page).encode("ascii"))
+                    sink.write("".join(chain_export.export_line(e) + "\n" for e in page).encode("ascii"))
             return (first, last, head[1]) if head else None
 
     try:

@@ -1,17 +1,12 @@
 """The ledger's hash chain: every settled record appended as an entry whose hash covers the entry before.
 
 Why: the ledger is the only memory of what a resident emitted; a witness who sees a post, and an
-auditor given an export, should be able to check that the ledger was not rewritten afterwards. The
-entries (hashes and metadata, never text) and the algorithm are specified in docs/provenance.md.
-
-Appending: `append` gives the one INSERT to put in the transaction of the change it records, so a
-crash never leaves a record without its entry or an entry without its record; the INSERT reads the
-head itself, under the transaction's write lock, and hashes with `chain_hash` (`install`).
-
-Checking (`ledger verify`): `walk` links every entry to the one before and hashes it; `hold` reads
-each record with its entries, whose history must be one the ledger writes (`HISTORY`) and whose
-latest entry of each kind must be, byte for byte, the entry its builder gives now (`confirms`, the
-one way an entry is confirmed); every other entry's body is read whole.
+auditor given an export, can check that it was not rewritten afterwards (docs/provenance.md).
+`append` gives the INSERT to put in the transaction of the change it records (so a crash never parts
+a record from its entry); it reads the head itself, under the write lock. `ledger verify`: `walk`
+links and hashes every entry; `hold` reads each record with its entries, whose history must be one
+the ledger writes (`HISTORY`) and whose latest entry of each kind must be, byte for byte, the entry
+its builder gives now (`confirms`, the one way an entry is confirmed).
 """
 
 from __future__ import annotations
@@ -64,11 +59,6 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
     """hash(n): `body` is the entry's canonical JSON; this is canonical({"entry","prev","seq"}), hashed."""
     claim = f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'
     return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def export_line(seq: int, prev: str, body: str, digest: str) -> str:
-    """One export line: canonical({"entry","hash","prev","seq"}) (keys in that, sorted, order)."""
-    return f'{{"entry":{body},"hash":"{digest}","prev":"{prev}","seq":{int(seq)}}}'
 
 
 APPEND = (
@@ -242,6 +232,11 @@ def post_record(p: dict[str, Any]) -> Record:
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
+def access_records(db: sqlite3.Cursor) -> list[Record]:
+    """`access_now` as records to `hold` (not whole)."""
+    return [Record(TABLE_OF[kind], record, {kind: payload}) for kind, record, payload in access_now(db)]
+
+
 def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
     """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
     entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
@@ -285,10 +280,6 @@ class Entry:
     @property
     def where(self) -> str:
         return f"chain entry {self.seq} ({self.kind}{' ' + self.record if self.record else ''})"
-
-    @property
-    def line(self) -> str:
-        return export_line(self.seq, self.prev, self.body, self.hash)
 
 
 def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
@@ -473,9 +464,10 @@ def _unattested(kind: str) -> str:
     )
 
 
-def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
+def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Held:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
-    confirmed against what its builder gives now; every other entry's body read whole."""
+    confirmed against what its builder gives now; every other entry's body read whole. Not `whole`
+    (`access_records`, whose stumps the generations' records hold whole): only those latest entries."""
     out = Held()
     history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
@@ -486,11 +478,11 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
             steps = history.get((TABLE_OF.get(kind, ""), record))
             if steps is not None:
                 steps.append(Step(seq, kind, body))
-                if seq <= top:
+                if seq <= top and whole:
                     out.count, out.total = out.count + 1, out.total + seq
     for r in records:
         steps = history[r.table, r.id]
-        broken = history_problem(r.table, r.id, steps, r.text) if steps else None
+        broken = history_problem(r.table, r.id, steps, r.text) if steps and whole else None
         if broken:
             kind = next(s.kind for s in steps if s.seq == broken[0])
             out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
@@ -505,7 +497,7 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
             elif _against(out, kind, r.id, payload, last.seq, last.body):
                 confirmed.add(last.seq)
                 out.confirmed += 1
-        for s in steps:
+        for s in steps if whole else ():
             problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
             if problem:
                 out.lines.append((s.seq, 0, f"chain entry {s.seq} ({s.kind} {r.id}): {problem}"))
@@ -523,21 +515,6 @@ def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: in
             (seq, 1, f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff))
         )
     return False
-
-
-def hold_access(db: sqlite3.Cursor) -> Held:
-    """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
-    that kind; an entry that does not confirm gets the line saying what differs."""
-    out = Held()
-    for kind, sid, payload in access_now(db):
-        got = db.execute(
-            "SELECT seq, body FROM chain WHERE record = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1", (sid, kind)
-        ).fetchone()
-        if got is None:
-            out.unchained.append(f"{kind} {sid}")
-        else:
-            _against(out, kind, sid, payload, got[0], got[1])
-    return out
 
 
 # ---------------------------------------------------------------------- the walk, and the whole

@@ -1,6 +1,6 @@
 """An export of the hash chain: written a page at a time (`export_pages`, `ledger export`), and checked
 with no database (`ledger verify --export`): each line canonical, linked to the one before, hashing to
-itself. The format is `chain`'s (`export_line`)."""
+itself. The format is `export_line`'s."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ from .chain import ENTRIES, GENESIS_PREV, Entry, canonical, entry_hash
 from .connection import Connection
 
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
+
+
+def export_line(e: Entry) -> str:
+    """One export line: canonical({"entry","hash","prev","seq"}) (keys in that, sorted, order)."""
+    return f'{{"entry":{e.body},"hash":"{e.hash}","prev":"{e.prev}","seq":{int(e.seq)}}}'
 
 
 async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:

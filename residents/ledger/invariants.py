@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from .. import truth
@@ -47,22 +48,30 @@ def _status_by_rule(stop_reason: str | None) -> str:
     return truth.status_of_outcome(truth.outcome_of_stop(stop_reason))
 
 
-def check_generation(
-    lines: list[str],
-    unsettled: list[str],
-    g: dict[str, Any],
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    chunks: dict[str, int],
-    rounds: list[str] | None = None,
-) -> None:
-    """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
-    gid, status = g["id"], g["status"]
-    text = g["text"]
-    where = f"generation {gid}"
-    for a in attempts:
+Row = dict[str, Any]
+
+
+@dataclass
+class GenerationRows:
+    """A generation's row and its records' rows, as `verify` read them: what each check of it reads."""
+
+    g: Row
+    attempts: list[Row]
+    segments: list[Row]
+    stumps: list[Row]
+    posts: list[Row]  # its own: not those publishing a stump at its resident's request
+    blocks: dict[str, list[Row]]  # by attempt id
+    rounds: list[str] | None  # with tool calls: the last attempt of each round (its text is theirs joined)
+
+    @property
+    def where(self) -> str:
+        return f"generation {self.g['id']}"
+
+
+def check_generation(lines: list[str], r: GenerationRows, chunks: dict[str, int]) -> None:
+    """Its records' stored counts; then, once it is settled, its status, texts, stumps and posts."""
+    g, text, where, status = r.g, r.g["text"], r.where, r.g["status"]
+    for a in r.attempts:
         if a["outcome"] != "streaming":
             if chunks.get(a["id"]):
                 lines.append(
@@ -71,12 +80,11 @@ def check_generation(
                 )
             if a["chars"] != len(a["text"]):
                 lines.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
-    for s in stumps:
+    for s in r.stumps:
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
     if status == "pending":
-        unsettled.append(gid)
-        return
+        return  # (`verify` reports it unsettled)
     if status not in SETTLED:
         lines.append(f"{where}: unknown status {status!r}")
         return
@@ -87,28 +95,21 @@ def check_generation(
     expected = "failed" if status == "failed" and g["stop_reason"] is None else _status_by_rule(g["stop_reason"])
     if status != expected:
         lines.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
-    for a in attempts:
+    for a in r.attempts:
         if a["outcome"] == "streaming":
             lines.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
-    _check_texts_kept(lines, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
-    _check_output_stump(lines, where, g, text, stumps, posts)
-    _check_posts(lines, where, g, text, attempts, segments, stumps, posts, rounds)
+    _check_texts_kept(lines, r)
+    _check_output_stump(lines, r)
+    _check_posts(lines, r)
 
 
-def check_blocks(
-    lines: list[str],
-    g: dict[str, Any],
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    blocks: dict[str, list[dict[str, Any]]],
-) -> None:
+def check_blocks(lines: list[str], r: GenerationRows) -> None:
     """An attempt's text is its text blocks joined; a block stump is its block's content; the non-text
     block a cut attempt stopped in is kept as a stump."""
-    where = f"generation {g['id']}"
-    final = segments[-1]["attempt_id"] if segments else None
-    for a in attempts:
-        own = blocks.get(a["id"], [])
+    where, g = r.where, r.g
+    final = r.segments[-1]["attempt_id"] if r.segments else None
+    for a in r.attempts:
+        own = r.blocks.get(a["id"], [])
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
         recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
@@ -125,7 +126,7 @@ def check_blocks(
                 )
         cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
         due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
-        held = [s for s in stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
+        held = [s for s in r.stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
         for s in held:
             match = [r for r in recs if r.index == s["block"]]
             if not match or match[0].content != s["text"]:
@@ -137,19 +138,11 @@ def check_blocks(
             )
 
 
-def _check_texts_kept(
-    lines: list[str],
-    where: str,
-    text: str,
-    g_stop: str | None,
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    rounds: list[str] | None = None,
-) -> None:
+def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
     """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly.
 
     With tool `rounds`, the one segment is the rounds' text joined, up to its attempt's round."""
+    where, text, attempts, segments, rounds = r.where, r.g["text"], r.attempts, r.segments, r.rounds
     by_id = {a["id"]: a for a in attempts}
     in_segment: set[str] = set()
     offset = 0
@@ -174,13 +167,13 @@ def _check_texts_kept(
         if a["outcome"] == "abandoned":
             if a["discard_reason"] != truth.RETRY_ABANDONED:
                 lines.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
-            if a["replaced_by"] is None and g_stop != truth.INTERRUPTED:  # a stop may come before the retry
+            if a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED:  # a stop may come before the retry
                 lines.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
             if a["id"] in in_segment:
                 lines.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
-        own = [s for s in stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
+        own = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
         if a["outcome"] == "abandoned":
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
@@ -204,16 +197,10 @@ def _check_texts_kept(
             )
 
 
-def _check_output_stump(
-    lines: list[str],
-    where: str,
-    g: dict[str, Any],
-    text: str,
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-) -> None:
+def _check_output_stump(lines: list[str], r: GenerationRows) -> None:
     """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
-    standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
+    where, g, text = r.where, r.g, r.g["text"]
+    standing = [s for s in r.stumps if s["scope"] == "output" and s["replaced_by"] is None]
     cause = truth.stump_cause(g["status"], g["stop_reason"])
     if cause is None or not text:
         if standing:
@@ -232,7 +219,7 @@ def _check_output_stump(
         lines.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
     if s["cause"] != cause:
         lines.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
-    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    text_posts = [p for p in r.posts if p["kind"] in TEXT_KINDS]
     some = any(p["message_id"] is not None for p in text_posts)
     every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
     if s["published"] and not some:
@@ -241,23 +228,14 @@ def _check_output_stump(
         lines.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
 
 
-def _check_posts(
-    lines: list[str],
-    where: str,
-    g: dict[str, Any],
-    text: str,
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    rounds: list[str] | None = None,
-) -> None:
-    status = g["status"]
+def _check_posts(lines: list[str], r: GenerationRows) -> None:
+    where, g, text, status = r.where, r.g, r.g["text"], r.g["status"]
+    attempts, segments, posts = r.attempts, r.segments, r.posts
     # Each /continue that reached the provider is one more settlement with its own posts and receipt;
     # bounded continuation happens inside the first settlement. Tool rounds are never continued.
     calls = (
         sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1)
-        if g["standing"] == "on-request" and not rounds
+        if g["standing"] == "on-request" and not r.rounds
         else 0
     )
     if len({p["seq"] for p in posts}) != len(posts):
@@ -438,8 +416,9 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     return out
 
 
-def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
-    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing else."""
+def check_recovered(lines: list[str], stumps: dict[str, Row], posts: list[Row]) -> set[str]:
+    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing
+    else. The stumps whose recovered posts were delivered are returned."""
     by_stump: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in posts:
         by_stump[p["stump_id"]].append(p)
@@ -468,5 +447,4 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
             published.add(sid)
         if delivered and not s["published"]:
             lines.append(f"{who}: its recovered posts were delivered but it is not marked published")
-    for sid, s in stumps.items():
-        s["recovered"] = sid in published
+    return published

@@ -1,11 +1,8 @@
-"""`residents ledger verify`: check every invariant the ledger promises, one line per violation.
+"""`residents ledger verify`: check every promise the ledger makes, one line per violation.
 
-The pipeline writes the ledger as it goes; this reads it back cold (raw rows, made records by `rows`)
-and checks what the project promises about it: every emitted text kept exactly, every cut surfaced
-once, posts covering each text exactly once, nothing uncompleted posted as speech, and the hash chain
-(`chain`): linked, each record's history of entries one the ledger writes, its latest entries what
-the record says now. It is what a load or crash test runs afterwards, and what an operator runs on a
-production file. It needs only the ledger's path: every read is on a read-only connection of its own.
+It reads the ledger back cold, as a load or crash test does afterwards and an operator does on a
+production file: the records' invariants (`invariants`) and the hash chain (`chain`). It needs only
+the ledger's path: every read is on a read-only connection of its own, in one read transaction.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ import asyncpg
 from ..records import PostReason
 from . import chain, postgres, rows
 from .connection import sqlite_session
-from .invariants import check_blocks, check_generation, check_line, check_recovered
+from .invariants import GenerationRows, check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
 from .verify_attachments import check_attachments
 from .verify_tools import check_tool_calls, round_finals
@@ -88,7 +85,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
-        held = chain.hold_access(db)
+        held = chain.hold(db, chain.access_records(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
         held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
@@ -120,11 +117,10 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainRep
 
 
 def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
-    """Each task `(fn, *args)` run as `fn(cursor, *args)`, the results in the tasks' order, shared with
-    one worker process (a fresh interpreter: nothing of this process is inherited). The worker takes the
-    tasks from the first, this process from the last, each one the worker has not begun (a future that
-    can still be cancelled): they meet wherever their speeds put them. A worker that fails stops the check.
-    (One worker: with this process, two on this machine's two cores; each more would cost its memory.)"""
+    """Each task `(fn, *args)` run as `fn(cursor, *args)`, results in the tasks' order, shared with one
+    spawned worker process (nothing of this process inherited): it takes tasks from the first, this
+    process from the last, each the worker has not begun (a future that can still be cancelled).
+    One worker: with this process, two cores; each more would cost its memory."""
     pool = _pool()
     try:
         futures = [pool.submit(_in_worker, path, *task) for task in tasks]
@@ -171,9 +167,8 @@ _NEXT_BOUND = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFS
 
 
 def _read_only(path: str) -> sqlite3.Connection:
-    """A read-only connection to the ledger in one read transaction: what it checks is one state of the
-    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state).
-    On PostgreSQL: a read-only session in one REPEATABLE READ transaction (one snapshot)."""
+    """A read-only connection in one read transaction (PostgreSQL: REPEATABLE READ, one snapshot), so
+    the check sees one state of the ledger, each record with its entries, however it moves meanwhile."""
     if postgres.is_url(path):
         try:
             session = postgres.PgSession.connect(path, read_only=True)
@@ -208,27 +203,16 @@ def _assemble(
                 if p["id"] not in told
                 else f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post"
             )
-    orphan_ids = {p["id"] for p in orphans}
     lines += [
         f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
-        for pid in sorted(told - orphan_ids)
+        for pid in sorted(told - {p["id"] for p in orphans})
     ]
-    by_order: list[tuple[float, int, list[str]]] = []
-    unsettled: list[tuple[float, int, str]] = []
-    missing: list[str] = []
-    attached: list[str] = []
-    for part in parts:
-        missing += part.missing
-        by_order += part.by_order
-        unsettled += part.unsettled
-        attached += part.attached
-        rep.generations += part.generations
-        rep.undelivered += part.undelivered
-    rep.violations += missing + lines + prelude.lines
-    for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
+    rep.violations = [line for part in parts for line in part.missing] + lines + prelude.lines
+    for *_, found in sorted((f for part in parts for f in part.by_order), key=lambda f: (f[0], f[1])):
         rep.violations += found
-    rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
-    rep.violations += attached
+    rep.violations += [line for part in parts for line in part.attached]
+    rep.unsettled = [gid for *_, gid in sorted(u for part in parts for u in part.unsettled)]
+    rep.generations, rep.undelivered = sum(p.generations for p in parts), sum(p.undelivered for p in parts)
     return rep
 
 
@@ -255,8 +239,7 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     sql = "SELECT * FROM stumps WHERE id IN (SELECT stump_id FROM posts WHERE stump_id IS NOT NULL) ORDER BY id"
     stumps = {r["id"]: r for r in rows.dicts(db, sql)}
     lines: list[str] = []
-    check_recovered(lines, stumps, published)
-    recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
+    recovered = check_recovered(lines, stumps, published)
     return _Prelude(shown_live, chunks, lines, recovered)
 
 
@@ -321,7 +304,6 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
-    recovered = prelude.recovered
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
@@ -332,30 +314,23 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
                     f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
                     for i in found.get(gid, ())
                 ]
-        attempts_of, segments_of, stumps_of, posts_of = of["attempts"], of["segments"], of["stumps"], of["posts"]
         for g in gens:
-            gid = g["id"]
-            attempts, segments = attempts_of.get(gid) or [], segments_of.get(gid) or []
-            stumps, posts = stumps_of.get(gid) or [], posts_of.get(gid) or []
+            gid, order = g["id"], (g["created_at"], g["rowid"])
+            attempts, segments, stumps, posts = (found.get(gid, []) for found in of.values())  # (`_OF`'s order)
             for st in stumps:
-                st["shown_live"] = st["id"] in prelude.shown_live
-                st["recovered"] = st["id"] in recovered
-            own_posts = []
-            for p in posts:
-                if p["message_id"] is None and p["refused"] is None:  # a refused post is set aside, not waiting
-                    out.undelivered += 1
-                if p["stump_id"] is None:
-                    own_posts.append(p)
-            its_calls = calls.get(gid) or []
-            rounds = round_finals(attempts, its_calls)
+                st["shown_live"], st["recovered"] = st["id"] in prelude.shown_live, st["id"] in prelude.recovered
+            # a post neither delivered nor refused (a refused post is set aside) waits for its delivery
+            out.undelivered += sum(p["message_id"] is None and p["refused"] is None for p in posts)
+            its_calls, own = calls.get(gid, []), [p for p in posts if p["stump_id"] is None]
+            r = GenerationRows(g, attempts, segments, stumps, own, blocks, round_finals(attempts, its_calls))
             lines: list[str] = []
-            pending: list[str] = []
-            check_generation(lines, pending, g, attempts, segments, stumps, own_posts, prelude.chunks, rounds)
-            check_blocks(lines, g, attempts, segments, stumps, blocks)
+            check_generation(lines, r, prelude.chunks)
+            check_blocks(lines, r)
             check_tool_calls(lines, g, attempts, its_calls)
             if lines:
-                out.by_order.append((g["created_at"], g["rowid"], lines))
-            out.unsettled += [(g["created_at"], g["rowid"], p) for p in pending]
+                out.by_order.append((*order, lines))
+            if g["status"] == "pending":
+                out.unsettled.append((*order, gid))
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
         if len(gens) < batch:
@@ -373,15 +348,11 @@ def _batch(
     generation id (blocks by attempt id). The records are read up to the batch's last id, or, for the
     range's last batch, up to `hi` (or all that follow), so a record whose generation is missing is
     found by the range it falls in."""
-    bounded = hi is not None
-    gens = rows.dicts(
-        db,
-        _GENS.format(upto=" AND id <= $2" if bounded else "", limit="$3" if bounded else "$2"),
-        (lo, hi, batch) if bounded else (lo, batch),
-    )
-    end = hi if len(gens) < batch else gens[-1]["id"]
-    upto = "" if end is None else " AND generation_id <= $2"
-    span: tuple[str, ...] = (lo,) if end is None else (lo, end)
+    upto, span = ("", (lo,)) if hi is None else (" AND {} <= $2", (lo, hi))
+    gens = rows.dicts(db, _GENS.format(upto=upto.format("id"), limit=f"${len(span) + 1}"), (*span, batch))
+    if len(gens) == batch:
+        upto, span = " AND {} <= $2", (lo, gens[-1]["id"])
+    upto = upto.format("generation_id")
     of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
     blocks = _grouped(rows.dicts(db, _BLOCKS.format(upto=upto), span), _BY_ATTEMPT)
     calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
