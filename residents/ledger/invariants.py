@@ -22,22 +22,19 @@ TEXT_KINDS = frozenset({"speech", "partial"})
 _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 
-# Room lines that are not a generation's boundary line: the optional retry notice, a declined
-# /continue, a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A post records why it exists (`posts.reason`); its wording is never parsed here.
+# Room lines that are not a generation's boundary line: the optional retry notice, a declined /continue,
+# a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A
+# post records why it exists (`posts.reason`); its wording is never parsed here.
 _SIDE_NOTICES = frozenset(
     {PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE, PostReason.KEY_REJECTED}
 )
-# The kinds each reason may be posted as.
-_REASON_KINDS: dict[str, frozenset[str]] = {
+# The kinds each reason may be posted as (a spent budget's notice: of no generation, none was made).
+_REASON_KINDS: dict[PostReason, frozenset[str]] = dict.fromkeys(
+    _SIDE_NOTICES | {PostReason.REFUSAL, PostReason.BUDGET_REACHED}, frozenset({"notice"})
+) | {
     PostReason.TEXT: TEXT_KINDS,
     PostReason.RECEIPT: frozenset({"receipt"}),
     PostReason.NO_TEXT: frozenset({"receipt", "notice"}),
-    PostReason.REFUSAL: frozenset({"notice"}),
-    PostReason.DECLINED_CONTINUE: frozenset({"notice"}),
-    PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
-    PostReason.KEY_REJECTED: frozenset({"notice"}),
-    PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
-    PostReason.BUDGET_REACHED: frozenset({"notice"}),  # of no generation: none was made
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 
@@ -72,14 +69,11 @@ def check_generation(lines: list[str], r: GenerationRows, chunks: dict[str, int]
     """Its records' stored counts; then, once it is settled, its status, texts, stumps and posts."""
     g, text, where, status = r.g, r.g["text"], r.where, r.g["status"]
     for a in r.attempts:
-        if a["outcome"] != "streaming":
-            if chunks.get(a["id"]):
-                lines.append(
-                    f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
-                    "chunk(s) left in attempt_chunks"
-                )
-            if a["chars"] != len(a["text"]):
-                lines.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
+        who, left = f"attempt {a['id']} ({where})", chunks.get(a["id"])
+        if a["outcome"] != "streaming" and left:
+            lines.append(f"{who}: settled ({a['outcome']}) but {left} streamed chunk(s) left in attempt_chunks")
+        if a["outcome"] != "streaming" and a["chars"] != len(a["text"]):
+            lines.append(f"{who}: chars {a['chars']} != {len(a['text'])} characters of text")
     for s in r.stumps:
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
@@ -109,32 +103,32 @@ def check_blocks(lines: list[str], r: GenerationRows) -> None:
     where, g = r.where, r.g
     final = r.segments[-1]["attempt_id"] if r.segments else None
     for a in r.attempts:
-        own = r.blocks.get(a["id"], [])
+        own, who = r.blocks.get(a["id"], []), f"attempt {a['id']} ({where})"
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
         recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
-        for b, rec in zip(own, recs, strict=False):
-            if b["chars"] != rec.chars:
-                lines.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
+        lines += [
+            f"{who}: block {b['idx']} chars {b['chars']} != {rec.chars}"
+            for b, rec in zip(own, recs, strict=True)
+            if b["chars"] != rec.chars
+        ]
         if join_text(recs) != a["text"]:
-            lines.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
-        for b, rec in zip(own, recs, strict=False):
-            if rec.is_text and b["text_offset"] != rec.offset:
-                lines.append(
-                    f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
-                    f"not {rec.offset}"
-                )
+            lines.append(f"{who}: text is not its text blocks joined")
+        lines += [
+            f"{who}: text block {b['idx']} span starts at {b['text_offset']}, not {rec.offset}"
+            for b, rec in zip(own, recs, strict=True)
+            if rec.is_text and b["text_offset"] != rec.offset
+        ]
         cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
         due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
         held = [s for s in r.stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
         for s in held:
-            match = [r for r in recs if r.index == s["block"]]
-            if not match or match[0].content != s["text"]:
+            match = next((rec for rec in recs if rec.index == s["block"]), None)
+            if match is None or match.content != s["text"]:
                 lines.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
         if cut is not None and due and not any(s["block"] == cut.index for s in held):
             lines.append(
-                f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
-                f"({cut.chars} characters), which is kept as no stump"
+                f"{who}: stopped inside {cut.type} block {cut.index} ({cut.chars} characters), which is kept as no stump"
             )
 
 
@@ -164,37 +158,34 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
     if not segments and text:
         lines.append(f"{where}: {len(text)} characters of text but no segment")
     for a in attempts:
-        if a["outcome"] == "abandoned":
-            if a["discard_reason"] != truth.RETRY_ABANDONED:
-                lines.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
-            if a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED:  # a stop may come before the retry
-                lines.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
-            if a["id"] in in_segment:
-                lines.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
+        who, abandoned = f"attempt {a['id']} ({where})", a["outcome"] == "abandoned"
+        if abandoned and a["discard_reason"] != truth.RETRY_ABANDONED:
+            lines.append(f"{who}: abandoned with discard reason {a['discard_reason']!r}")
+        if (
+            abandoned and a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED
+        ):  # (a stop may come first)
+            lines.append(f"{who}: abandoned but replaced by no attempt")
+        if abandoned and a["id"] in in_segment:
+            lines.append(f"{who}: abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
         own = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
-        if a["outcome"] == "abandoned":
+        if abandoned:
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
                 lines.append(
-                    f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
-                    f"{len(match)} retry-abandoned stumps"
+                    f"{who}: abandoned with {len(a['text'])} characters but {len(match)} retry-abandoned stumps"
                 )
             for s in match:
                 if s["text"] != a["text"]:
                     lines.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if (
-                    s["published"] and not s.get("recovered") and not s.get("shown_live")
-                ):  # published only at its resident's request, or shown live
+                # published only at its resident's request, or shown live
+                if s["published"] and not s.get("recovered") and not s.get("shown_live"):
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
                 if s.get("shown_live") and not s["published"]:
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
-            lines.append(
-                f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
-                "nor kept as a stump"
-            )
+            lines.append(f"{who}: {len(a['text'])} characters neither in the canonical text nor kept as a stump")
 
 
 def _check_output_stump(lines: list[str], r: GenerationRows) -> None:
@@ -202,12 +193,10 @@ def _check_output_stump(lines: list[str], r: GenerationRows) -> None:
     where, g, text = r.where, r.g, r.g["text"]
     standing = [s for s in r.stumps if s["scope"] == "output" and s["replaced_by"] is None]
     cause = truth.stump_cause(g["status"], g["stop_reason"])
+    if (cause is None or not text) and standing:
+        why = "no text" if not text else "no stump cause"
+        lines.append(f"{where}: {g['status']} with {why} but {len(standing)} standing output stump(s)")
     if cause is None or not text:
-        if standing:
-            lines.append(
-                f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
-                f"{len(standing)} standing output stump(s)"
-            )
         return
     if len(standing) != 1:
         lines.append(
@@ -233,24 +222,16 @@ def _check_posts(lines: list[str], r: GenerationRows) -> None:
     attempts, segments, posts = r.attempts, r.segments, r.posts
     # Each /continue that reached the provider is one more settlement with its own posts and receipt;
     # bounded continuation happens inside the first settlement. Tool rounds are never continued.
-    calls = (
-        sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1)
-        if g["standing"] == "on-request" and not r.rounds
-        else 0
-    )
+    on_request = g["standing"] == "on-request" and not r.rounds
+    calls = sum(a["segment"] > 1 and a["idx"] == 1 for a in attempts) if on_request else 0
     if len({p["seq"] for p in posts}) != len(posts):
         lines.append(f"{where}: duplicate post seq numbers")
-    text_posts, receipts, boundary_notices, kinds = [], [], [], set()
     for p in posts:
         check_line(lines, p, where)
-        kind = p["kind"]
-        kinds.add(kind)
-        if kind in TEXT_KINDS:
-            text_posts.append(p)
-        elif kind == "receipt":
-            receipts.append(p)
-        elif kind == "notice" and p["reason"] not in _SIDE_NOTICES:
-            boundary_notices.append(p)
+    kinds = {p["kind"] for p in posts}
+    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    receipts = [p for p in posts if p["kind"] == "receipt"]
+    boundary_notices = [p for p in posts if p["kind"] == "notice" and p["reason"] not in _SIDE_NOTICES]
     if status != "completed" and "speech" in kinds:
         lines.append(f"{where}: speech post for a {status} generation")
     if status == "completed" and calls == 0 and "partial" in kinds:
@@ -276,21 +257,11 @@ def _check_posts(lines: list[str], r: GenerationRows) -> None:
     found = len(receipts) + len(boundary_notices)
     # A refused provider key: the room hears of it at most once per channel per window (delivery.keys),
     # so such a failure with nothing to post may stand with no line at all.
-    withheld = (
-        status == "failed"
-        and not visible
-        and not calls
-        and not receipts
-        and not boundary_notices
-        and bool(attempts)
-        and truth.key_rejected(attempts[-1]["error"])
-    )
+    last_error = attempts[-1]["error"] if attempts else None
+    withheld = status == "failed" and not (visible or calls or found) and truth.key_rejected(last_error)
     # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
-    keyless = (
-        sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed" and truth.key_rejected(a["error"]))
-        if calls
-        else 0
-    )
+    failed_continues = [a for a in attempts if a["segment"] > 1 and a["outcome"] == "failed"]
+    keyless = sum(truth.key_rejected(a["error"]) for a in failed_continues) if calls else 0
     if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
         lines.append(
