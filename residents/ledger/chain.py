@@ -282,14 +282,12 @@ class Entry:
         return f"chain entry {self.seq} ({self.kind}{' ' + self.record if self.record else ''})"
 
 
-def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
-    """Why entry `e` does not follow the entry (last_seq, last_hash); whether it hashes to itself, and
-    its body, are `_body_problem`'s."""
-    if e.seq != last_seq + 1:
-        return f"follows entry {last_seq}" + (
-            f"; entries {last_seq + 1}..{e.seq - 1} are missing" if e.seq > last_seq + 1 else ""
-        )
-    return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
+def _link_problem(seq: int, prev: str, last_seq: int, last_hash: str) -> str:
+    """Why entry (seq, prev) does not follow the entry (last_seq, last_hash)."""
+    if seq != last_seq + 1:
+        gap = f"; entries {last_seq + 1}..{seq - 1} are missing" if seq > last_seq + 1 else ""
+        return f"follows entry {last_seq}{gap}"
+    return f"names {prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
 
 
 # An entry's columns, in `Entry`'s order.
@@ -308,11 +306,8 @@ def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for k in sorted((set(stated) | set(now)) - {"kind", "at"}):
         a, b = stated.get(k), now.get(k)
         if a != b:
-            out.append(
-                k
-                if isinstance(a, dict | list) or isinstance(b, dict | list)
-                else f"{k} (entry {_short(a)}, ledger {_short(b)})"
-            )
+            whole = isinstance(a, dict | list) or isinstance(b, dict | list)
+            out.append(k if whole else f"{k} (entry {_short(a)}, ledger {_short(b)})")
     return out
 
 
@@ -457,11 +452,8 @@ class Held:
 
 
 def _unattested(kind: str) -> str:
-    return (
-        "the record it attests is "
-        + ("no longer delivered" if kind == "delivered" else "not in the ledger")
-        + (" (or no longer settled)" if kind == "generation" else "")
-    )
+    gone = "no longer delivered" if kind == "delivered" else "not in the ledger"
+    return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
 
 def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Held:
@@ -512,7 +504,7 @@ def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: in
     diff = _differs(stated, payload) if stated is not None else []
     if diff:
         out.lines.append(
-            (seq, 1, f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff))
+            (seq, 1, f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: {', '.join(diff)}")
         )
     return False
 
@@ -546,21 +538,21 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
                 out.count, out.total = out.count + 1, out.total + seq
             linked = seq == out.last + 1 and prev == out.head
             if not (linked and named and entry_hash(seq, prev, body) == digest):
-                e = Entry(seq, kind, record, prev, body, digest)
+                hashed = entry_hash(seq, prev, body) == digest
                 problem = (
-                    _link_problem(e, out.last, out.head)
+                    _link_problem(seq, prev, out.last, out.head)
                     if not linked
                     else _body_problem(kind, record, body)
-                    or (None if entry_hash(seq, prev, body) == digest else "its hash does not match its content")
+                    or (None if hashed else "its hash does not match its content")
                 )
                 if problem:
-                    out.lines.append((seq, 0, f"{e.where}: {problem}"))
+                    out.lines.append((seq, 0, f"{Entry(seq, kind, record, prev, body, digest).where}: {problem}"))
             out.last, out.head = seq, digest
     return out
 
 
 BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows, however long the chain
-WALK = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
 def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainReport:

@@ -256,8 +256,8 @@ class _Part:
     held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
 
 
-# Only the columns the checks and the chain's builders read (a generation's request and trigger, an
-# attempt's request id and times, are not checked here and are the widest columns to copy).
+# Generations and attempts: only the columns the checks and the builders read (a generation's request
+# and trigger, an attempt's request id, times and stop details, are not checked and are the widest).
 _GENS = (
     "SELECT rowid, id, residence, channel, model, status, stop_reason, text, chars, output_tokens, standing,"
     " continuation_ended, created_at FROM generations WHERE id > $1{upto} ORDER BY id LIMIT {limit}"
@@ -271,22 +271,9 @@ _OF: list[tuple[str, str]] = [
         " WHERE generation_id > $1{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
-    (
-        "segments",
-        "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
-        " WHERE generation_id > $1{upto} ORDER BY generation_id, idx",
-    ),
-    (
-        "stumps",
-        "SELECT id, generation_id, attempt_id, residence, scope, cause, text, chars, output_tokens, published,"
-        " replaced_by, block, block_type FROM stumps WHERE generation_id > $1{upto}"
-        " ORDER BY generation_id, created_at, rowid",
-    ),
-    (
-        "posts",
-        "SELECT id, generation_id, seq, kind, content, channel, replacements, message_id, reason, stump_id,"
-        " refused, refused_status, refused_code FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
-    ),
+    ("segments", "SELECT * FROM segments WHERE generation_id > $1{upto} ORDER BY generation_id, idx"),
+    ("stumps", "SELECT * FROM stumps WHERE generation_id > $1{upto} ORDER BY generation_id, created_at, rowid"),
+    ("posts", "SELECT * FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq"),
 ]
 # The blocks of the batch's attempts (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
