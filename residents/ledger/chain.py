@@ -258,16 +258,6 @@ def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
 # ---------------------------------------------------------------------- checking
 
 
-@dataclass
-class ChainReport:
-    """What `check` found: one line per problem, the first broken entry first; the head when whole."""
-
-    violations: list[str] = field(default_factory=list)
-    entries: int = 0
-    head: str = GENESIS_PREV
-    first_broken: int | None = None  # the seq of the first entry a line names
-
-
 @dataclass(frozen=True)
 class Entry:
     seq: int
@@ -555,9 +545,9 @@ BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows,
 WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
-def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainReport:
-    """The walk and the records put together, lines ordered by entry, link problems first, as one pass
-    over the chain would find them. Where the records read fewer entries than name one, the entries
+def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> list[tuple[int, str]]:
+    """The walk's and the records' lines with the entry each names, ordered by entry, link problems
+    first, as one pass over the chain would find them. Where the records read fewer entries than name one, the entries
     naming a record that is not in its table are found: each such record's latest entry of a kind
     attests nothing."""
     found = walked.lines + held.lines
@@ -565,10 +555,7 @@ def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainRep
         found += _unattested_entries(db, top)
     found += [(walked.last + 1, 1, f"{what}: not in the chain") for what in held.unchained]
     found = sorted(dict.fromkeys(found), key=lambda f: (f[0], f[1]))  # (an entry read twice is named once)
-    rep = ChainReport(entries=walked.entries, head=walked.head)
-    rep.violations = [line for _, _, line in found]
-    rep.first_broken = found[0][0] if found else None
-    return rep
+    return [(seq, line) for seq, _, line in found]
 
 
 def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, str]]:

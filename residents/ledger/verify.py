@@ -91,29 +91,28 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
+        rep = Report(chain_entries=walked.entries, chain_head=walked.head, chain_lines=[line for _, line in links])
+        rep.first_broken = links[0][0] if links else None
         # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
         told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
-        rep = _assemble(prelude, parts, orphans, told)
+        _assemble(rep, prelude, parts, orphans, told)
         if head is not None:
-            rep.head_holds, rep.saved_head = _saved_head(db, head, links)
-    rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
-    rep.chain_lines, rep.first_broken = links.violations, links.first_broken
-    rep.chain_entries, rep.chain_head = links.entries, links.head
+            rep.head_holds, rep.saved_head = _saved_head(db, head, rep)
     return rep
 
 
-def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainReport) -> tuple[bool, str]:
+def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], rep: Report) -> tuple[bool, str]:
     """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and all after it holds."""
     seq, digest = head
     said = f"head {seq}:{digest}"
     got = db.execute("SELECT hash FROM chain WHERE seq = $1", (seq,)).fetchone()
     if got is None:
-        return False, f"{said}: not in this chain (it has {links.entries} entries): the chain was cut or replaced"
+        return False, f"{said}: not in this chain (it has {rep.chain_entries} entries): the chain was cut or replaced"
     if got[0] != digest:
         return False, f"{said}: entry {seq} of this chain hashes to {got[0]}: the chain was rewritten at or before it"
-    if links.first_broken is not None:
-        return False, f"{said}: in this chain, but entry {links.first_broken} is broken (named below)"
-    return True, f"{said}: in this chain, and the {links.entries - seq} entries after it are consistent with it"
+    if rep.first_broken is not None:
+        return False, f"{said}: in this chain, but entry {rep.first_broken} is broken (named below)"
+    return True, f"{said}: in this chain, and the {rep.chain_entries - seq} entries after it are consistent with it"
 
 
 def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
@@ -186,12 +185,11 @@ def _read_only(path: str) -> sqlite3.Connection:
 
 
 def _assemble(
-    prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str] = frozenset()
-) -> Report:
-    """The ranges' findings in one report: records of missing generations, posts of none, published
-    stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded refusals
-    of a spent budget name, the only posts that may say a budget was reached."""
-    rep = Report()
+    rep: Report, prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str]
+) -> None:
+    """The ranges' findings after the chain's lines: records of missing generations, posts of none,
+    published stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded
+    refusals of a spent budget name, the only posts that may say a budget was reached."""
     lines: list[str] = []
     for p in orphans:
         check_line(lines, p)  # notices about no generation (a declined /continue, a spent budget)
@@ -207,13 +205,12 @@ def _assemble(
         f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
         for pid in sorted(told - {p["id"] for p in orphans})
     ]
-    rep.violations = [line for part in parts for line in part.missing] + lines + prelude.lines
+    rep.violations = rep.chain_lines + [line for part in parts for line in part.missing] + lines + prelude.lines
     for *_, found in sorted((f for part in parts for f in part.by_order), key=lambda f: (f[0], f[1])):
         rep.violations += found
     rep.violations += [line for part in parts for line in part.attached]
     rep.unsettled = [gid for *_, gid in sorted(u for part in parts for u in part.unsettled)]
     rep.generations, rep.undelivered = sum(p.generations for p in parts), sum(p.undelivered for p in parts)
-    return rep
 
 
 @dataclass
