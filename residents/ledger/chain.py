@@ -2,11 +2,10 @@
 
 Why: the ledger is the only memory of what a resident emitted; a witness who sees a post, and an
 auditor given an export, can check that it was not rewritten afterwards (docs/provenance.md).
-`append` gives the INSERT to put in the transaction of the change it records (so a crash never parts
-a record from its entry); it reads the head itself, under the write lock. `ledger verify`: `walk`
-links and hashes every entry; `hold` reads each record with its entries, whose history must be one
-the ledger writes (`HISTORY`) and whose latest entry of each kind must be, byte for byte, the entry
-its builder gives now (`confirms`, the one way an entry is confirmed).
+Here: the entries' format and builders (which `appending` appends), and `ledger verify`'s reading:
+`walk` links and hashes every entry; `hold` reads each record with its entries, whose history must
+be one the ledger writes (`HISTORY`) and whose latest entry of each kind must be, byte for byte, the
+entry its builder gives now (`confirms`, the one way an entry is confirmed).
 """
 
 from __future__ import annotations
@@ -15,24 +14,19 @@ import functools
 import hashlib
 import itertools
 import json
-import logging
 import operator
 import sqlite3
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import truth
-from ..records import Attempt, BudgetRefusal, Generation, Post, Refusal, Stump
+from ..records import Attempt, BudgetRefusal, Generation, Post, Stump
 from ..text import outbound
 from . import rows
-from .connection import Connection, placeholders
-
-log = logging.getLogger(__name__)
+from .connection import placeholders
 
 GENESIS_PREV = "0" * 64
-Statement = tuple[str, tuple[Any, ...]]
 Rows = list[dict[str, Any]]
 
 
@@ -59,36 +53,6 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
     """hash(n): `body` is the entry's canonical JSON; this is canonical({"entry","prev","seq"}), hashed."""
     claim = f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'
     return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-APPEND = (
-    "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, $1, $2, p, b, chain_hash(n, p, b) FROM"
-    " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
-    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), '" + GENESIS_PREV + "') AS p, $3 AS b) AS head"
-)
-
-
-_IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$4 AND outcome='streaming')"
-
-
-async def install(db: Connection) -> None:
-    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it.
-    (PostgreSQL's is a function in the database: `schema_postgres`.)"""
-    if db.dialect != "sqlite":
-        return
-    await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
-
-
-def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
-    """The one INSERT that appends an entry; put it in the transaction of the change it records.
-
-    `payload` holds the entry's own fields (ids, counts, hashes: never text); `kind`, `at` and, for a
-    record, `id` (the record id the `record` column repeats) are added.
-    """
-    entry = {**payload, "kind": kind, "at": int(time.time() * 1000)}
-    if record is not None and entry.setdefault("id", record) != record:
-        raise ValueError(f"a {kind} entry for {record} names another id: {entry['id']!r}")
-    return (APPEND, (kind, record, canonical(entry)))
 
 
 # ---------------------------------------------------------------------- entries of records
@@ -169,35 +133,6 @@ _REFUSALS = (
 def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
     """A reply a spent daily budget refused (`residents.ledger.budgets`): its fields but when."""
     return _fields(r, _REFUSAL_FIELDS)
-
-
-def generation(g: Generation) -> Statement:
-    return append("generation", g.id, generation_payload(g))
-
-
-def attempt(a: Attempt, only_if_streaming: bool = False) -> Statement:
-    """An attempt's entry; `only_if_streaming` (recovery) appends it only if the attempt's settling UPDATE,
-    which follows it in the transaction, will find it still streaming (as the UPDATE's own guard does)."""
-    sql, params = append("attempt", a.id, attempt_payload(a))
-    if only_if_streaming:
-        return (sql + _IF_STREAMING, params + (a.id,))
-    return (sql, params)
-
-
-def stumps(items: Iterable[Stump]) -> list[Statement]:
-    return [append("stump", s.id, stump_payload(s)) for s in items]
-
-
-def posts(items: Iterable[Post]) -> list[Statement]:
-    return [append("post", p.id, post_payload(p)) for p in items]
-
-
-def delivered(post_id: str, message_id: str) -> Statement:
-    return append("delivered", post_id, delivered_payload(post_id, message_id))
-
-
-def refused(post_id: str, refusal: Refusal) -> Statement:
-    return append("refused", post_id, refused_payload(post_id, refusal.status, refusal.code, refusal.text))
 
 
 # ---------------------------------------------------------------------- reading records back

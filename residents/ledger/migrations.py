@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from . import chain, rows
+from . import appending, chain, rows
 from .connection import Connection, Session
 from .postgres import MIGRATE_LOCK
 from .schema_postgres import BASELINE, BASELINE_UPTO
@@ -848,8 +848,8 @@ def _backfill(conn: sqlite3.Connection) -> int:
     gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
     items = [(k, r.id, p) for r in chain.records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
     items += chain.access_now(db)
-    conn.execute(*chain.append("genesis", None, {"backfill": len(items)}))
-    conn.executemany(chain.APPEND, [chain.append(k, r, p)[1] for k, r, p in items])
+    conn.execute(*appending.append("genesis", None, {"backfill": len(items)}))
+    conn.executemany(appending.APPEND, [appending.append(k, r, p)[1] for k, r, p in items])
     return len(items)
 
 
