@@ -149,9 +149,8 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
         out.append(Record("generations", gen.id, {"generation": payload}, gen.text))
     for a in itertools.chain.from_iterable(of["attempts"].values()):
         att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
-        out.append(
-            Record("attempts", att.id, {"attempt": attempt_payload(att) if att.outcome != "streaming" else None})
-        )
+        payload = attempt_payload(att) if att.outcome != "streaming" else None
+        out.append(Record("attempts", att.id, {"attempt": payload}))
     for s in itertools.chain.from_iterable(of["stumps"].values()):
         out.append(Record("stumps", s["id"], {"stump": stump_payload(rows.stump(s))}))
     return out + [post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
@@ -159,12 +158,17 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
 
 def post_record(p: dict[str, Any]) -> Record:
     delivered = delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
-    refused = (
-        refused_payload(p["id"], p["refused_status"], p["refused_code"], p["refused"])
-        if p.get("refused") is not None
-        else None
-    )
+    refusal = p.get("refused")
+    refused = None if refusal is None else refused_payload(p["id"], p["refused_status"], p["refused_code"], refusal)
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
+
+
+# Each kind's rows, the record's id first, and the builder of its entry from them.
+_LATEST: tuple[tuple[str, str, Callable[..., dict[str, Any]]], ...] = (
+    ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes", stump_access_payload),
+    ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
+    ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
+)
 
 
 def access_records(db: sqlite3.Cursor) -> list[Record]:
@@ -176,15 +180,7 @@ def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
     """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
     entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
-    for kind, sql, build in (
-        (
-            "stump-access",
-            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes",
-            stump_access_payload,
-        ),
-        ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
-        ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
-    ):
+    for kind, sql, build in _LATEST:
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
     return out
@@ -292,8 +288,7 @@ def _continued(before: list[Step], now: Step, text: str) -> str | None:
     if new[: len(old)] != old:
         return f"{why}: its segments do not extend that entry's"
     added = new[len(old) :]
-    unchanged = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
-    for k in unchanged:
+    for k in () if added else ("text_sha256", "chars", "status", "stop_reason"):
         if was.get(k) != now_.get(k):
             return f"{why}: no segment added, but its {k} differs"
     if added and now_.get("chars") != (was.get("chars") or 0) + sum(s.get("chars") or 0 for s in added):

@@ -275,9 +275,7 @@ def _check_posts(lines: list[str], r: GenerationRows) -> None:
 def check_line(lines: list[str], p: dict[str, Any], about: str | None = None) -> None:
     """Posts fit a Discord message; receipts and notices are compact and never in the second person.
     Lines name the post (and `about`: its generation or stump), named only when one is found."""
-    content = p["content"]
-    kind = p["kind"]
-    found = []
+    content, kind, found = p["content"], p["kind"], []
     if len(content) > LIMIT:
         found.append(f"{len(content)} characters, over the {LIMIT:,} limit")
     if kind in ("receipt", "notice"):
@@ -357,16 +355,10 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
     """
     i, n = j, len(text)
     for k, ch in enumerate(body):
+        added = ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1)
         if i < n and text[i] == ch:
             i += 1
-        elif (
-            ch == "\\"
-            and (k == 0 or body[k - 1] == "\n")
-            and body.startswith("-# ", k + 1)
-            and text.startswith("-# ", i)
-        ):
-            continue
-        else:
+        elif not (added and text.startswith("-# ", i)):
             return None
     return i
 

@@ -23,6 +23,7 @@ import asyncpg
 
 from ..records import PostReason
 from . import chain, postgres, rows
+from .chain import Rows
 from .connection import sqlite_session
 from .invariants import GenerationRows, check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
@@ -53,9 +54,8 @@ class Report:
 async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> list[str]:
     """One human line per violated invariant; empty when the ledger holds every promise."""
     r = await check(ledger)
-    if unsettled_as_violations:
-        return r.violations + [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
-    return r.violations
+    pending = [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
+    return r.violations + (pending if unsettled_as_violations else [])
 
 
 async def check(ledger: Ledger, head: tuple[int, str] | None = None) -> Report:
@@ -228,9 +228,8 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
     shown_live = {r[0] for r in db.execute("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
     chunks = dict(db.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall())
-    # posts publishing a stump at its resident's request are checked with that stump, not as the
-    # publishing generation's own text and boundary lines
-    # (read by the partial index on stump_id, then put in the order they were written)
+    # posts publishing a stump at its resident's request are checked with that stump, not as their
+    # generation's own (read by the partial index on stump_id, then put in the order they were written)
     got = rows.dicts(db, "SELECT rowid AS written, * FROM posts WHERE stump_id IS NOT NULL")
     published = sorted(got, key=lambda r: r["written"])
     sql = "SELECT * FROM stumps WHERE id IN (SELECT stump_id FROM posts WHERE stump_id IS NOT NULL) ORDER BY id"
@@ -322,12 +321,9 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
         lo = gens[-1]["id"]
 
 
-_Rows = list[dict[str, Any]]
-
-
 def _batch(
     db: sqlite3.Cursor, lo: str, hi: str | None, batch: int
-) -> tuple[_Rows, dict[str, dict[str, _Rows]], dict[str, _Rows], dict[str, _Rows], _Rows]:
+) -> tuple[Rows, dict[str, dict[str, Rows]], dict[str, Rows], dict[str, Rows], Rows]:
     """The next `batch` generations after id `lo` (up to `hi`) and their records: each table's rows by
     generation id (blocks by attempt id). The records are read up to the batch's last id, or, for the
     range's last batch, up to `hi` (or all that follow), so a record whose generation is missing is
@@ -337,16 +333,17 @@ def _batch(
     if len(gens) == batch:
         upto, span = " AND {} <= $2", (lo, gens[-1]["id"])
     upto = upto.format("generation_id")
-    of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
-    blocks = _grouped(rows.dicts(db, _BLOCKS.format(upto=upto), span), _BY_ATTEMPT)
-    calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
-    return gens, of, blocks, calls, rows.dicts(db, _ATTACHMENTS.format(upto=upto), span)
 
+    def grouped(sql: str, column: str = "generation_id") -> dict[str, Rows]:
+        """A query's rows, read in order of `column` (its ORDER BY), as lists by it."""
+        found = rows.dicts(db, sql.format(upto=upto), span)
+        return {k: list(g) for k, g in itertools.groupby(found, operator.itemgetter(column))}
 
-_BY_GENERATION = operator.itemgetter("generation_id")
-_BY_ATTEMPT = operator.itemgetter("attempt_id")
-
-
-def _grouped(found: _Rows, key: Any) -> dict[str, _Rows]:
-    """Rows read in order of `key` (each query's ORDER BY), as lists by key."""
-    return {k: list(g) for k, g in itertools.groupby(found, key)}
+    of = {table: grouped(sql) for table, sql in _OF}
+    return (
+        gens,
+        of,
+        grouped(_BLOCKS, "attempt_id"),
+        grouped(_CALLS),
+        rows.dicts(db, _ATTACHMENTS.format(upto=upto), span),
+    )
