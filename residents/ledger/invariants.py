@@ -60,20 +60,27 @@ class GenerationRows:
     blocks: dict[str, list[Row]]  # by attempt id
     rounds: list[str] | None  # with tool calls: the last attempt of each round (its text is theirs joined)
 
-    @property
+    @functools.cached_property
     def where(self) -> str:
         return f"generation {self.g['id']}"
+
+
+def _attempt(a: Row, where: str) -> str:
+    """An attempt as its lines name it (made only for a line: most attempts have none)."""
+    return f"attempt {a['id']} ({where})"
 
 
 def check_generation(lines: list[str], r: GenerationRows, chunks: dict[str, int]) -> None:
     """Its records' stored counts; then, once it is settled, its status, texts, stumps and posts."""
     g, text, where, status = r.g, r.g["text"], r.where, r.g["status"]
     for a in r.attempts:
-        who, left = f"attempt {a['id']} ({where})", chunks.get(a["id"])
+        left = chunks.get(a["id"])
         if a["outcome"] != "streaming" and left:
-            lines.append(f"{who}: settled ({a['outcome']}) but {left} streamed chunk(s) left in attempt_chunks")
+            lines.append(
+                f"{_attempt(a, where)}: settled ({a['outcome']}) but {left} streamed chunk(s) left in attempt_chunks"
+            )
         if a["outcome"] != "streaming" and a["chars"] != len(a["text"]):
-            lines.append(f"{who}: chars {a['chars']} != {len(a['text'])} characters of text")
+            lines.append(f"{_attempt(a, where)}: chars {a['chars']} != {len(a['text'])} characters of text")
     for s in r.stumps:
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
@@ -103,19 +110,19 @@ def check_blocks(lines: list[str], r: GenerationRows) -> None:
     where, g = r.where, r.g
     final = r.segments[-1]["attempt_id"] if r.segments else None
     for a in r.attempts:
-        own, who = r.blocks.get(a["id"], []), f"attempt {a['id']} ({where})"
+        own = r.blocks.get(a["id"], [])
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
         recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
         lines += [
-            f"{who}: block {b['idx']} chars {b['chars']} != {rec.chars}"
+            f"{_attempt(a, where)}: block {b['idx']} chars {b['chars']} != {rec.chars}"
             for b, rec in zip(own, recs, strict=True)
             if b["chars"] != rec.chars
         ]
         if join_text(recs) != a["text"]:
-            lines.append(f"{who}: text is not its text blocks joined")
+            lines.append(f"{_attempt(a, where)}: text is not its text blocks joined")
         lines += [
-            f"{who}: text block {b['idx']} span starts at {b['text_offset']}, not {rec.offset}"
+            f"{_attempt(a, where)}: text block {b['idx']} span starts at {b['text_offset']}, not {rec.offset}"
             for b, rec in zip(own, recs, strict=True)
             if rec.is_text and b["text_offset"] != rec.offset
         ]
@@ -128,7 +135,8 @@ def check_blocks(lines: list[str], r: GenerationRows) -> None:
                 lines.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
         if cut is not None and due and not any(s["block"] == cut.index for s in held):
             lines.append(
-                f"{who}: stopped inside {cut.type} block {cut.index} ({cut.chars} characters), which is kept as no stump"
+                f"{_attempt(a, where)}: stopped inside {cut.type} block {cut.index} ({cut.chars} characters), "
+                "which is kept as no stump"
             )
 
 
@@ -158,15 +166,14 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
     if not segments and text:
         lines.append(f"{where}: {len(text)} characters of text but no segment")
     for a in attempts:
-        who, abandoned = f"attempt {a['id']} ({where})", a["outcome"] == "abandoned"
+        abandoned = a["outcome"] == "abandoned"
         if abandoned and a["discard_reason"] != truth.RETRY_ABANDONED:
-            lines.append(f"{who}: abandoned with discard reason {a['discard_reason']!r}")
-        if (
-            abandoned and a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED
-        ):  # (a stop may come first)
-            lines.append(f"{who}: abandoned but replaced by no attempt")
+            lines.append(f"{_attempt(a, where)}: abandoned with discard reason {a['discard_reason']!r}")
+        # (a stop may come before the retry)
+        if abandoned and a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED:
+            lines.append(f"{_attempt(a, where)}: abandoned but replaced by no attempt")
         if abandoned and a["id"] in in_segment:
-            lines.append(f"{who}: abandoned text spliced into the canonical text")
+            lines.append(f"{_attempt(a, where)}: abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
         own = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
@@ -174,7 +181,8 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
                 lines.append(
-                    f"{who}: abandoned with {len(a['text'])} characters but {len(match)} retry-abandoned stumps"
+                    f"{_attempt(a, where)}: abandoned with {len(a['text'])} characters but "
+                    f"{len(match)} retry-abandoned stumps"
                 )
             for s in match:
                 if s["text"] != a["text"]:
@@ -185,7 +193,9 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
                 if s.get("shown_live") and not s["published"]:
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
-            lines.append(f"{who}: {len(a['text'])} characters neither in the canonical text nor kept as a stump")
+            lines.append(
+                f"{_attempt(a, where)}: {len(a['text'])} characters neither in the canonical text nor kept as a stump"
+            )
 
 
 def _check_output_stump(lines: list[str], r: GenerationRows) -> None:
