@@ -378,8 +378,9 @@ def _unattested(kind: str) -> str:
 
 def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Held:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
-    confirmed against what its builder gives now; every other entry's body read whole. Not `whole`
-    (`access_records`, whose stumps the generations' records hold whole): only those latest entries."""
+    confirmed against what its builder gives now (else named with what differs, where its body parses);
+    every other entry's body read whole. Not `whole` (`access_records`, whose stumps the generations'
+    records hold whole): only those latest entries."""
     out = Held()
     history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
@@ -406,27 +407,17 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True
                     out.unchained.append(f"delivery of post {r.id}" if kind == "delivered" else f"{kind} {r.id}")
             elif payload is None:
                 out.lines.append((last.seq, 2, f"chain entry {last.seq} ({kind} {r.id}): {_unattested(kind)}"))
-            elif _against(out, kind, r.id, payload, last.seq, last.body):
+            elif confirms(kind, payload, last.body):
                 confirmed.add(last.seq)
                 out.confirmed += 1
+            elif (stated := _parsed(last.body)) is not None and (diff := _differs(stated, payload)):
+                what = f"the ledger no longer matches it: {', '.join(diff)}"
+                out.lines.append((last.seq, 1, f"chain entry {last.seq} ({kind} {r.id}): {what}"))
         for s in steps if whole else ():
             problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
             if problem:
                 out.lines.append((s.seq, 0, f"chain entry {s.seq} ({s.kind} {r.id}): {problem}"))
     return out
-
-
-def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: int, body: str) -> bool:
-    """A record's latest entry of `kind` against its payload now: confirmed, or the line saying what differs."""
-    if confirms(kind, payload, body):
-        return True
-    stated = _parsed(body)
-    diff = _differs(stated, payload) if stated is not None else []
-    if diff:
-        out.lines.append(
-            (seq, 1, f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: {', '.join(diff)}")
-        )
-    return False
 
 
 # ---------------------------------------------------------------------- the walk, and the whole

@@ -195,12 +195,11 @@ def _assemble(
         check_line(lines, p)  # notices about no generation (a declined /continue, a spent budget)
         if p["kind"] != "notice":
             lines.append(f"post {p['id']}: a {p['kind']} post with no generation")
-        if (p["reason"] == PostReason.BUDGET_REACHED) != (p["id"] in told):
-            lines.append(
-                f"post {p['id']}: a notice of a spent budget that no refusal records"
-                if p["id"] not in told
-                else f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post"
-            )
+        budget = p["reason"] == PostReason.BUDGET_REACHED
+        if budget and p["id"] not in told:
+            lines.append(f"post {p['id']}: a notice of a spent budget that no refusal records")
+        elif not budget and p["id"] in told:
+            lines.append(f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post")
     lines += [
         f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
         for pid in sorted(told - {p["id"] for p in orphans})
