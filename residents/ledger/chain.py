@@ -449,13 +449,11 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
                 out.count, out.total = out.count + 1, out.total + seq
             linked = seq == out.last + 1 and prev == out.head
             if not (linked and named and entry_hash(seq, prev, body) == digest):
-                hashed = entry_hash(seq, prev, body) == digest
                 problem = (
-                    _link_problem(seq, prev, out.last, out.head)
-                    if not linked
-                    else _body_problem(kind, record, body)
-                    or (None if hashed else "its hash does not match its content")
+                    _link_problem(seq, prev, out.last, out.head) if not linked else _body_problem(kind, record, body)
                 )
+                if problem is None and entry_hash(seq, prev, body) != digest:
+                    problem = "its hash does not match its content"
                 if problem:
                     out.lines.append((seq, 0, f"{Entry(seq, kind, record, prev, body, digest).where}: {problem}"))
             out.last, out.head = seq, digest
@@ -468,9 +466,9 @@ WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> list[tuple[int, str]]:
     """The walk's and the records' lines with the entry each names, ordered by entry, link problems
-    first, as one pass over the chain would find them. Where the records read fewer entries than name one, the entries
-    naming a record that is not in its table are found: each such record's latest entry of a kind
-    attests nothing."""
+    first, as one pass over the chain would find them. Where the records read fewer entries than name
+    one, the entries naming a record that is not in its table are found: each such record's latest
+    entry of a kind attests nothing."""
     found = walked.lines + held.lines
     if (held.count, held.total) != (walked.count, walked.total):
         found += _unattested_entries(db, top)
