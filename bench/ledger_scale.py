@@ -36,7 +36,7 @@ from collections import deque
 from typing import Any
 
 from residents.delivery.plan import plan
-from residents.ledger import Ledger, chain
+from residents.ledger import Ledger, appending, chain
 from residents.ledger.access import own_stumps
 from residents.ledger.connection import sqlite_session
 from residents.ledger.requests import Part
@@ -207,7 +207,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
                         (x.id, x.generation_id, x.segment, x.index, "streaming", x.started_at),
                     )
                 )
-                stmts += [st for st in Ledger._attempt_settle(x) if st[0] != chain._APPEND and "DELETE" not in st[0]]
+                stmts += [st for st in Ledger._attempt_settle(x) if st[0] != appending.APPEND and "DELETE" not in st[0]]
                 entries.append(("attempt", x.id, chain.attempt_payload(x)))
             stmts += [st for st in Ledger._generation_settle(g) if "DELETE" not in st[0]]
             entries.append(("generation", g.id, chain.generation_payload(g)))
@@ -232,7 +232,7 @@ def build(path: str, n: int, seed: int = 1, batch: int = 5_000) -> dict[str, Any
         rows = []
         for kind, record, payload in entries:
             seq += 1
-            body = chain.append(kind, record, payload)[1][2]
+            body = appending.append(kind, record, payload)[1][2]
             digest = chain.entry_hash(seq, prev, body)
             rows.append((seq, kind, record, prev, body, digest))
             prev = digest

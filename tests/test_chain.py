@@ -24,7 +24,7 @@ import pytest
 from ledgerkit import Backend, rows
 
 from residents import cli
-from residents.ledger import Ledger, chain
+from residents.ledger import Ledger, appending, chain
 from residents.ledger.export import check_export
 from residents.ledger.verify import check, verify
 from residents.records import Generation, Stump
@@ -336,7 +336,7 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(backe
         await ledger._tx(
             [
                 ("UPDATE stumps SET published=0 WHERE id=$1", (first.id,)),
-                chain.append("stump_access", first.id, {"id": first.id, "access": "private"}),
+                appending.append("stump_access", first.id, {"id": first.id, "access": "private"}),
             ]
         )
         assert await verify(ledger) == []

@@ -27,6 +27,7 @@ from ledgerkit import Backend, rows
 
 from residents import cli
 from residents.ledger import chain
+from residents.ledger import export as chain_export
 from residents.ledger.copy import copy_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +58,8 @@ def ledger_at(backend: Backend, built: Path) -> str:
 
 def whole_chain(db: Path | str, since: int = 1) -> bytes:
     """The export as it was made before streaming: every entry read at once, one line each."""
-    entries = rows(str(db), "SELECT seq, prev, body, hash FROM chain WHERE seq >= $1 ORDER BY seq", since)
-    return "".join(chain.export_line(*r) + "\n" for r in entries).encode("ascii")
+    entries = rows(str(db), chain.ENTRIES + " WHERE seq >= $1 ORDER BY seq", since)
+    return "".join(chain_export.export_line(chain.Entry(*r)) + "\n" for r in entries).encode("ascii")
 
 
 def head_of(db: Path | str) -> tuple[int, str]:
@@ -79,7 +80,7 @@ def test_a_streamed_export_is_byte_for_byte_the_whole_chain_and_names_its_head(l
     out = tmp_path / "chain.jsonl"
     code, err = export(capsys, "--db", str(ledger_at), "--out", str(out))
     last, digest = head_of(ledger_at)
-    assert last > 2 * chain.EXPORT_PAGE  # several pages
+    assert last > 2 * chain_export.EXPORT_PAGE  # several pages
     assert code == 0 and err == [f"wrote entries 1..{last} to {out}; head {last}:{digest}"]
     assert out.read_bytes() == whole_chain(ledger_at)
     assert leftovers(tmp_path) == []
@@ -100,7 +101,7 @@ def test_an_export_holds_a_page_not_the_chain(ledger_at, tmp_path, monkeypatch):
     """With pages of 100 entries, the export's peak allocation is a small part of the file it writes
     (reading the whole chain at once held all of it, and the joined text again): beyond what exporting
     the last entry alone takes (a connection's own, asyncpg's type caches on PostgreSQL), a quarter."""
-    monkeypatch.setattr(chain, "EXPORT_PAGE", 100)
+    monkeypatch.setattr(chain_export, "EXPORT_PAGE", 100)
     out = tmp_path / "chain.jsonl"
     last, _ = head_of(ledger_at)
 
@@ -125,13 +126,13 @@ async def test_pages_follow_each_other_whatever_their_size(ledger_at):
     last, _ = head_of(ledger_at)
     async with Ledger.open(ledger_at) as lg:
         for page, since in ((1, last - 5), (7, 3), (2000, 1), (10_000, 1)):
-            chain.EXPORT_PAGE, saved = page, chain.EXPORT_PAGE
+            chain_export.EXPORT_PAGE, saved = page, chain_export.EXPORT_PAGE
             try:
-                pages = [p async for p in chain.export_pages(lg.db, since, last)]
+                pages = [p async for p in chain_export.export_pages(lg.db, since, last)]
             finally:
-                chain.EXPORT_PAGE = saved
+                chain_export.EXPORT_PAGE = saved
             assert all(0 < len(p) <= page for p in pages)
-            got = "".join(e.line + "\n" for p in pages for e in p).encode("ascii")
+            got = "".join(chain_export.export_line(e) + "\n" for p in pages for e in p).encode("ascii")
             assert got == whole_chain(ledger_at, since), (page, since)
 
 
@@ -221,16 +222,16 @@ def test_a_write_that_fails_midway_leaves_the_earlier_file_and_no_part(built, tm
 KILLED_AFTER_A_PAGE = """
 import os, signal, sys
 from residents import cli
-from residents.ledger import chain
+from residents.ledger import export as chain_export
 
-real = chain.export_pages
+real = chain_export.export_pages
 
 async def killed(*args):
     async for page in real(*args):
         yield page
         os.kill(os.getpid(), signal.SIGKILL)  # after the first page is written: no chance to clean up
 
-chain.export_pages = killed
+chain_export.export_pages = killed
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -260,7 +261,7 @@ def test_an_export_killed_midway_leaves_the_earlier_file_whole(built, tmp_path):
 def test_an_export_interrupted_midway_leaves_the_earlier_file_and_no_part(built, tmp_path, capsys, monkeypatch, how):
     """SIGTERM (or Ctrl-C) after the first page is written: the export stops, says so in one line, removes
     its temporary file and leaves the earlier file as it was."""
-    real = chain.export_pages
+    real = chain_export.export_pages
     written: list[int] = []
 
     async def interrupted(*args: Any) -> AsyncIterator[list[chain.Entry]]:
@@ -274,11 +275,11 @@ def test_an_export_interrupted_midway_leaves_the_earlier_file_and_no_part(built,
             else:
                 raise KeyboardInterrupt
 
-    monkeypatch.setattr(chain, "export_pages", interrupted)
+    monkeypatch.setattr(chain_export, "export_pages", interrupted)
     out = tmp_path / "chain.jsonl"
     out.write_bytes(b"earlier\n")
     code, err = export(capsys, "--db", str(built), "--out", str(out))
-    assert written == [chain.EXPORT_PAGE]
+    assert written == [chain_export.EXPORT_PAGE]
     assert code == 130 and err == [f"residents: export interrupted; {out} is as it was before"]
     assert out.read_bytes() == b"earlier\n" and leftovers(tmp_path) == []
 

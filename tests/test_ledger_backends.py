@@ -27,7 +27,7 @@ from conftest import Pipeline, Room, residence
 from ledgerkit import Backend, rows
 
 from residents import cli, truth
-from residents.ledger import Ledger, LedgerError, Superseded, budgets, chain
+from residents.ledger import Ledger, LedgerError, Superseded, appending, budgets
 from residents.ledger.migrations import MIGRATIONS
 from residents.localservers import sse
 from residents.localservers.provider import Call, ProviderServer
@@ -135,7 +135,7 @@ async def test_the_same_history_ends_on_the_same_head_on_both_backends(
 ) -> None:
     """The chain hashes the same canonical bytes for the same records, whichever backend stores them (on
     PostgreSQL the hash is computed by the database's own `chain_hash`): one head on both."""
-    monkeypatch.setattr(chain, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # each entry's `at`
+    monkeypatch.setattr(appending, "time", types.SimpleNamespace(time=lambda: 1_800_000_000.0))  # each entry's `at`
     on_sqlite = await write_history(str(tmp_path / "l.db"))
     url = pg_server.create()
     on_postgresql = await write_history(url)
@@ -558,7 +558,7 @@ async def test_a_budget_refusal_and_usage_counts_round_trip_and_verify_on_both_b
     """The provider's counts, a refusal of a spent budget and its notice read back the same from either
     backend: the budget's sums, `residents usage --json` by residence, channel and day, the refusal's
     chain entry (one head on both), and a strict verify."""
-    monkeypatch.setattr(chain, "time", types.SimpleNamespace(time=lambda: DAY))  # each entry's `at`
+    monkeypatch.setattr(appending, "time", types.SimpleNamespace(time=lambda: DAY))  # each entry's `at`
     on_sqlite, url = str(tmp_path / "l.db"), pg_server.create()
     spent = [await write_spending(where) for where in (on_sqlite, url)]
     assert spent[0] == spent[1] == (budgets.Spent(427, 43), budgets.Spent(420, 40), True)

@@ -82,7 +82,7 @@ async def test_a_post_refused_three_times_is_set_aside_and_the_rest_goes_on(pipe
     )
     assert [p.content for p in sent] == ["Calm water."] and nxt.waiting == 0
     # the ledger says which part was refused and why; the chain records it; verify holds
-    entry = await chain.latest(pipeline.ledger.db, "refused", second.id)
+    entry = await views.latest(pipeline.ledger.db, "refused", second.id)
     assert entry is not None
     body = json.loads(entry.body)
     assert (body["status"], body["code"], body["refused_sha256"]) == (403, 50013, chain.sha256_text(FORBIDDEN.text))

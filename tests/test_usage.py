@@ -30,7 +30,7 @@ from test_discord_e2e import res
 from residents import cli
 from residents.config import Budgets
 from residents.generation import budgets
-from residents.ledger import Ledger, chain, migrations, postgres
+from residents.ledger import Ledger, migrations, postgres, views
 from residents.ledger.connection import Connection
 from residents.ledger.verify import verify
 from residents.localservers import sse
@@ -319,7 +319,7 @@ async def test_a_ledger_from_before_m045_verifies_and_its_counts_are_held_by_the
         await db.close()
     async with Ledger.open(path) as lg:
         assert await verify(lg) == []
-        entry = await chain.latest(lg.db, "attempt", "a-old000000001")
+        entry = await views.latest(lg.db, "attempt", "a-old000000001")
         assert entry is not None and "tokens" not in entry.body.replace("output_tokens", "")
     await asyncio.to_thread(backend.change, "UPDATE attempts SET cache_read_tokens = 900 WHERE id = 'a-old000000001'")
     async with Ledger.open(path, read_only=True) as lg:

@@ -21,7 +21,8 @@ from typing import Any, Protocol, TypeVar
 import click
 
 from .. import truth
-from ..ledger import Ledger, LedgerError, chain, postgres, views
+from ..ledger import Ledger, LedgerError, postgres, views
+from ..ledger import export as chain_export
 from ..ledger.access import access_of, reads_of, tool_calls_of
 from ..ledger.checkpoints import chain_head
 from ..ledger.copy import copy_ledger
@@ -348,8 +349,8 @@ def export(db: str | None, out: str, since: str) -> int:
             if first > 1 and first > last:
                 raise UsageError(f"--since {first}: no such entry in {path} (its chain has {last} entries)")
             with _written(target) as sink:
-                async for page in chain.export_pages(lg.db, first, last):
-                    sink.write("".join(e.line + "\n" for e in page).encode("ascii"))
+                async for page in chain_export.export_pages(lg.db, first, last):
+                    sink.write("".join(chain_export.export_line(e) + "\n" for e in page).encode("ascii"))
             return (first, last, head[1]) if head else None
 
     try:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..records import Post, ToolCall
-from . import chain
+from . import appending, chain
 from .connection import placeholders
 from .store import Ledger, _post, stored_bytes, stored_text
 
@@ -53,7 +53,7 @@ async def set_access(ledger: Ledger, stump_id: str, access: str, residence: str,
                 "INSERT INTO stump_access_changes (stump_id, access, set_by, generation_id, set_at) VALUES ($1,$2,$3,$4,$5)",
                 (stump_id, access, residence, generation_id, now),
             ),
-            chain.append(
+            appending.append(
                 "stump-access", stump_id, chain.stump_access_payload(stump_id, access, residence, generation_id)
             ),
         ]
@@ -74,7 +74,7 @@ async def record_read(
                 "INSERT INTO stump_reads (stump_id, reader, reader_kind, generation_id, read_at) VALUES ($1,$2,$3,$4,$5)",
                 (stump_id, reader, reader_kind, generation_id, now),
             ),
-            chain.append(
+            appending.append(
                 "stump-read", stump_id, chain.stump_read_payload(stump_id, reader, reader_kind, generation_id)
             ),
         ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..records import BudgetRefusal, Post
-from . import chain
+from . import appending, chain
 from .connection import POSTGRESQL
 from .store import Ledger
 
@@ -69,7 +69,7 @@ async def refuse(ledger: Ledger, refusal: BudgetRefusal, posts: list[Post]) -> N
                 " day, post_id, created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
                 (*fields, r.created_at),
             ),
-            chain.append("budget-refusal", r.id, chain.budget_refusal_payload(r)),
+            appending.append("budget-refusal", r.id, chain.budget_refusal_payload(r)),
         ],
         posts,
     )

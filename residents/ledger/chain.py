@@ -1,17 +1,11 @@
 """The ledger's hash chain: every settled record appended as an entry whose hash covers the entry before.
 
 Why: the ledger is the only memory of what a resident emitted; a witness who sees a post, and an
-auditor given an export, should be able to check that the ledger was not rewritten afterwards. The
-entries (hashes and metadata, never text) and the algorithm are specified in docs/provenance.md.
-
-Appending: `append` gives the one INSERT to put in the transaction of the change it records, so a
-crash never leaves a record without its entry or an entry without its record; the INSERT reads the
-head itself, under the transaction's write lock, and hashes with `chain_hash` (`install`).
-
-Checking (`ledger verify`): `walk` links every entry to the one before and hashes it; `hold` reads
-each record with its entries, whose history must be one the ledger writes (`HISTORY`) and whose
-latest entry of each kind must be, byte for byte, the entry its builder gives now (`confirms`, the
-one way an entry is confirmed); every other entry's body is read whole.
+auditor given an export, can check that it was not rewritten afterwards (docs/provenance.md).
+Here: the entries' format and builders (which `appending` appends), and `ledger verify`'s reading:
+`walk` links and hashes every entry; `hold` reads each record with its entries, whose history must
+be one the ledger writes (`HISTORY`) and whose latest entry of each kind must be, byte for byte, the
+entry its builder gives now (`confirms`, the one way an entry is confirmed).
 """
 
 from __future__ import annotations
@@ -20,25 +14,19 @@ import functools
 import hashlib
 import itertools
 import json
-import logging
 import operator
 import sqlite3
-import time
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .. import truth
-from ..records import Attempt, BudgetRefusal, Generation, Post, Refusal, Stump
+from ..records import Attempt, BudgetRefusal, Generation, Post, Stump
 from ..text import outbound
 from . import rows
-from .connection import Connection, Session, placeholders
-
-log = logging.getLogger(__name__)
+from .connection import placeholders
 
 GENESIS_PREV = "0" * 64
-Statement = tuple[str, tuple[Any, ...]]
 Rows = list[dict[str, Any]]
 
 
@@ -65,41 +53,6 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
     """hash(n): `body` is the entry's canonical JSON; this is canonical({"entry","prev","seq"}), hashed."""
     claim = f'{{"entry":{body},"prev":"{prev}","seq":{int(seq)}}}'
     return hashlib.sha256(claim.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def export_line(seq: int, prev: str, body: str, digest: str) -> str:
-    """One export line: canonical({"entry","hash","prev","seq"}) (keys in that, sorted, order)."""
-    return f'{{"entry":{body},"hash":"{digest}","prev":"{prev}","seq":{int(seq)}}}'
-
-
-_APPEND = (
-    "INSERT INTO chain (seq, kind, record, prev, body, hash) SELECT n, $1, $2, p, b, chain_hash(n, p, b) FROM"
-    " (SELECT coalesce((SELECT max(seq) FROM chain), 0) + 1 AS n,"
-    " coalesce((SELECT hash FROM chain ORDER BY seq DESC LIMIT 1), '" + GENESIS_PREV + "') AS p, $3 AS b) AS head"
-)
-
-
-_IF_STREAMING = " WHERE EXISTS (SELECT 1 FROM attempts WHERE id=$4 AND outcome='streaming')"
-
-
-async def install(db: Connection) -> None:
-    """Register `chain_hash(seq, prev, body)` on a connection; every connection that appends needs it.
-    (PostgreSQL's is a function in the database: `schema_postgres`.)"""
-    if db.dialect != "sqlite":
-        return
-    await db.create_function("chain_hash", 3, entry_hash, deterministic=True)
-
-
-def append(kind: str, record: str | None, payload: dict[str, Any]) -> Statement:
-    """The one INSERT that appends an entry; put it in the transaction of the change it records.
-
-    `payload` holds the entry's own fields (ids, counts, hashes: never text); `kind`, `at` and, for a
-    record, `id` (the record id the `record` column repeats) are added.
-    """
-    entry = {**payload, "kind": kind, "at": int(time.time() * 1000)}
-    if record is not None and entry.setdefault("id", record) != record:
-        raise ValueError(f"a {kind} entry for {record} names another id: {entry['id']!r}")
-    return (_APPEND, (kind, record, canonical(entry)))
 
 
 # ---------------------------------------------------------------------- entries of records
@@ -182,105 +135,7 @@ def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
     return _fields(r, _REFUSAL_FIELDS)
 
 
-def generation(g: Generation) -> Statement:
-    return append("generation", g.id, generation_payload(g))
-
-
-def attempt(a: Attempt, only_if_streaming: bool = False) -> Statement:
-    """An attempt's entry; `only_if_streaming` (recovery) appends it only if the attempt's settling UPDATE,
-    which follows it in the transaction, will find it still streaming (as the UPDATE's own guard does)."""
-    sql, params = append("attempt", a.id, attempt_payload(a))
-    if only_if_streaming:
-        return (sql + _IF_STREAMING, params + (a.id,))
-    return (sql, params)
-
-
-def stumps(items: Iterable[Stump]) -> list[Statement]:
-    return [append("stump", s.id, stump_payload(s)) for s in items]
-
-
-def posts(items: Iterable[Post]) -> list[Statement]:
-    return [append("post", p.id, post_payload(p)) for p in items]
-
-
-def delivered(post_id: str, message_id: str) -> Statement:
-    return append("delivered", post_id, delivered_payload(post_id, message_id))
-
-
-def refused(post_id: str, refusal: Refusal) -> Statement:
-    return append("refused", post_id, refused_payload(post_id, refusal.status, refusal.code, refusal.text))
-
-
-def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
-    """The text posts a receipt closes: its generation's partials and speech since the previous receipt."""
-    out: list[Post] = []
-    for p in sorted(all_posts, key=lambda p: p.seq):
-        if p.generation_id != receipt.generation_id or p.seq >= receipt.seq:
-            continue
-        if p.kind == "receipt":
-            out = []
-        elif p.kind in ("partial", "speech"):
-            out.append(p)
-    return out
-
-
 # ---------------------------------------------------------------------- reading records back
-
-
-async def backfill(db: Connection) -> int:
-    """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
-    record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
-    if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
-        return 0
-    if not list(
-        await db.execute_fetchall(
-            "SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
-            " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"
-        )
-    )[0][0]:
-        return 0
-    await db.run(_begin_write)
-    try:
-        if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
-            await db.execute("ROLLBACK")
-            return 0
-        count = await db.run(_backfill)  # on the connection's thread, inside this transaction
-        await db.execute("COMMIT")
-    except BaseException:
-        await db.execute("ROLLBACK")
-        raise
-    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
-    return count
-
-
-def _begin_write(conn: Session) -> None:
-    conn.begin_write()
-
-
-def _backfill(conn: sqlite3.Connection) -> int:
-    """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
-    db = conn.cursor()
-    of = {
-        table: _by(rows.dicts(db, f"SELECT * FROM {table} ORDER BY rowid"), "generation_id") for table in _RECORD_TABLES
-    }
-    blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
-    of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
-    gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
-    items = [(k, r.id, p) for r in records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
-    items += _access_now(db)
-    conn.execute(*append("genesis", None, {"backfill": len(items)}))
-    conn.executemany(_APPEND, [append(k, r, p)[1] for k, r, p in items])
-    return len(items)
-
-
-_RECORD_TABLES = ("attempts", "stumps", "posts")
-
-
-def _by(found: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in found:
-        out[r[key]].append(r)
-    return out
 
 
 def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
@@ -294,9 +149,8 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
         out.append(Record("generations", gen.id, {"generation": payload}, gen.text))
     for a in itertools.chain.from_iterable(of["attempts"].values()):
         att = rows.attempt(a, [rows.block(b) for b in blocks.get(a["id"], ())])
-        out.append(
-            Record("attempts", att.id, {"attempt": attempt_payload(att) if att.outcome != "streaming" else None})
-        )
+        payload = attempt_payload(att) if att.outcome != "streaming" else None
+        out.append(Record("attempts", att.id, {"attempt": payload}))
     for s in itertools.chain.from_iterable(of["stumps"].values()):
         out.append(Record("stumps", s["id"], {"stump": stump_payload(rows.stump(s))}))
     return out + [post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
@@ -304,43 +158,35 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
 
 def post_record(p: dict[str, Any]) -> Record:
     delivered = delivered_payload(p["id"], p["message_id"]) if p["message_id"] is not None else None
-    refused = (
-        refused_payload(p["id"], p["refused_status"], p["refused_code"], rows.stored_text(p["refused"]))
-        if p.get("refused") is not None
-        else None
-    )
+    refusal = p.get("refused")
+    refused = None if refusal is None else refused_payload(p["id"], p["refused_status"], p["refused_code"], refusal)
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
-def _access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
+# Each kind's rows, the record's id first, and the builder of its entry from them.
+_LATEST: tuple[tuple[str, str, Callable[..., dict[str, Any]]], ...] = (
+    ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes", stump_access_payload),
+    ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
+    ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
+)
+
+
+def access_records(db: sqlite3.Cursor) -> list[Record]:
+    """`access_now` as records to `hold` (not whole)."""
+    return [Record(TABLE_OF[kind], record, {kind: payload}) for kind, record, payload in access_now(db)]
+
+
+def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
     """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
     entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
     out = []
-    for kind, sql, build in (
-        (
-            "stump-access",
-            "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes",
-            stump_access_payload,
-        ),
-        ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
-        ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
-    ):
+    for kind, sql, build in _LATEST:
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [(kind, sid, build(*r)) for sid, r in latest.items()]
     return out
 
 
 # ---------------------------------------------------------------------- checking
-
-
-@dataclass
-class ChainReport:
-    """What `check` found: one line per problem, the first broken entry first; the head when whole."""
-
-    violations: list[str] = field(default_factory=list)
-    entries: int = 0
-    head: str = GENESIS_PREV
-    first_broken: int | None = None  # the seq of the first entry a line names
 
 
 @dataclass(frozen=True)
@@ -356,53 +202,17 @@ class Entry:
     def where(self) -> str:
         return f"chain entry {self.seq} ({self.kind}{' ' + self.record if self.record else ''})"
 
-    @property
-    def line(self) -> str:
-        return export_line(self.seq, self.prev, self.body, self.hash)
 
-
-def _link_problem(e: Entry, last_seq: int, last_hash: str) -> str:
-    """Why entry `e` does not follow the entry (last_seq, last_hash); whether it hashes to itself, and
-    its body, are `_body_problem`'s."""
-    if e.seq != last_seq + 1:
-        return f"follows entry {last_seq}" + (
-            f"; entries {last_seq + 1}..{e.seq - 1} are missing" if e.seq > last_seq + 1 else ""
-        )
-    return f"names {e.prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
+def _link_problem(seq: int, prev: str, last_seq: int, last_hash: str) -> str:
+    """Why entry (seq, prev) does not follow the entry (last_seq, last_hash)."""
+    if seq != last_seq + 1:
+        gap = f"; entries {last_seq + 1}..{seq - 1} are missing" if seq > last_seq + 1 else ""
+        return f"follows entry {last_seq}{gap}"
+    return f"names {prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
 
 
 # An entry's columns, in `Entry`'s order.
-_ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
-
-
-EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
-
-
-async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
-    """Entries `since`..`last` in order, a page at a time: an export writes each page before reading the next.
-
-    Why pages: the whole chain held at once took 1.1 GB at 100,000 generations. Each page starts after
-    the last entry of the one before (by `seq`, the primary key), so the pages cost the same however
-    far into the chain they are; entries appended meanwhile, past `last`, are left for a later export.
-    """
-    after, page = since - 1, EXPORT_PAGE
-    while after < last:
-        rows_ = await db.execute_fetchall(
-            _ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3", (after, last, page)
-        )
-        if not rows_:
-            return
-        batch = [Entry(*r) for r in rows_]
-        yield batch
-        after = batch[-1].seq
-
-
-async def latest(db: Connection, kind: str, record: str) -> Entry | None:
-    """The newest entry of `kind` for a record: the one a Provenance answer names."""
-    rows_ = list(
-        await db.execute_fetchall(_ENTRIES + " WHERE record=$1 AND kind=$2 ORDER BY seq DESC LIMIT 1", (record, kind))
-    )
-    return Entry(*rows_[0]) if rows_ else None
+ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
 
 
 def head(conn: sqlite3.Connection) -> tuple[int, str] | None:
@@ -417,11 +227,8 @@ def _differs(stated: dict[str, Any], now: dict[str, Any]) -> list[str]:
     for k in sorted((set(stated) | set(now)) - {"kind", "at"}):
         a, b = stated.get(k), now.get(k)
         if a != b:
-            out.append(
-                k
-                if isinstance(a, dict | list) or isinstance(b, dict | list)
-                else f"{k} (entry {_short(a)}, ledger {_short(b)})"
-            )
+            whole = isinstance(a, dict | list) or isinstance(b, dict | list)
+            out.append(k if whole else f"{k} (entry {_short(a)}, ledger {_short(b)})")
     return out
 
 
@@ -481,8 +288,7 @@ def _continued(before: list[Step], now: Step, text: str) -> str | None:
     if new[: len(old)] != old:
         return f"{why}: its segments do not extend that entry's"
     added = new[len(old) :]
-    unchanged = ("text_sha256", "chars", "status", "stop_reason") if not added else ()
-    for k in unchanged:
+    for k in () if added else ("text_sha256", "chars", "status", "stop_reason"):
         if was.get(k) != now_.get(k):
             return f"{why}: no segment added, but its {k} differs"
     if added and now_.get("chars") != (was.get("chars") or 0) + sum(s.get("chars") or 0 for s in added):
@@ -566,16 +372,15 @@ class Held:
 
 
 def _unattested(kind: str) -> str:
-    return (
-        "the record it attests is "
-        + ("no longer delivered" if kind == "delivered" else "not in the ledger")
-        + (" (or no longer settled)" if kind == "generation" else "")
-    )
+    gone = "no longer delivered" if kind == "delivered" else "not in the ledger"
+    return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
 
-def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
+def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Held:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
-    confirmed against what its builder gives now; every other entry's body read whole."""
+    confirmed against what its builder gives now (else named with what differs, where its body parses);
+    every other entry's body read whole. Not `whole` (`access_records`, whose stumps the generations'
+    records hold whole): only those latest entries."""
     out = Held()
     history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
@@ -586,11 +391,11 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
             steps = history.get((TABLE_OF.get(kind, ""), record))
             if steps is not None:
                 steps.append(Step(seq, kind, body))
-                if seq <= top:
+                if seq <= top and whole:
                     out.count, out.total = out.count + 1, out.total + seq
     for r in records:
         steps = history[r.table, r.id]
-        broken = history_problem(r.table, r.id, steps, r.text) if steps else None
+        broken = history_problem(r.table, r.id, steps, r.text) if steps and whole else None
         if broken:
             kind = next(s.kind for s in steps if s.seq == broken[0])
             out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
@@ -602,41 +407,16 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Held:
                     out.unchained.append(f"delivery of post {r.id}" if kind == "delivered" else f"{kind} {r.id}")
             elif payload is None:
                 out.lines.append((last.seq, 2, f"chain entry {last.seq} ({kind} {r.id}): {_unattested(kind)}"))
-            elif _against(out, kind, r.id, payload, last.seq, last.body):
+            elif confirms(kind, payload, last.body):
                 confirmed.add(last.seq)
                 out.confirmed += 1
-        for s in steps:
+            elif (stated := _parsed(last.body)) is not None and (diff := _differs(stated, payload)):
+                what = f"the ledger no longer matches it: {', '.join(diff)}"
+                out.lines.append((last.seq, 1, f"chain entry {last.seq} ({kind} {r.id}): {what}"))
+        for s in steps if whole else ():
             problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
             if problem:
                 out.lines.append((s.seq, 0, f"chain entry {s.seq} ({s.kind} {r.id}): {problem}"))
-    return out
-
-
-def _against(out: Held, kind: str, record: str, payload: dict[str, Any], seq: int, body: str) -> bool:
-    """A record's latest entry of `kind` against its payload now: confirmed, or the line saying what differs."""
-    if confirms(kind, payload, body):
-        return True
-    stated = _parsed(body)
-    diff = _differs(stated, payload) if stated is not None else []
-    if diff:
-        out.lines.append(
-            (seq, 1, f"chain entry {seq} ({kind} {record}): the ledger no longer matches it: " + ", ".join(diff))
-        )
-    return False
-
-
-def hold_access(db: sqlite3.Cursor) -> Held:
-    """Each stump's latest access choice and latest read, and each budget refusal, against its latest entry of
-    that kind; an entry that does not confirm gets the line saying what differs."""
-    out = Held()
-    for kind, sid, payload in _access_now(db):
-        got = db.execute(
-            "SELECT seq, body FROM chain WHERE record = $1 AND kind = $2 ORDER BY seq DESC LIMIT 1", (sid, kind)
-        ).fetchone()
-        if got is None:
-            out.unchained.append(f"{kind} {sid}")
-        else:
-            _against(out, kind, sid, payload, got[0], got[1])
     return out
 
 
@@ -669,37 +449,32 @@ def walk(db: sqlite3.Cursor, top: int) -> Walked:
                 out.count, out.total = out.count + 1, out.total + seq
             linked = seq == out.last + 1 and prev == out.head
             if not (linked and named and entry_hash(seq, prev, body) == digest):
-                e = Entry(seq, kind, record, prev, body, digest)
                 problem = (
-                    _link_problem(e, out.last, out.head)
-                    if not linked
-                    else _body_problem(kind, record, body)
-                    or (None if entry_hash(seq, prev, body) == digest else "its hash does not match its content")
+                    _link_problem(seq, prev, out.last, out.head) if not linked else _body_problem(kind, record, body)
                 )
+                if problem is None and entry_hash(seq, prev, body) != digest:
+                    problem = "its hash does not match its content"
                 if problem:
-                    out.lines.append((seq, 0, f"{e.where}: {problem}"))
+                    out.lines.append((seq, 0, f"{Entry(seq, kind, record, prev, body, digest).where}: {problem}"))
             out.last, out.head = seq, digest
     return out
 
 
 BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows, however long the chain
-WALK = "SELECT seq, kind, record, prev, body, hash FROM chain WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
+WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
-def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> ChainReport:
-    """The walk and the records put together, lines ordered by entry, link problems first, as one pass
-    over the chain would find them. Where the records read fewer entries than name one, the entries
-    naming a record that is not in its table are found: each such record's latest entry of a kind
-    attests nothing."""
+def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> list[tuple[int, str]]:
+    """The walk's and the records' lines with the entry each names, ordered by entry, link problems
+    first, as one pass over the chain would find them. Where the records read fewer entries than name
+    one, the entries naming a record that is not in its table are found: each such record's latest
+    entry of a kind attests nothing."""
     found = walked.lines + held.lines
     if (held.count, held.total) != (walked.count, walked.total):
         found += _unattested_entries(db, top)
     found += [(walked.last + 1, 1, f"{what}: not in the chain") for what in held.unchained]
     found = sorted(dict.fromkeys(found), key=lambda f: (f[0], f[1]))  # (an entry read twice is named once)
-    rep = ChainReport(entries=walked.entries, head=walked.head)
-    rep.violations = [line for _, _, line in found]
-    rep.first_broken = found[0][0] if found else None
-    return rep
+    return [(seq, line) for seq, _, line in found]
 
 
 def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, str]]:
@@ -707,7 +482,7 @@ def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, st
     latest: dict[tuple[str, str | None], Entry] = {}
     for table, (first, then) in HISTORY.items():
         kinds = (first, *then)
-        sql = f"{_ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
+        sql = f"{ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
         for row in db.execute(f"{sql} AND record NOT IN (SELECT id FROM {table}) ORDER BY seq", (top, *kinds)):
             e = Entry(*row)
             problem = _body_problem(e.kind, e.record, e.body)

@@ -1,14 +1,43 @@
-"""An export of the hash chain checked with no database (`ledger verify --export`): each line canonical,
-linked to the one before, hashing to itself. The format is `chain`'s (`export_line`)."""
+"""An export of the hash chain: written a page at a time (`export_pages`, `ledger export`), and checked
+with no database (`ledger verify --export`): each line canonical, linked to the one before, hashing to
+itself. The format is `export_line`'s."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .chain import GENESIS_PREV, canonical, entry_hash
+from .chain import ENTRIES, GENESIS_PREV, Entry, canonical, entry_hash
+from .connection import Connection
+
+EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
+
+
+def export_line(e: Entry) -> str:
+    """One export line: canonical({"entry","hash","prev","seq"}) (keys in that, sorted, order)."""
+    return f'{{"entry":{e.body},"hash":"{e.hash}","prev":"{e.prev}","seq":{int(e.seq)}}}'
+
+
+async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[list[Entry]]:
+    """Entries `since`..`last` in order, a page at a time: an export writes each page before reading the next.
+
+    Why pages: the whole chain held at once took 1.1 GB at 100,000 generations. Each page starts after
+    the last entry of the one before (by `seq`, the primary key), so the pages cost the same however
+    far into the chain they are; entries appended meanwhile, past `last`, are left for a later export.
+    """
+    after, page = since - 1, EXPORT_PAGE
+    while after < last:
+        rows_ = await db.execute_fetchall(
+            ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3", (after, last, page)
+        )
+        if not rows_:
+            return
+        batch = [Entry(*r) for r in rows_]
+        yield batch
+        after = batch[-1].seq
 
 
 @dataclass

@@ -1,19 +1,19 @@
-"""The ledger's promises about its records, checked on raw rows (dicts) one generation at a time: every
-emitted text kept exactly, every cut surfaced once, posts covering each text exactly once, nothing
-uncompleted posted as speech. `verify` reads the rows and puts the lines in order."""
+"""The ledger's promises about its records, checked on rows (`rows.dicts`: texts decoded once) one
+generation at a time: every emitted text kept exactly, every cut surfaced once, posts covering each
+text exactly once, nothing uncompleted posted as speech. `verify` reads the rows and orders the lines."""
 
 from __future__ import annotations
 
 import functools
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from .. import truth
 from ..records import Block, PostReason, join_text
 from ..text import FENCE_LINE
 from ..truth import LIMIT, RECEIPT_PREFIX
-from .rows import stored_text
 from .verify_tools import joined_upto
 
 CUT = frozenset({"truncated", "failed", "incomplete"})
@@ -22,22 +22,19 @@ TEXT_KINDS = frozenset({"speech", "partial"})
 _SECOND_PERSON = re.compile(r"\b(you|your|yours|yourself)\b", re.IGNORECASE)
 
 
-# Room lines that are not a generation's boundary line: the optional retry notice, a declined
-# /continue, a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A post records why it exists (`posts.reason`); its wording is never parsed here.
+# Room lines that are not a generation's boundary line: the optional retry notice, a declined /continue,
+# a refused provider key's notice (in place of a line, once per window) and a live attempt set aside. A
+# post records why it exists (`posts.reason`); its wording is never parsed here.
 _SIDE_NOTICES = frozenset(
     {PostReason.ABANDONED_NOTICE, PostReason.DECLINED_CONTINUE, PostReason.LIVE_SET_ASIDE, PostReason.KEY_REJECTED}
 )
-# The kinds each reason may be posted as.
-_REASON_KINDS: dict[str, frozenset[str]] = {
+# The kinds each reason may be posted as (a spent budget's notice: of no generation, none was made).
+_REASON_KINDS: dict[PostReason, frozenset[str]] = dict.fromkeys(
+    _SIDE_NOTICES | {PostReason.REFUSAL, PostReason.BUDGET_REACHED}, frozenset({"notice"})
+) | {
     PostReason.TEXT: TEXT_KINDS,
     PostReason.RECEIPT: frozenset({"receipt"}),
     PostReason.NO_TEXT: frozenset({"receipt", "notice"}),
-    PostReason.REFUSAL: frozenset({"notice"}),
-    PostReason.DECLINED_CONTINUE: frozenset({"notice"}),
-    PostReason.ABANDONED_NOTICE: frozenset({"notice"}),
-    PostReason.KEY_REJECTED: frozenset({"notice"}),
-    PostReason.LIVE_SET_ASIDE: frozenset({"notice"}),
-    PostReason.BUDGET_REACHED: frozenset({"notice"}),  # of no generation: none was made
     PostReason.RECOVERED: frozenset({"recovered", "receipt"}),
 }
 
@@ -48,40 +45,47 @@ def _status_by_rule(stop_reason: str | None) -> str:
     return truth.status_of_outcome(truth.outcome_of_stop(stop_reason))
 
 
-def check_generation(
-    lines: list[str],
-    unsettled: list[str],
-    g: dict[str, Any],
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    chunks: dict[str, int],
-    rounds: list[str] | None = None,
-) -> None:
-    """`rounds`: a generation with tool calls, the last attempt of each round (its text is theirs joined)."""
-    gid, status = g["id"], g["status"]
-    text = stored_text(g["text"])
-    where = f"generation {gid}"
-    for a in attempts:
-        a["text"] = stored_text(a["text"])
-        if a["outcome"] != "streaming":
-            if chunks.get(a["id"]):
-                lines.append(
-                    f"attempt {a['id']} ({where}): settled ({a['outcome']}) but {chunks[a['id']]} streamed "
-                    "chunk(s) left in attempt_chunks"
-                )
-            if a["chars"] != len(a["text"]):
-                lines.append(f"attempt {a['id']} ({where}): chars {a['chars']} != {len(a['text'])} characters of text")
-    for s in stumps:
-        s["text"] = stored_text(s["text"])
+Row = dict[str, Any]
+
+
+@dataclass
+class GenerationRows:
+    """A generation's row and its records' rows, as `verify` read them: what each check of it reads."""
+
+    g: Row
+    attempts: list[Row]
+    segments: list[Row]
+    stumps: list[Row]
+    posts: list[Row]  # its own: not those publishing a stump at its resident's request
+    blocks: dict[str, list[Row]]  # by attempt id
+    rounds: list[str] | None  # with tool calls: the last attempt of each round (its text is theirs joined)
+
+    @functools.cached_property
+    def where(self) -> str:
+        return f"generation {self.g['id']}"
+
+
+def _attempt(a: Row, where: str) -> str:
+    """An attempt as its lines name it (made only for a line: most attempts have none)."""
+    return f"attempt {a['id']} ({where})"
+
+
+def check_generation(lines: list[str], r: GenerationRows, chunks: dict[str, int]) -> None:
+    """Its records' stored counts; then, once it is settled, its status, texts, stumps and posts."""
+    g, text, where, status = r.g, r.g["text"], r.where, r.g["status"]
+    for a in r.attempts:
+        left = chunks.get(a["id"])
+        if a["outcome"] != "streaming" and left:
+            lines.append(
+                f"{_attempt(a, where)}: settled ({a['outcome']}) but {left} streamed chunk(s) left in attempt_chunks"
+            )
+        if a["outcome"] != "streaming" and a["chars"] != len(a["text"]):
+            lines.append(f"{_attempt(a, where)}: chars {a['chars']} != {len(a['text'])} characters of text")
+    for s in r.stumps:
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
-    for p in posts:
-        p["content"] = stored_text(p["content"])
     if status == "pending":
-        unsettled.append(gid)
-        return
+        return  # (`verify` reports it unsettled)
     if status not in SETTLED:
         lines.append(f"{where}: unknown status {status!r}")
         return
@@ -92,69 +96,55 @@ def check_generation(
     expected = "failed" if status == "failed" and g["stop_reason"] is None else _status_by_rule(g["stop_reason"])
     if status != expected:
         lines.append(f"{where}: status {status} with stop reason {g['stop_reason']!r} (the rule gives {expected})")
-    for a in attempts:
+    for a in r.attempts:
         if a["outcome"] == "streaming":
             lines.append(f"attempt {a['id']} ({where}): still streaming in a settled generation")
-    _check_texts_kept(lines, where, text, g["stop_reason"], attempts, segments, stumps, rounds)
-    _check_output_stump(lines, where, g, text, stumps, posts)
-    _check_posts(lines, where, g, text, attempts, segments, stumps, posts, rounds)
+    _check_texts_kept(lines, r)
+    _check_output_stump(lines, r)
+    _check_posts(lines, r)
 
 
-def check_blocks(
-    lines: list[str],
-    g: dict[str, Any],
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    blocks: dict[str, list[dict[str, Any]]],
-) -> None:
+def check_blocks(lines: list[str], r: GenerationRows) -> None:
     """An attempt's text is its text blocks joined; a block stump is its block's content; the non-text
     block a cut attempt stopped in is kept as a stump."""
-    where = f"generation {g['id']}"
-    final = segments[-1]["attempt_id"] if segments else None
-    for a in attempts:
-        own = blocks.get(a["id"], [])
+    where, g = r.where, r.g
+    final = r.segments[-1]["attempt_id"] if r.segments else None
+    for a in r.attempts:
+        own = r.blocks.get(a["id"], [])
         if a["outcome"] == "streaming" or not own:
             continue  # a ledger from before blocks were kept has none
-        recs = [Block(b["idx"], b["type"], stored_text(b["content"])) for b in own]
-        for b, rec in zip(own, recs, strict=False):
-            if b["chars"] != rec.chars:
-                lines.append(f"attempt {a['id']} ({where}): block {b['idx']} chars {b['chars']} != {rec.chars}")
+        recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
+        lines += [
+            f"{_attempt(a, where)}: block {b['idx']} chars {b['chars']} != {rec.chars}"
+            for b, rec in zip(own, recs, strict=True)
+            if b["chars"] != rec.chars
+        ]
         if join_text(recs) != a["text"]:
-            lines.append(f"attempt {a['id']} ({where}): text is not its text blocks joined")
-        for b, rec in zip(own, recs, strict=False):
-            if rec.is_text and b["text_offset"] != rec.offset:
-                lines.append(
-                    f"attempt {a['id']} ({where}): text block {b['idx']} span starts at {b['text_offset']}, "
-                    f"not {rec.offset}"
-                )
+            lines.append(f"{_attempt(a, where)}: text is not its text blocks joined")
+        lines += [
+            f"{_attempt(a, where)}: text block {b['idx']} span starts at {b['text_offset']}, not {rec.offset}"
+            for b, rec in zip(own, recs, strict=True)
+            if rec.is_text and b["text_offset"] != rec.offset
+        ]
         cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
         due = a["outcome"] == "abandoned" or (a["id"] == final and g["status"] not in ("completed", "pending"))
-        held = [s for s in stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
+        held = [s for s in r.stumps if s["scope"] == "block" and s["attempt_id"] == a["id"]]
         for s in held:
-            match = [r for r in recs if r.index == s["block"]]
-            if not match or match[0].content != s["text"]:
+            match = next((rec for rec in recs if rec.index == s["block"]), None)
+            if match is None or match.content != s["text"]:
                 lines.append(f"stump {s['id']} ({where}): not the content of block {s['block']} of attempt {a['id']}")
         if cut is not None and due and not any(s["block"] == cut.index for s in held):
             lines.append(
-                f"attempt {a['id']} ({where}): stopped inside {cut.type} block {cut.index} "
-                f"({cut.chars} characters), which is kept as no stump"
+                f"{_attempt(a, where)}: stopped inside {cut.type} block {cut.index} ({cut.chars} characters), "
+                "which is kept as no stump"
             )
 
 
-def _check_texts_kept(
-    lines: list[str],
-    where: str,
-    text: str,
-    g_stop: str | None,
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    rounds: list[str] | None = None,
-) -> None:
+def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
     """Every attempt's text is either part of the canonical text (as a segment) or a stump, exactly.
 
     With tool `rounds`, the one segment is the rounds' text joined, up to its attempt's round."""
+    where, text, attempts, segments, rounds = r.where, r.g["text"], r.attempts, r.segments, r.rounds
     by_id = {a["id"]: a for a in attempts}
     in_segment: set[str] = set()
     offset = 0
@@ -176,56 +166,47 @@ def _check_texts_kept(
     if not segments and text:
         lines.append(f"{where}: {len(text)} characters of text but no segment")
     for a in attempts:
-        if a["outcome"] == "abandoned":
-            if a["discard_reason"] != truth.RETRY_ABANDONED:
-                lines.append(f"attempt {a['id']} ({where}): abandoned with discard reason {a['discard_reason']!r}")
-            if a["replaced_by"] is None and g_stop != truth.INTERRUPTED:  # a stop may come before the retry
-                lines.append(f"attempt {a['id']} ({where}): abandoned but replaced by no attempt")
-            if a["id"] in in_segment:
-                lines.append(f"attempt {a['id']} ({where}): abandoned text spliced into the canonical text")
+        abandoned = a["outcome"] == "abandoned"
+        if abandoned and a["discard_reason"] != truth.RETRY_ABANDONED:
+            lines.append(f"{_attempt(a, where)}: abandoned with discard reason {a['discard_reason']!r}")
+        # (a stop may come before the retry)
+        if abandoned and a["replaced_by"] is None and r.g["stop_reason"] != truth.INTERRUPTED:
+            lines.append(f"{_attempt(a, where)}: abandoned but replaced by no attempt")
+        if abandoned and a["id"] in in_segment:
+            lines.append(f"{_attempt(a, where)}: abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
-        own = [s for s in stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
-        if a["outcome"] == "abandoned":
+        own = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
+        if abandoned:
             match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
                 lines.append(
-                    f"attempt {a['id']} ({where}): abandoned with {len(a['text'])} characters but "
+                    f"{_attempt(a, where)}: abandoned with {len(a['text'])} characters but "
                     f"{len(match)} retry-abandoned stumps"
                 )
             for s in match:
                 if s["text"] != a["text"]:
                     lines.append(f"stump {s['id']} ({where}): text differs from abandoned attempt {a['id']}")
-                if (
-                    s["published"] and not s.get("recovered") and not s.get("shown_live")
-                ):  # published only at its resident's request, or shown live
+                # published only at its resident's request, or shown live
+                if s["published"] and not s.get("recovered") and not s.get("shown_live"):
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
                 if s.get("shown_live") and not s["published"]:
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
         elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
             lines.append(
-                f"attempt {a['id']} ({where}): {len(a['text'])} characters neither in the canonical text "
-                "nor kept as a stump"
+                f"{_attempt(a, where)}: {len(a['text'])} characters neither in the canonical text nor kept as a stump"
             )
 
 
-def _check_output_stump(
-    lines: list[str],
-    where: str,
-    g: dict[str, Any],
-    text: str,
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-) -> None:
+def _check_output_stump(lines: list[str], r: GenerationRows) -> None:
     """A non-completed text stands as exactly one output stump, with the right cause and published flag."""
-    standing = [s for s in stumps if s["scope"] == "output" and s["replaced_by"] is None]
+    where, g, text = r.where, r.g, r.g["text"]
+    standing = [s for s in r.stumps if s["scope"] == "output" and s["replaced_by"] is None]
     cause = truth.stump_cause(g["status"], g["stop_reason"])
+    if (cause is None or not text) and standing:
+        why = "no text" if not text else "no stump cause"
+        lines.append(f"{where}: {g['status']} with {why} but {len(standing)} standing output stump(s)")
     if cause is None or not text:
-        if standing:
-            lines.append(
-                f"{where}: {g['status']} with {'no text' if not text else 'no stump cause'} but "
-                f"{len(standing)} standing output stump(s)"
-            )
         return
     if len(standing) != 1:
         lines.append(
@@ -237,7 +218,7 @@ def _check_output_stump(
         lines.append(f"stump {s['id']} ({where}): output stump text differs from the canonical text")
     if s["cause"] != cause:
         lines.append(f"stump {s['id']} ({where}): cause {s['cause']!r}, expected '{cause}'")
-    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    text_posts = [p for p in r.posts if p["kind"] in TEXT_KINDS]
     some = any(p["message_id"] is not None for p in text_posts)
     every = bool(text_posts) and all(p["message_id"] is not None for p in text_posts)
     if s["published"] and not some:
@@ -246,38 +227,21 @@ def _check_output_stump(
         lines.append(f"stump {s['id']} ({where}): its text posts were delivered but it is not marked published")
 
 
-def _check_posts(
-    lines: list[str],
-    where: str,
-    g: dict[str, Any],
-    text: str,
-    attempts: list[dict[str, Any]],
-    segments: list[dict[str, Any]],
-    stumps: list[dict[str, Any]],
-    posts: list[dict[str, Any]],
-    rounds: list[str] | None = None,
-) -> None:
-    status = g["status"]
+def _check_posts(lines: list[str], r: GenerationRows) -> None:
+    where, g, text, status = r.where, r.g, r.g["text"], r.g["status"]
+    attempts, segments, posts = r.attempts, r.segments, r.posts
     # Each /continue that reached the provider is one more settlement with its own posts and receipt;
     # bounded continuation happens inside the first settlement. Tool rounds are never continued.
-    calls = (
-        sum(1 for a in attempts if a["segment"] > 1 and a["idx"] == 1)
-        if g["standing"] == "on-request" and not rounds
-        else 0
-    )
+    on_request = g["standing"] == "on-request" and not r.rounds
+    calls = sum(a["segment"] > 1 and a["idx"] == 1 for a in attempts) if on_request else 0
     if len({p["seq"] for p in posts}) != len(posts):
         lines.append(f"{where}: duplicate post seq numbers")
-    text_posts, receipts, boundary_notices, kinds = [], [], [], set()
     for p in posts:
         check_line(lines, p, where)
-        kind = p["kind"]
-        kinds.add(kind)
-        if kind in TEXT_KINDS:
-            text_posts.append(p)
-        elif kind == "receipt":
-            receipts.append(p)
-        elif kind == "notice" and p["reason"] not in _SIDE_NOTICES:
-            boundary_notices.append(p)
+    kinds = {p["kind"] for p in posts}
+    text_posts = [p for p in posts if p["kind"] in TEXT_KINDS]
+    receipts = [p for p in posts if p["kind"] == "receipt"]
+    boundary_notices = [p for p in posts if p["kind"] == "notice" and p["reason"] not in _SIDE_NOTICES]
     if status != "completed" and "speech" in kinds:
         lines.append(f"{where}: speech post for a {status} generation")
     if status == "completed" and calls == 0 and "partial" in kinds:
@@ -303,21 +267,11 @@ def _check_posts(
     found = len(receipts) + len(boundary_notices)
     # A refused provider key: the room hears of it at most once per channel per window (delivery.keys),
     # so such a failure with nothing to post may stand with no line at all.
-    withheld = (
-        status == "failed"
-        and not visible
-        and not calls
-        and not receipts
-        and not boundary_notices
-        and bool(attempts)
-        and truth.key_rejected(attempts[-1]["error"])
-    )
+    last_error = attempts[-1]["error"] if attempts else None
+    withheld = status == "failed" and not (visible or calls or found) and truth.key_rejected(last_error)
     # So may each /continue whose segment was refused for the key (the notice, if any, is a side line).
-    keyless = (
-        sum(1 for a in attempts if a["segment"] > 1 and a["outcome"] == "failed" and truth.key_rejected(a["error"]))
-        if calls
-        else 0
-    )
+    failed_continues = [a for a in attempts if a["segment"] > 1 and a["outcome"] == "failed"]
+    keyless = sum(truth.key_rejected(a["error"]) for a in failed_continues) if calls else 0
     if not want - keyless <= found <= want and not withheld:
         what = f"{status} generation" + (f" with {calls} continuation(s) on request" if calls else "")
         lines.append(
@@ -331,9 +285,7 @@ def _check_posts(
 def check_line(lines: list[str], p: dict[str, Any], about: str | None = None) -> None:
     """Posts fit a Discord message; receipts and notices are compact and never in the second person.
     Lines name the post (and `about`: its generation or stump), named only when one is found."""
-    content = p["content"] if isinstance(p["content"], str) else stored_text(p["content"])
-    kind = p["kind"]
-    found = []
+    content, kind, found = p["content"], p["kind"], []
     if len(content) > LIMIT:
         found.append(f"{len(content)} characters, over the {LIMIT:,} limit")
     if kind in ("receipt", "notice"):
@@ -413,16 +365,10 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
     """
     i, n = j, len(text)
     for k, ch in enumerate(body):
+        added = ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1)
         if i < n and text[i] == ch:
             i += 1
-        elif (
-            ch == "\\"
-            and (k == 0 or body[k - 1] == "\n")
-            and body.startswith("-# ", k + 1)
-            and text.startswith("-# ", i)
-        ):
-            continue
-        else:
+        elif not (added and text.startswith("-# ", i)):
             return None
     return i
 
@@ -443,8 +389,9 @@ def _bodies(content: str) -> list[tuple[str, bool]]:
     return out
 
 
-def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: list[dict[str, Any]]) -> None:
-    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing else."""
+def check_recovered(lines: list[str], stumps: dict[str, Row], posts: list[Row]) -> set[str]:
+    """Posts that publish a stump: its text exactly once as `recovered` posts, then one receipt, nothing
+    else. The stumps whose recovered posts were delivered are returned."""
     by_stump: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in posts:
         by_stump[p["stump_id"]].append(p)
@@ -453,7 +400,6 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
         ps.sort(key=lambda p: (p["generation_id"] or "", p["seq"]))
         who = f"stump {sid}"
         for p in ps:
-            p["content"] = stored_text(p["content"])
             check_line(lines, p, who)
         s = stumps.get(sid)
         if s is None:
@@ -466,7 +412,7 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
             lines.append(f"{who}: published as {kinds}, not recovered posts followed by one receipt")
         if len({p["generation_id"] for p in ps}) != 1:
             lines.append(f"{who}: published by posts of more than one generation")
-        problem = cover(stored_text(s["text"]), [p["content"] for p in ps if p["kind"] == "recovered"])
+        problem = cover(s["text"], [p["content"] for p in ps if p["kind"] == "recovered"])
         if problem:
             lines.append(f"{who}: recovered posts are not its text exactly once: {problem}")
         delivered = [p for p in ps if p["kind"] == "recovered" and p["message_id"] is not None]
@@ -474,5 +420,4 @@ def check_recovered(lines: list[str], stumps: dict[str, dict[str, Any]], posts: 
             published.add(sid)
         if delivered and not s["published"]:
             lines.append(f"{who}: its recovered posts were delivered but it is not marked published")
-    for sid, s in stumps.items():
-        s["recovered"] = sid in published
+    return published

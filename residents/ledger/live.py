@@ -12,7 +12,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from . import chain
+from . import appending
 from .connection import placeholders
 from .store import Ledger, stored_bytes, stored_text
 
@@ -74,14 +74,14 @@ async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> 
                 (post_id, stored_bytes(content), message_id),
             ),
             ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, now, post_id)),
-            chain.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
+            appending.delivered(post_id, message_id),  # a delivery like any other: in the hash chain with it
         ]
     )
 
 
 async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None, contents: list[str]) -> None:
     """The messages of a retried attempt stay as shown; their text's stump is marked published."""
-    statements: list[chain.Statement] = [
+    statements: list[appending.Statement] = [
         (
             "UPDATE live_messages SET state='set-aside', stump_id=$1, content=$2 WHERE message_id=$3",
             (stump_id, stored_bytes(c), mid),

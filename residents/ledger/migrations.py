@@ -9,8 +9,11 @@ import json
 import logging
 import sqlite3
 import time
+from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
+from . import appending, chain, rows
 from .connection import Connection, Session
 from .postgres import MIGRATE_LOCK
 from .schema_postgres import BASELINE, BASELINE_UPTO
@@ -798,3 +801,63 @@ def _apply_sqlite_step(conn: Session, name: str, sql: str | Callable[[sqlite3.Co
             conn.execute("ROLLBACK")
         raise
     return True
+
+
+# ---------------------------------------------------------------------- the chain of records from before it
+
+
+async def backfill(db: Connection) -> int:
+    """Start the chain of a ledger that has records from before it: a `genesis` entry, then one entry per
+    record as it stands now, in one transaction. Nothing on a fresh ledger or one already chained."""
+    if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):
+        return 0
+    if not list(
+        await db.execute_fetchall(
+            "SELECT EXISTS (SELECT 1 FROM stumps) OR EXISTS (SELECT 1 FROM posts)"
+            " OR EXISTS (SELECT 1 FROM generations WHERE status != 'pending')"
+        )
+    )[0][0]:
+        return 0
+    await db.run(_begin_write)
+    try:
+        if await db.execute_fetchall("SELECT 1 FROM chain LIMIT 1"):  # another process began it meanwhile
+            await db.execute("ROLLBACK")
+            return 0
+        count = await db.run(_backfill)  # on the connection's thread, inside this transaction
+        await db.execute("COMMIT")
+    except BaseException:
+        await db.execute("ROLLBACK")
+        raise
+    log.info("ledger chain begun: %d record(s) from before it backfilled after a genesis entry", count)
+    return count
+
+
+def _begin_write(conn: Session) -> None:
+    conn.begin_write()
+
+
+def _backfill(conn: sqlite3.Connection) -> int:
+    """The genesis entry, then each record's entries as it stands now: the ones `verify` holds it against."""
+    db = conn.cursor()
+    of = {
+        table: _by(rows.dicts(db, f"SELECT * FROM {table} ORDER BY rowid"), "generation_id")
+        for table in _CHAINED_TABLES
+    }
+    blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
+    of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
+    gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
+    items = [(k, r.id, p) for r in chain.records(gens, of, blocks) for k, p in r.expected.items() if p is not None]
+    items += chain.access_now(db)
+    conn.execute(*appending.append("genesis", None, {"backfill": len(items)}))
+    conn.executemany(appending.APPEND, [appending.append(k, r, p)[1] for k, r, p in items])
+    return len(items)
+
+
+_CHAINED_TABLES = ("attempts", "stumps", "posts")
+
+
+def _by(found: list[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in found:
+        out[r[key]].append(r)
+    return out

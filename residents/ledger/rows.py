@@ -52,11 +52,20 @@ def cols(r: Any) -> dict[str, Any]:
     return dict(r) if not isinstance(r, dict) else r
 
 
+TEXTS = frozenset({"text", "content", "refused"})  # the text columns (UTF-8 BLOBs) of the ledger's records
+
+
 def dicts(db: sqlite3.Cursor, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-    """A query's rows as dicts made straight from tuples (cheaper than `sqlite3.Row` looked up by name)."""
+    """A query's rows as dicts made straight from tuples (cheaper than `sqlite3.Row` looked up by name),
+    their text columns decoded here, once, for every check and builder that reads them after."""
     got = db.execute(sql, tuple(params)).fetchall()
     names = [sys.intern(d[0]) for d in db.description or ()]  # (so each look-up by name is one compare)
-    return list(map(dict, map(zip, itertools.repeat(names), got)))
+    out = list(map(dict, map(zip, itertools.repeat(names), got)))
+    for name in TEXTS.intersection(names):
+        for r in out:
+            if r[name] is not None:  # (a post's `refused` is NULL unless the room refused it)
+                r[name] = stored_text(r[name])
+    return out
 
 
 def _member(kind: type[E], value: Any) -> E:

@@ -35,7 +35,7 @@ from ..records import (
     make_stump,
 )
 from ..text import outbound
-from . import attachments, chain, lock, migrations, postgres, requests
+from . import appending, attachments, lock, migrations, postgres, requests
 from . import rows as read
 from .connection import POSTGRESQL, Connection, ConnectionLost, Session, placeholders, said
 from .rows import cols as _cols
@@ -228,7 +228,7 @@ class Ledger:
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
         try:
             await migrations.apply(db)
-            await chain.backfill(db)
+            await migrations.backfill(db)
         except Exception as e:
             await db.close()
             await hold.release()
@@ -287,8 +287,8 @@ class Ledger:
             await db.execute("PRAGMA synchronous=NORMAL")
             await db.execute("PRAGMA foreign_keys=ON")
             await migrations.apply(db)
-            await chain.install(db)
-            await chain.backfill(db)
+            await appending.install(db)
+            await migrations.backfill(db)
         except Exception as e:
             await db.close()
             if hold is not None:
@@ -320,7 +320,7 @@ class Ledger:
                 f"{path}: written by an older residents, {len(pending)} migration(s) to apply (from {pending[0]});"
                 f" `residents ledger migrate --db {path}` applies them"
             )
-        await chain.install(db)
+        await appending.install(db)
         return cls(db, path)
 
     async def close(self) -> None:
@@ -358,11 +358,11 @@ class Ledger:
             done.add_done_callback(self._orphaned)  # its caller is gone: a failure is told to the log
             raise
 
-    async def write(self, statements: Iterable[chain.Statement], posts: Iterable[Post] = ()) -> None:
+    async def write(self, statements: Iterable[appending.Statement], posts: Iterable[Post] = ()) -> None:
         """One change of a record kind kept in a module of its own (as `budgets`): its rows' statements with
-        their chain entries (`chain.append`), then the posts it plans with theirs, in one transaction."""
+        their chain entries (`appending.append`), then the posts it plans with theirs, in one transaction."""
         planned = list(posts)
-        await self._tx([*statements, *map(self._post_insert, planned), *chain.posts(planned)])
+        await self._tx([*statements, *map(self._post_insert, planned), *appending.posts(planned)])
 
     def _orphaned(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and (e := done.exception()) is not None:
@@ -516,7 +516,7 @@ class Ledger:
             [(STILL_STREAMING, (a.id,))]
             + self._attempt_settle(a)
             + [self._stump_insert(s) for s in stumps]
-            + chain.stumps(stumps)
+            + appending.stumps(stumps)
         )
         await self._superseded_kept(a, stmts)
         _stored(stumps)
@@ -546,7 +546,7 @@ class Ledger:
             for pos, b in enumerate(a.content_blocks())
         ]
         return stmts + [
-            chain.attempt(a, only_if_streaming=only_if_streaming),
+            appending.attempt(a, only_if_streaming=only_if_streaming),
             (
                 "UPDATE attempts SET outcome=$1, stop_reason=$2, discard_reason=$3, error=$4, text=$5, chars=$6,"
                 " output_tokens=$7, request_id=$8, replaced_by=$9, ended_at=$10, stop_details=$11, request_replacements=$12,"
@@ -583,7 +583,7 @@ class Ledger:
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
         if stumps:
-            await self._tx([self._stump_insert(s) for s in stumps] + chain.stumps(stumps))
+            await self._tx([self._stump_insert(s) for s in stumps] + appending.stumps(stumps))
             _stored(stumps)
 
     @staticmethod
@@ -630,7 +630,7 @@ class Ledger:
             stump_id, by = replaced_output
             stmts.append(("UPDATE stumps SET replaced_by=$1 WHERE id=$2", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
-        stmts += [chain.generation(g)] + chain.stumps(new_stumps)
+        stmts += [appending.generation(g)] + appending.stumps(new_stumps)
         await (self._superseded_kept(last_attempt, stmts) if last_attempt else self._tx(stmts))
         _stored(new_stumps)
 
@@ -654,7 +654,7 @@ class Ledger:
             raise
 
     async def add_posts(self, posts: list[Post]) -> None:
-        await self._tx([self._post_insert(p) for p in posts] + chain.posts(posts))
+        await self._tx([self._post_insert(p) for p in posts] + appending.posts(posts))
 
     async def next_post_seq(self, generation_id: str) -> int:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
@@ -672,7 +672,7 @@ class Ledger:
         await self._tx(
             [
                 ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, at, post.id)),
-                chain.delivered(post.id, message_id),
+                appending.delivered(post.id, message_id),
             ]
         )
         post.message_id, post.delivered_at = message_id, at
@@ -686,7 +686,7 @@ class Ledger:
                     "UPDATE posts SET refused=$1, refused_at=$2, refused_status=$3, refused_code=$4 WHERE id=$5",
                     (post.refused, post.refused_at, refusal.status, refusal.code, post.id),
                 ),
-                chain.refused(post.id, refusal),
+                appending.refused(post.id, refusal),
             ]
         )
 
@@ -911,7 +911,7 @@ class Ledger:
         stmts += self._generation_settle(g)
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [self._post_insert(p) for p in posts]
-        stmts += [chain.generation(g)] + chain.stumps(new_stumps) + chain.posts(posts)
+        stmts += [appending.generation(g)] + appending.stumps(new_stumps) + appending.posts(posts)
         await self._tx(stmts)
         _stored(new_stumps)
 

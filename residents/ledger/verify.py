@@ -1,11 +1,8 @@
-"""`residents ledger verify`: check every invariant the ledger promises, one line per violation.
+"""`residents ledger verify`: check every promise the ledger makes, one line per violation.
 
-The pipeline writes the ledger as it goes; this reads it back cold (raw rows, made records by `rows`)
-and checks what the project promises about it: every emitted text kept exactly, every cut surfaced
-once, posts covering each text exactly once, nothing uncompleted posted as speech, and the hash chain
-(`chain`): linked, each record's history of entries one the ledger writes, its latest entries what
-the record says now. It is what a load or crash test runs afterwards, and what an operator runs on a
-production file. It needs only the ledger's path: every read is on a read-only connection of its own.
+It reads the ledger back cold, as a load or crash test does afterwards and an operator does on a
+production file: the records' invariants (`invariants`) and the hash chain (`chain`). It needs only
+the ledger's path: every read is on a read-only connection of its own, in one read transaction.
 """
 
 from __future__ import annotations
@@ -26,8 +23,9 @@ import asyncpg
 
 from ..records import PostReason
 from . import chain, postgres, rows
+from .chain import Rows
 from .connection import sqlite_session
-from .invariants import check_blocks, check_generation, check_line, check_recovered
+from .invariants import GenerationRows, check_blocks, check_generation, check_line, check_recovered
 from .store import Ledger, LedgerError, read_only_uri
 from .verify_attachments import check_attachments
 from .verify_tools import check_tool_calls, round_finals
@@ -56,9 +54,8 @@ class Report:
 async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> list[str]:
     """One human line per violated invariant; empty when the ledger holds every promise."""
     r = await check(ledger)
-    if unsettled_as_violations:
-        return r.violations + [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
-    return r.violations
+    pending = [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
+    return r.violations + (pending if unsettled_as_violations else [])
 
 
 async def check(ledger: Ledger, head: tuple[int, str] | None = None) -> Report:
@@ -88,43 +85,41 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
-        held = chain.hold_access(db)
+        held = chain.hold(db, chain.access_records(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
         held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
+        rep = Report(chain_entries=walked.entries, chain_head=walked.head, chain_lines=[line for _, line in links])
+        rep.first_broken = links[0][0] if links else None
         # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
         told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
-        rep = _assemble(prelude, parts, orphans, told)
+        _assemble(rep, prelude, parts, orphans, told)
         if head is not None:
-            rep.head_holds, rep.saved_head = _saved_head(db, head, links)
-    rep.violations[:0] = links.violations  # the first broken entry first, ahead of the invariants
-    rep.chain_lines, rep.first_broken = links.violations, links.first_broken
-    rep.chain_entries, rep.chain_head = links.entries, links.head
+            rep.head_holds, rep.saved_head = _saved_head(db, head, rep)
     return rep
 
 
-def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], links: chain.ChainReport) -> tuple[bool, str]:
+def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], rep: Report) -> tuple[bool, str]:
     """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and all after it holds."""
     seq, digest = head
     said = f"head {seq}:{digest}"
     got = db.execute("SELECT hash FROM chain WHERE seq = $1", (seq,)).fetchone()
     if got is None:
-        return False, f"{said}: not in this chain (it has {links.entries} entries): the chain was cut or replaced"
+        return False, f"{said}: not in this chain (it has {rep.chain_entries} entries): the chain was cut or replaced"
     if got[0] != digest:
         return False, f"{said}: entry {seq} of this chain hashes to {got[0]}: the chain was rewritten at or before it"
-    if links.first_broken is not None:
-        return False, f"{said}: in this chain, but entry {links.first_broken} is broken (named below)"
-    return True, f"{said}: in this chain, and the {links.entries - seq} entries after it are consistent with it"
+    if rep.first_broken is not None:
+        return False, f"{said}: in this chain, but entry {rep.first_broken} is broken (named below)"
+    return True, f"{said}: in this chain, and the {rep.chain_entries - seq} entries after it are consistent with it"
 
 
 def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
-    """Each task `(fn, *args)` run as `fn(cursor, *args)`, the results in the tasks' order, shared with
-    one worker process (a fresh interpreter: nothing of this process is inherited). The worker takes the
-    tasks from the first, this process from the last, each one the worker has not begun (a future that
-    can still be cancelled): they meet wherever their speeds put them. A worker that fails stops the check.
-    (One worker: with this process, two on this machine's two cores; each more would cost its memory.)"""
+    """Each task `(fn, *args)` run as `fn(cursor, *args)`, results in the tasks' order, shared with one
+    spawned worker process (nothing of this process inherited): it takes tasks from the first, this
+    process from the last, each the worker has not begun (a future that can still be cancelled).
+    One worker: with this process, two cores; each more would cost its memory."""
     pool = _pool()
     try:
         futures = [pool.submit(_in_worker, path, *task) for task in tasks]
@@ -171,9 +166,8 @@ _NEXT_BOUND = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFS
 
 
 def _read_only(path: str) -> sqlite3.Connection:
-    """A read-only connection to the ledger in one read transaction: what it checks is one state of the
-    ledger, however the ledger moves meanwhile (each record is read with its entries, in one state).
-    On PostgreSQL: a read-only session in one REPEATABLE READ transaction (one snapshot)."""
+    """A read-only connection in one read transaction (PostgreSQL: REPEATABLE READ, one snapshot), so
+    the check sees one state of the ledger, each record with its entries, however it moves meanwhile."""
     if postgres.is_url(path):
         try:
             session = postgres.PgSession.connect(path, read_only=True)
@@ -191,45 +185,31 @@ def _read_only(path: str) -> sqlite3.Connection:
 
 
 def _assemble(
-    prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str] = frozenset()
-) -> Report:
-    """The ranges' findings in one report: records of missing generations, posts of none, published
-    stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded refusals
-    of a spent budget name, the only posts that may say a budget was reached."""
-    rep = Report()
+    rep: Report, prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str]
+) -> None:
+    """The ranges' findings after the chain's lines: records of missing generations, posts of none,
+    published stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded
+    refusals of a spent budget name, the only posts that may say a budget was reached."""
     lines: list[str] = []
     for p in orphans:
         check_line(lines, p)  # notices about no generation (a declined /continue, a spent budget)
         if p["kind"] != "notice":
             lines.append(f"post {p['id']}: a {p['kind']} post with no generation")
-        if (p["reason"] == PostReason.BUDGET_REACHED) != (p["id"] in told):
-            lines.append(
-                f"post {p['id']}: a notice of a spent budget that no refusal records"
-                if p["id"] not in told
-                else f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post"
-            )
-    orphan_ids = {p["id"] for p in orphans}
+        budget = p["reason"] == PostReason.BUDGET_REACHED
+        if budget and p["id"] not in told:
+            lines.append(f"post {p['id']}: a notice of a spent budget that no refusal records")
+        elif not budget and p["id"] in told:
+            lines.append(f"post {p['id']}: a refusal of a spent budget names it, but it is a {p['reason']} post")
     lines += [
         f"post {pid}: named by a refusal of a spent budget, but no notice of no generation has that id"
-        for pid in sorted(told - orphan_ids)
+        for pid in sorted(told - {p["id"] for p in orphans})
     ]
-    by_order: list[tuple[float, int, list[str]]] = []
-    unsettled: list[tuple[float, int, str]] = []
-    missing: list[str] = []
-    attached: list[str] = []
-    for part in parts:
-        missing += part.missing
-        by_order += part.by_order
-        unsettled += part.unsettled
-        attached += part.attached
-        rep.generations += part.generations
-        rep.undelivered += part.undelivered
-    rep.violations += missing + lines + prelude.lines
-    for _, _, found in sorted(by_order, key=lambda f: (f[0], f[1])):
+    rep.violations = rep.chain_lines + [line for part in parts for line in part.missing] + lines + prelude.lines
+    for *_, found in sorted((f for part in parts for f in part.by_order), key=lambda f: (f[0], f[1])):
         rep.violations += found
-    rep.unsettled = [gid for _, _, gid in sorted(unsettled)]
-    rep.violations += attached
-    return rep
+    rep.violations += [line for part in parts for line in part.attached]
+    rep.unsettled = [gid for *_, gid in sorted(u for part in parts for u in part.unsettled)]
+    rep.generations, rep.undelivered = sum(p.generations for p in parts), sum(p.undelivered for p in parts)
 
 
 @dataclass
@@ -247,16 +227,14 @@ def _prelude(conn: sqlite3.Connection) -> _Prelude:
     # A retried attempt's text shown live (`delivery.live`) is published: its stump says so, and only it may.
     shown_live = {r[0] for r in db.execute("SELECT DISTINCT stump_id FROM live_messages WHERE state='set-aside'")}
     chunks = dict(db.execute("SELECT attempt_id, count(*) FROM attempt_chunks GROUP BY attempt_id").fetchall())
-    # posts publishing a stump at its resident's request are checked with that stump, not as the
-    # publishing generation's own text and boundary lines
-    # (read by the partial index on stump_id, then put in the order they were written)
+    # posts publishing a stump at its resident's request are checked with that stump, not as their
+    # generation's own (read by the partial index on stump_id, then put in the order they were written)
     got = rows.dicts(db, "SELECT rowid AS written, * FROM posts WHERE stump_id IS NOT NULL")
     published = sorted(got, key=lambda r: r["written"])
     sql = "SELECT * FROM stumps WHERE id IN (SELECT stump_id FROM posts WHERE stump_id IS NOT NULL) ORDER BY id"
     stumps = {r["id"]: r for r in rows.dicts(db, sql)}
     lines: list[str] = []
-    check_recovered(lines, stumps, published)
-    recovered = {sid for sid, st in stumps.items() if st.get("recovered")}
+    recovered = check_recovered(lines, stumps, published)
     return _Prelude(shown_live, chunks, lines, recovered)
 
 
@@ -273,8 +251,8 @@ class _Part:
     held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
 
 
-# Only the columns the checks and the chain's builders read (a generation's request and trigger, an
-# attempt's request id and times, are not checked here and are the widest columns to copy).
+# Generations and attempts: only the columns the checks and the builders read (a generation's request
+# and trigger, an attempt's request id, times and stop details, are not checked and are the widest).
 _GENS = (
     "SELECT rowid, id, residence, channel, model, status, stop_reason, text, chars, output_tokens, standing,"
     " continuation_ended, created_at FROM generations WHERE id > $1{upto} ORDER BY id LIMIT {limit}"
@@ -288,22 +266,9 @@ _OF: list[tuple[str, str]] = [
         " WHERE generation_id > $1{upto}"
         " ORDER BY generation_id, segment, idx, started_at",
     ),
-    (
-        "segments",
-        "SELECT generation_id, idx, attempt_id, stop_reason, chars, output_tokens, overlap_removed FROM segments"
-        " WHERE generation_id > $1{upto} ORDER BY generation_id, idx",
-    ),
-    (
-        "stumps",
-        "SELECT id, generation_id, attempt_id, residence, scope, cause, text, chars, output_tokens, published,"
-        " replaced_by, block, block_type FROM stumps WHERE generation_id > $1{upto}"
-        " ORDER BY generation_id, created_at, rowid",
-    ),
-    (
-        "posts",
-        "SELECT id, generation_id, seq, kind, content, channel, replacements, message_id, reason, stump_id,"
-        " refused, refused_status, refused_code FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
-    ),
+    ("segments", "SELECT * FROM segments WHERE generation_id > $1{upto} ORDER BY generation_id, idx"),
+    ("stumps", "SELECT * FROM stumps WHERE generation_id > $1{upto} ORDER BY generation_id, created_at, rowid"),
+    ("posts", "SELECT * FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq"),
 ]
 # The blocks of the batch's attempts (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
@@ -321,7 +286,6 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
-    recovered = prelude.recovered
     while True:
         gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
@@ -332,30 +296,23 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
                     f"{table[:-1]} {i.get('id') or i.get('idx')}: belongs to missing generation {gid}"
                     for i in found.get(gid, ())
                 ]
-        attempts_of, segments_of, stumps_of, posts_of = of["attempts"], of["segments"], of["stumps"], of["posts"]
         for g in gens:
-            gid = g["id"]
-            attempts, segments = attempts_of.get(gid) or [], segments_of.get(gid) or []
-            stumps, posts = stumps_of.get(gid) or [], posts_of.get(gid) or []
+            gid, order = g["id"], (g["created_at"], g["rowid"])
+            attempts, segments, stumps, posts = (found.get(gid, []) for found in of.values())  # (`_OF`'s order)
             for st in stumps:
-                st["shown_live"] = st["id"] in prelude.shown_live
-                st["recovered"] = st["id"] in recovered
-            own_posts = []
-            for p in posts:
-                if p["message_id"] is None and p["refused"] is None:  # a refused post is set aside, not waiting
-                    out.undelivered += 1
-                if p["stump_id"] is None:
-                    own_posts.append(p)
-            its_calls = calls.get(gid) or []
-            rounds = round_finals(attempts, its_calls)
+                st["shown_live"], st["recovered"] = st["id"] in prelude.shown_live, st["id"] in prelude.recovered
+            # a post neither delivered nor refused (a refused post is set aside) waits for its delivery
+            out.undelivered += sum(p["message_id"] is None and p["refused"] is None for p in posts)
+            its_calls, own = calls.get(gid, []), [p for p in posts if p["stump_id"] is None]
+            r = GenerationRows(g, attempts, segments, stumps, own, blocks, round_finals(attempts, its_calls))
             lines: list[str] = []
-            pending: list[str] = []
-            check_generation(lines, pending, g, attempts, segments, stumps, own_posts, prelude.chunks, rounds)
-            check_blocks(lines, g, attempts, segments, stumps, blocks)
+            check_generation(lines, r, prelude.chunks)
+            check_blocks(lines, r)
             check_tool_calls(lines, g, attempts, its_calls)
             if lines:
-                out.by_order.append((g["created_at"], g["rowid"], lines))
-            out.unsettled += [(g["created_at"], g["rowid"], p) for p in pending]
+                out.by_order.append((*order, lines))
+            if g["status"] == "pending":
+                out.unsettled.append((*order, gid))
         check_attachments(out.attached, attachment_rows, known)
         out.generations += len(gens)
         if len(gens) < batch:
@@ -363,35 +320,29 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
         lo = gens[-1]["id"]
 
 
-_Rows = list[dict[str, Any]]
-
-
 def _batch(
     db: sqlite3.Cursor, lo: str, hi: str | None, batch: int
-) -> tuple[_Rows, dict[str, dict[str, _Rows]], dict[str, _Rows], dict[str, _Rows], _Rows]:
+) -> tuple[Rows, dict[str, dict[str, Rows]], dict[str, Rows], dict[str, Rows], Rows]:
     """The next `batch` generations after id `lo` (up to `hi`) and their records: each table's rows by
     generation id (blocks by attempt id). The records are read up to the batch's last id, or, for the
     range's last batch, up to `hi` (or all that follow), so a record whose generation is missing is
     found by the range it falls in."""
-    bounded = hi is not None
-    gens = rows.dicts(
-        db,
-        _GENS.format(upto=" AND id <= $2" if bounded else "", limit="$3" if bounded else "$2"),
-        (lo, hi, batch) if bounded else (lo, batch),
+    upto, span = ("", (lo,)) if hi is None else (" AND {} <= $2", (lo, hi))
+    gens = rows.dicts(db, _GENS.format(upto=upto.format("id"), limit=f"${len(span) + 1}"), (*span, batch))
+    if len(gens) == batch:
+        upto, span = " AND {} <= $2", (lo, gens[-1]["id"])
+    upto = upto.format("generation_id")
+
+    def grouped(sql: str, column: str = "generation_id") -> dict[str, Rows]:
+        """A query's rows, read in order of `column` (its ORDER BY), as lists by it."""
+        found = rows.dicts(db, sql.format(upto=upto), span)
+        return {k: list(g) for k, g in itertools.groupby(found, operator.itemgetter(column))}
+
+    of = {table: grouped(sql) for table, sql in _OF}
+    return (
+        gens,
+        of,
+        grouped(_BLOCKS, "attempt_id"),
+        grouped(_CALLS),
+        rows.dicts(db, _ATTACHMENTS.format(upto=upto), span),
     )
-    end = hi if len(gens) < batch else gens[-1]["id"]
-    upto = "" if end is None else " AND generation_id <= $2"
-    span: tuple[str, ...] = (lo,) if end is None else (lo, end)
-    of = {table: _grouped(rows.dicts(db, sql.format(upto=upto), span), _BY_GENERATION) for table, sql in _OF}
-    blocks = _grouped(rows.dicts(db, _BLOCKS.format(upto=upto), span), _BY_ATTEMPT)
-    calls = _grouped(rows.dicts(db, _CALLS.format(upto=upto), span), _BY_GENERATION)
-    return gens, of, blocks, calls, rows.dicts(db, _ATTACHMENTS.format(upto=upto), span)
-
-
-_BY_GENERATION = operator.itemgetter("generation_id")
-_BY_ATTEMPT = operator.itemgetter("attempt_id")
-
-
-def _grouped(found: _Rows, key: Any) -> dict[str, _Rows]:
-    """Rows read in order of `key` (each query's ORDER BY), as lists by key."""
-    return {k: list(g) for k, g in itertools.groupby(found, key)}

@@ -11,7 +11,6 @@ from typing import Any
 
 from .. import truth
 from ..records import TEXT_JOIN
-from .store import stored_text
 
 
 def round_finals(attempts: list[dict[str, Any]], calls: list[dict[str, Any]]) -> list[str] | None:
@@ -30,7 +29,7 @@ def joined_upto(attempts: list[dict[str, Any]], rounds: list[str], attempt_id: s
     by_id = {a["id"]: a for a in attempts}
     upto = by_id[attempt_id]["segment"] if attempt_id in by_id else 0
     used = [by_id[r] for r in rounds if by_id[r]["segment"] < upto] + ([by_id[attempt_id]] if upto else [])
-    return TEXT_JOIN.join(stored_text(a["text"]) for a in used if stored_text(a["text"])), {a["id"] for a in used}
+    return TEXT_JOIN.join(a["text"] for a in used if a["text"]), {a["id"] for a in used}
 
 
 def check_tool_calls(

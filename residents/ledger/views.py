@@ -11,6 +11,7 @@ from .. import truth
 from ..records import Block, Generation, Post, SharedFile, Stump, ToolCall
 from . import chain
 from .chain import Entry
+from .connection import Connection
 
 # A Discord message link: https://discord.com/channels/GUILD/CHANNEL/MESSAGE (or @me for a DM).
 MESSAGE_LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
@@ -195,7 +196,7 @@ def post_provenance(
     """What any witness of a post may know of it: metadata and hashes, never any text (no stump, no reasoning).
 
     `entries` maps (kind, record id) to the latest chain entry of that record; `closes` are the text posts
-    a receipt closes (`chain.closed_by`); `head` is the chain's last entry (sequence number, hash), if any.
+    a receipt closes (`closed_by`); `head` is the chain's last entry (sequence number, hash), if any.
     """
 
     def post_lines(p: Post, label: str, indent: str = "  ") -> list[str]:
@@ -242,3 +243,26 @@ def post_provenance(
             )
     lines += [truth.provenance_head(head), truth.PROVENANCE_HASHES]
     return lines
+
+
+async def latest(db: Connection, kind: str, record: str) -> Entry | None:
+    """The newest entry of `kind` for a record: the one a Provenance answer names."""
+    rows_ = list(
+        await db.execute_fetchall(
+            chain.ENTRIES + " WHERE record=$1 AND kind=$2 ORDER BY seq DESC LIMIT 1", (record, kind)
+        )
+    )
+    return Entry(*rows_[0]) if rows_ else None
+
+
+def closed_by(receipt: Post, all_posts: list[Post]) -> list[Post]:
+    """The text posts a receipt closes: its generation's partials and speech since the previous receipt."""
+    out: list[Post] = []
+    for p in sorted(all_posts, key=lambda p: p.seq):
+        if p.generation_id != receipt.generation_id or p.seq >= receipt.seq:
+            continue
+        if p.kind == "receipt":
+            out = []
+        elif p.kind in ("partial", "speech"):
+            out.append(p)
+    return out

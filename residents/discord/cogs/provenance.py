@@ -21,7 +21,7 @@ from discord.ext import commands
 
 from ... import truth
 from ...delivery import split_text
-from ...ledger import chain, views
+from ...ledger import views
 from ...ledger.checkpoints import chain_head
 from ..app import ResidentBot
 from ..checks import witness_scope
@@ -70,13 +70,13 @@ class Provenance(commands.Cog):
             await self._say(interaction, truth.PROVENANCE_NOT_FOUND)
             return
         g = await ledger.get_generation(post.generation_id) if post.generation_id else None
-        closes = chain.closed_by(post, g.posts) if g is not None and post.kind == "receipt" else []
+        closes = views.closed_by(post, g.posts) if g is not None and post.kind == "receipt" else []
         wanted = [("post", p.id) for p in [post, *closes]] + [("delivered", p.id) for p in [post, *closes]]
         if g is not None:
             wanted += [("generation", g.id)] + [("attempt", a.id) for a in g.attempts]
         entries = {}
         for kind, record in wanted:
-            e = await chain.latest(ledger.db, kind, record)
+            e = await views.latest(ledger.db, kind, record)
             if e is not None:
                 entries[(kind, record)] = e
         lines = views.post_provenance(message_id, post, g, closes, entries, await chain_head(ledger.db))
