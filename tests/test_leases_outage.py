@@ -53,7 +53,7 @@ async def test_a_running_process_takes_its_writer_lock_again_after_a_restart_wit
     async with rig(tmp_path, pg_server, ("cairn",), processes=1) as r:
         [proc] = r.procs
         await proc.start()
-        await r.until(lambda: r.holders() == {"cairn": r.pid(proc)})
+        await r.until(lambda: r.holders() == {"cairn": r.pid(proc)} and "cairn ready as cairn" in proc.output())
         assert not writer_lock_free(r.url)
         end_every_other_session(r.url)
         assert writer_lock_free(r.url)
