@@ -100,6 +100,15 @@ class Rig:
     def by(self, author: str, channel: str = "general") -> list[dict[str, Any]]:
         return [m for m in self.room.messages(channel) if m["author"] == author]
 
+    async def first_holds_cairn_then_second_joins(self) -> tuple[Process, Process]:
+        """Starts the two processes one after the other, so which one holds `cairn` is known."""
+        first, second = self.procs
+        await first.start()
+        await self.until(lambda: self.holders() == {"cairn": self.pid(first)} and self.sessions() == [("cairn", None)])
+        await second.start()
+        await self.until(lambda: len(self.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+        return first, second
+
 
 @contextlib.asynccontextmanager
 async def rig(
@@ -230,11 +239,7 @@ async def test_a_holder_frozen_past_its_lease_posts_nothing_more_as_that_bot_and
     tmp_path: Path, pg_server: pgkit.Server
 ) -> None:
     async with rig(tmp_path, pg_server, ("cairn",)) as r:
-        frozen, other = r.procs
-        await frozen.start()
-        await r.until(lambda: r.holders() == {"cairn": r.pid(frozen)} and r.sessions() == [("cairn", None)])
-        await other.start()
-        await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+        frozen, other = await r.first_holds_cairn_then_second_joins()
         assert frozen.proc is not None
         frozen.proc.send_signal(signal.SIGSTOP)
         blocker = await asyncpg.connect(r.url)
@@ -283,11 +288,7 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
         return Call(sse=sse.stream("Late words.", "end_turn", 3, model=MODEL), delay_seconds=1.0 if late else 0.0)
 
     async with rig(tmp_path, pg_server, ("cairn",), responder=slow_first) as r:
-        frozen, other = r.procs
-        await frozen.start()
-        await r.until(lambda: r.holders() == {"cairn": r.pid(frozen)} and r.sessions() == [("cairn", None)])
-        await other.start()
-        await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+        frozen, other = await r.first_holds_cairn_then_second_joins()
         assert frozen.proc is not None
         r.room.post("general", "alice", "Say it slowly, @cairn", mentions=["cairn"])
         await r.until(lambda: len(r.provider.requests) == 1)  # its turn waits on the provider's answer
