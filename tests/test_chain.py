@@ -333,7 +333,7 @@ async def test_a_failed_write_leaves_neither_its_records_nor_their_entries(backe
 
         # Another kind of entry (a stump's access, say) appended with the change it records: linked and hashed,
         # and a change to it is named like any other.
-        await ledger._tx(
+        await ledger.transact(
             [
                 ("UPDATE stumps SET published=0 WHERE id=$1", (first.id,)),
                 appending.append("stump_access", first.id, {"id": first.id, "access": "private"}),

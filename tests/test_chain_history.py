@@ -34,7 +34,7 @@ def appended(db: Path, change: str, params: tuple[Any, ...], kind: str, record: 
                 g = await lg.get_generation(record)
                 assert g is not None
                 payload = chain.generation_payload(g)
-            await lg._tx([appending.append(kind, record, payload)])
+            await lg.transact([appending.append(kind, record, payload)])
 
     asyncio.run(go())
     return entry_of(db, kind, record)
@@ -139,7 +139,7 @@ def test_a_post_is_delivered_or_refused_once_and_a_history_begins_with_its_recor
 
     async def append(kind: str, record: str, payload: dict[str, Any]) -> None:
         async with Ledger.open(db) as lg:
-            await lg._tx([appending.append(kind, record, payload)])
+            await lg.transact([appending.append(kind, record, payload)])
 
     asyncio.run(append("refused", pid, {"id": pid, "why": "undeliverable"}))
     refused = entry_of(db, "refused", pid)

@@ -16,7 +16,8 @@ from typing import Any
 from ..records import Post, ToolCall
 from . import appending, chain
 from .connection import placeholders
-from .store import Ledger, _post, stored_bytes, stored_text
+from .rows import post as post_from_row
+from .store import Ledger, stored_bytes, stored_text
 
 ACCESS = ("moderators", "private")
 
@@ -25,7 +26,7 @@ async def use_default_access(ledger: Ledger, residence: str, access: str) -> Non
     """The access every new stump of `residence` starts with from now on."""
     if access not in ACCESS:
         raise ValueError(f"access must be one of {ACCESS}, not {access!r}")
-    await ledger._tx(
+    await ledger.transact(
         [
             (
                 "INSERT INTO stump_access_defaults (residence, access) VALUES ($1, $2)"
@@ -46,7 +47,7 @@ async def set_access(ledger: Ledger, stump_id: str, access: str, residence: str,
     if access not in ACCESS:
         raise ValueError(f"access must be one of {ACCESS}, not {access!r}")
     now = time.time()
-    await ledger._tx(
+    await ledger.transact(
         [
             ("UPDATE stumps SET access=$1 WHERE id=$2", (access, stump_id)),
             (
@@ -68,7 +69,7 @@ async def record_read(
     if reader_kind not in ("resident", "moderator"):
         raise ValueError(f"reader kind must be resident or moderator, not {reader_kind!r}")
     now = time.time()
-    await ledger._tx(
+    await ledger.transact(
         [
             (
                 "INSERT INTO stump_reads (stump_id, reader, reader_kind, generation_id, read_at) VALUES ($1,$2,$3,$4,$5)",
@@ -137,7 +138,7 @@ async def stump_text(ledger: Ledger, stump_id: str) -> str:
 async def publication_of(ledger: Ledger, stump_id: str) -> list[Post]:
     """The posts that published a stump at its resident's request (recovered text and its receipt)."""
     return [
-        _post(r)
+        post_from_row(r)
         for r in await ledger.db.execute_fetchall("SELECT * FROM posts WHERE stump_id=$1 ORDER BY seq", (stump_id,))
     ]
 
@@ -145,7 +146,7 @@ async def publication_of(ledger: Ledger, stump_id: str) -> list[Post]:
 async def add_tool_calls(ledger: Ledger, generation_id: str, calls: list[ToolCall]) -> None:
     """One round's calls and their results, in one transaction."""
     if calls:
-        await ledger._tx(
+        await ledger.transact(
             [
                 (
                     "INSERT INTO tool_calls (generation_id, round, pos, attempt_id, tool_use_id, name, input,"

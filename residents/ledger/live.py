@@ -34,7 +34,7 @@ class LiveMessage:
 async def add(ledger: Ledger, m: LiveMessage) -> None:
     """Before the send: a stop between the send and its answer leaves the message findable by nonce or content."""
     m.created_at = time.time()
-    await ledger._tx(
+    await ledger.transact(
         [
             (
                 "INSERT INTO live_messages (nonce, message_id, generation_id, attempt_id, idx, channel,"
@@ -57,17 +57,19 @@ async def add(ledger: Ledger, m: LiveMessage) -> None:
 
 
 async def sent(ledger: Ledger, nonce: str, message_id: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET message_id=$1 WHERE nonce=$2", (message_id, nonce))])
+    await ledger.transact([("UPDATE live_messages SET message_id=$1 WHERE nonce=$2", (message_id, nonce))])
 
 
 async def shown(ledger: Ledger, message_id: str, content: str) -> None:
-    await ledger._tx([("UPDATE live_messages SET content=$1 WHERE message_id=$2", (stored_bytes(content), message_id))])
+    await ledger.transact(
+        [("UPDATE live_messages SET content=$1 WHERE message_id=$2", (stored_bytes(content), message_id))]
+    )
 
 
 async def adopt(ledger: Ledger, message_id: str, post_id: str, content: str) -> None:
     """The live message is now post `post_id` of the settled reply (its message id recorded on the post)."""
     now = time.time()
-    await ledger._tx(
+    await ledger.transact(
         [
             (
                 "UPDATE live_messages SET state='adopted', post_id=$1, content=$2 WHERE message_id=$3",
@@ -90,12 +92,12 @@ async def set_aside(ledger: Ledger, message_ids: list[str], stump_id: str | None
     ]
     if stump_id is not None:
         statements.append(("UPDATE stumps SET published=1 WHERE id=$1", (stump_id,)))
-    await ledger._tx(statements)
+    await ledger.transact(statements)
 
 
 async def withdraw(ledger: Ledger, nonce: str, message_id: str | None = None) -> None:
     """No longer in the room (or never reached it): `message_id` is what a stopped send turned out to be."""
-    await ledger._tx(
+    await ledger.transact(
         [
             (
                 "UPDATE live_messages SET state='withdrawn', message_id=coalesce(message_id, $1) WHERE nonce=$2",

@@ -344,7 +344,7 @@ class Ledger:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _tx(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
+    async def transact(self, statements: Iterable[tuple[str, tuple[Any, ...]]]) -> None:
         """One logical change, in one transaction (a savepoint of the writer's next commit); returns once
         committed. Shielded: a caller cancelled mid-write still gets CancelledError, but the change runs to
         its commit or rollback instead of being torn between them (a write either happened or not)."""
@@ -362,7 +362,7 @@ class Ledger:
         """One change of a record kind kept in a module of its own (as `budgets`): its rows' statements with
         their chain entries (`appending.append`), then the posts it plans with theirs, in one transaction."""
         planned = list(posts)
-        await self._tx([*statements, *map(self._post_insert, planned), *appending.posts(planned)])
+        await self.transact([*statements, *map(self._post_insert, planned), *appending.posts(planned)])
 
     def _orphaned(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and (e := done.exception()) is not None:
@@ -423,7 +423,7 @@ class Ledger:
     # ------------------------------------------------------------------ writes
 
     async def create_generation(self, g: Generation) -> None:
-        await self._tx(self._generation_insert(g))
+        await self.transact(self._generation_insert(g))
 
     PART_INSERT = "INSERT OR IGNORE INTO request_parts (id, sha256, body) VALUES ($1,$2,$3)"
     POSTGRESQL[PART_INSERT] = "INSERT INTO request_parts (id, sha256, body) VALUES ($1,$2,$3) ON CONFLICT DO NOTHING"
@@ -477,7 +477,7 @@ class Ledger:
         )
         if replaces is not None:
             stmts += self._replaced(replaces.id, a.id)
-        await self._tx(stmts)
+        await self.transact(stmts)
 
     async def add_chunk(
         self,
@@ -501,7 +501,7 @@ class Ledger:
         self, attempt_id: str, rows: Sequence[tuple[int, int | None, str | None, str, str | None]]
     ) -> None:
         """Pieces of several blocks in one write: rows of (seq, block, block type, text, block start)."""
-        await self._tx(
+        await self.transact(
             [
                 (STILL_STREAMING, (attempt_id,)),
                 *(
@@ -583,7 +583,7 @@ class Ledger:
 
     async def add_stumps(self, stumps: list[Stump]) -> None:
         if stumps:
-            await self._tx([self._stump_insert(s) for s in stumps] + appending.stumps(stumps))
+            await self.transact([self._stump_insert(s) for s in stumps] + appending.stumps(stumps))
             _stored(stumps)
 
     @staticmethod
@@ -631,7 +631,7 @@ class Ledger:
             stmts.append(("UPDATE stumps SET replaced_by=$1 WHERE id=$2", (by, stump_id)))
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [appending.generation(g)] + appending.stumps(new_stumps)
-        await (self._superseded_kept(last_attempt, stmts) if last_attempt else self._tx(stmts))
+        await (self._superseded_kept(last_attempt, stmts) if last_attempt else self.transact(stmts))
         _stored(new_stumps)
 
     async def _superseded_kept(self, a: Attempt, statements: list[tuple[str, tuple[Any, ...]]]) -> None:
@@ -639,7 +639,7 @@ class Ledger:
         the ledger while this one was stopped), the text this process streamed is kept all the same, as a
         stump of its own (cause `taken-over`) beside that settlement, unless the ledger holds it already."""
         try:
-            await self._tx(statements)
+            await self.transact(statements)
         except Superseded:
             found = await self.db.execute_fetchall(
                 "SELECT a.text, g.residence, g.channel, g.model, EXISTS (SELECT 1 FROM stumps s"
@@ -654,7 +654,7 @@ class Ledger:
             raise
 
     async def add_posts(self, posts: list[Post]) -> None:
-        await self._tx([self._post_insert(p) for p in posts] + appending.posts(posts))
+        await self.transact([self._post_insert(p) for p in posts] + appending.posts(posts))
 
     async def next_post_seq(self, generation_id: str) -> int:
         """The seq the next post of a generation takes: from what is recorded, never an in-memory copy."""
@@ -669,7 +669,7 @@ class Ledger:
         """The post is in the room as `message_id`; `post` says so once the ledger does (not if it refused)."""
         at = time.time()
         # The output stump of a delivered text post is marked published by the trigger of m008.
-        await self._tx(
+        await self.transact(
             [
                 ("UPDATE posts SET message_id=$1, delivered_at=$2 WHERE id=$3", (message_id, at, post.id)),
                 appending.delivered(post.id, message_id),
@@ -680,7 +680,7 @@ class Ledger:
     async def mark_refused(self, post: Post, refusal: Refusal) -> None:
         """Set a post aside: the room refused it try after try. It is never delivered afterwards."""
         post.refused, post.refused_at = refusal.text, time.time()
-        await self._tx(
+        await self.transact(
             [
                 (
                     "UPDATE posts SET refused=$1, refused_at=$2, refused_status=$3, refused_code=$4 WHERE id=$5",
@@ -888,7 +888,9 @@ class Ledger:
     async def mark_planned(self, generation_id: str) -> None:
         """A settled generation whose plan is empty (nothing to post, no line): planned all the same, so
         start-up's `generations_without_posts` does not read it again at every start."""
-        await self._tx([("UPDATE generations SET planned = 1 WHERE id=$1 AND status != 'pending'", (generation_id,))])
+        await self.transact(
+            [("UPDATE generations SET planned = 1 WHERE id=$1 AND status != 'pending'", (generation_id,))]
+        )
 
     async def undelivered_posts_of(self, residence: str) -> list[Post]:
         """One residence's posts with no message id yet, oldest generation first, each in seq order."""
@@ -912,7 +914,7 @@ class Ledger:
         stmts += [self._stump_insert(s) for s in new_stumps]
         stmts += [self._post_insert(p) for p in posts]
         stmts += [appending.generation(g)] + appending.stumps(new_stumps) + appending.posts(posts)
-        await self._tx(stmts)
+        await self.transact(stmts)
         _stored(new_stumps)
 
     @staticmethod
