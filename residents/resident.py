@@ -54,7 +54,6 @@ class Reply:
     decline: truth.Declined | None = None  # ... and as facts
     waiting: int = 0  # posts of it not in the room yet when the call returned (an outbox held by the room)
     taken: bool = False  # its trigger had been claimed before: no turn was taken (`Ledger.claim_reply`)
-    moved: bool = False  # another process settled the turn's generation (it took the bot over): given up
 
 
 class Resident:
@@ -175,7 +174,7 @@ class Resident:
                         log.warning(
                             "%s: the turn in %s was given up, its bot now driven elsewhere: %s", self.name, channel, e
                         )
-                        reply, waiting = Reply(None, [], moved=True), []
+                        reply, waiting = Reply(None, []), []
             reply = await self._delivered(reply, waiting)
         self.observer.turn_ended(self.name, channel, time.monotonic() - began)
         return reply

@@ -112,13 +112,11 @@ async def test_a_handover_is_told_to_the_others_and_the_taker_learns_since_when_
     [(taken_at,)] = pgkit.fetch(url, "SELECT acquired_at FROM leases WHERE unit = 'reed'")
     heard = leases.Listener(url, one.process)
     await heard.ensure()
-    heard.woken.clear()  # it looks once when it starts listening; from here on only what is told wakes it
     two = await process(url)  # registering tells the others their share shrank
     await asyncio.wait_for(heard.woken.wait(), timeout=10)
     again = await one.tick()
     waking = leases.Listener(url, two.process)
     await waking.ensure()
-    waking.woken.clear()
     heard.woken.clear()
     await one.release(again.excess)  # told to the other; not to the teller itself
     await asyncio.wait_for(waking.woken.wait(), timeout=10)
@@ -126,6 +124,8 @@ async def test_a_handover_is_told_to_the_others_and_the_taker_learns_since_when_
     assert sorted(took.gained) == ["reed", "sill"]
     assert took.driven_since == {"reed": taken_at, "sill": pytest.approx(taken_at, abs=1.0)}
     assert two.driven_since == took.driven_since
+    assert heard._conn is not None
+    await heard._conn.fetchval("SELECT 1")  # a notification committed before this is delivered before its answer
     assert not heard.woken.is_set()
     waking.woken.clear()
     await one.stop()  # a clean stop is told too

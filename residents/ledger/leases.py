@@ -264,8 +264,6 @@ class Leases:
         for key, epoch in {**got.kept, **got.gained}.items():
             self.held[key] = epoch
             self._until[key] = until
-        for key in got.gained:
-            self.driven_since.pop(key, None)
         self.driven_since.update(got.driven_since)
         return got
 
@@ -331,7 +329,6 @@ class Listener:
             self._failing = True
             return
         self._conn, self._failing = conn, False
-        self.woken.set()  # what was told while not listening was missed: look at the leases once now
 
     async def close(self) -> None:
         if self._conn is not None:
