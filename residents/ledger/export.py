@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .chain import ENTRIES, GENESIS_PREV, Entry, canonical, entry_hash
+from .chain import GENESIS_PREV, WALK, Entry, canonical, entry_hash
 from .connection import Connection
 
 EXPORT_PAGE = 2000  # entries read at a time by an export: its memory stays this page's, whatever the chain's length
@@ -30,9 +30,7 @@ async def export_pages(db: Connection, since: int, last: int) -> AsyncIterator[l
     """
     after, page = since - 1, EXPORT_PAGE
     while after < last:
-        rows_ = await db.execute_fetchall(
-            ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3", (after, last, page)
-        )
+        rows_ = await db.execute_fetchall(WALK, (after, last, page))
         if not rows_:
             return
         batch = [Entry(*r) for r in rows_]
