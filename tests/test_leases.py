@@ -281,11 +281,12 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
     over the takeover's settlement (the chain verifies) and nothing of it is posted; its text is kept as a
     `taken-over` stump."""
     first = True
+    frozen_now = asyncio.Event()
 
     def slow_first(body: dict[str, Any]) -> Call:
         nonlocal first
         late, first = first, False
-        return Call(sse=sse.stream("Late words.", "end_turn", 3, model=MODEL), delay_seconds=1.0 if late else 0.0)
+        return Call(sse=sse.stream("Late words.", "end_turn", 3, model=MODEL), held_until=frozen_now if late else None)
 
     async with rig(tmp_path, pg_server, ("cairn",), responder=slow_first) as r:
         frozen, other = await r.first_holds_cairn_then_second_joins()
@@ -293,6 +294,7 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
         r.room.post("general", "alice", "Say it slowly, @cairn", mentions=["cairn"])
         await r.until(lambda: len(r.provider.requests) == 1)  # its turn waits on the provider's answer
         frozen.proc.send_signal(signal.SIGSTOP)
+        frozen_now.set()  # the answer goes out now, to a process that cannot read it until thawed
         try:
             await r.until(lambda: r.holders() == {"cairn": r.pid(other)} and r.room.gateway.identifies == 2)
             await r.until(lambda: r.rows("SELECT status FROM generations") == [("incomplete",)])

@@ -12,11 +12,11 @@ from pathlib import Path
 try:
     import pgkit
     from test_leases import mention, rig
-    from test_ledger_reconnect import Relay, end_every_other_session, writer_lock_free
+    from test_ledger_reconnect import Relay, end_every_other_session, writer_lock_holders
 except ImportError:  # tests/ collected as a package
     from tests import pgkit
     from tests.test_leases import mention, rig
-    from tests.test_ledger_reconnect import Relay, end_every_other_session, writer_lock_free
+    from tests.test_ledger_reconnect import Relay, end_every_other_session, writer_lock_holders
 
 
 async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_takes_it_over(
@@ -26,12 +26,8 @@ async def test_a_process_cut_off_from_the_database_stops_its_bot_and_the_other_t
     await relay.start()
     try:
         async with rig(tmp_path, pg_server, ("cairn",)) as r:
-            cut, other = r.procs
-            cut.db = relay.url(r.url.rsplit("/", 1)[1])
-            await cut.start()
-            await r.until(lambda: r.holders() == {"cairn": r.pid(cut)} and r.sessions() == [("cairn", None)])
-            await other.start()
-            await r.until(lambda: len(r.rows("SELECT id FROM processes WHERE stopped_at IS NULL")) == 2)
+            r.procs[0].db = relay.url(r.url.rsplit("/", 1)[1])
+            cut, other = await r.first_holds_cairn_then_second_joins()
             relay.cut()  # every connection it has ends, and it can make none: it can renew nothing from here on
             await r.until(lambda: "leases: cairn stopped here: its lease ran out unrenewed" in cut.output())
             await r.until(lambda: r.holders() == {"cairn": r.pid(other)} and r.sessions() == [("cairn", None)])
@@ -54,8 +50,8 @@ async def test_a_running_process_takes_its_writer_lock_again_after_a_restart_wit
         [proc] = r.procs
         await proc.start()
         await r.until(lambda: r.holders() == {"cairn": r.pid(proc)} and "cairn ready as cairn" in proc.output())
-        assert not writer_lock_free(r.url)
-        end_every_other_session(r.url)
-        assert writer_lock_free(r.url)
-        await r.until(lambda: not writer_lock_free(r.url))
+        before = writer_lock_holders(r.url)
+        assert len(before) == 1
+        end_every_other_session(r.url)  # its holder among them: whoever holds it after is a new session
+        await r.until(lambda: len(writer_lock_holders(r.url) - before) == 1)
         await mention(r, "cairn", "Still there")

@@ -460,7 +460,7 @@ async def test_a_settled_attempt_takes_no_more_writes_and_a_missing_one_is_not_c
         ):
             with pytest.raises(Superseded, match="a-late is no longer streaming"):
                 await write
-        with pytest.raises(Exception) as missing:
+        with pytest.raises(Exception, match="(?i)foreign key") as missing:  # refused by the schema, not as late
             await lg.add_chunks("a-never", [(0, 0, "text", "lost", None)])
         assert not isinstance(missing.value, Superseded)
     assert [bytes(r[0]) for r in rows(location, "SELECT text FROM attempt_chunks ORDER BY seq")] == [b"before"]

@@ -147,7 +147,7 @@ def end_every_other_session(url: str) -> None:
     own, and the one holding its writer lock."""
     pgkit.fetch(
         url,
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity"  # returns once each has ended
         " WHERE datname = current_database() AND pid <> pg_backend_pid()",
     )
 
@@ -160,6 +160,17 @@ def writer_lock_free(url: str) -> bool:
         postgres.WRITER_LOCK,
     )
     return bool(taken)
+
+
+def writer_lock_holders(url: str) -> set[int]:
+    """The server processes (pids) of the sessions holding the writer lock now."""
+    rows = pgkit.fetch(
+        url,
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid = $1::bigint::oid AND objid = $2::bigint::oid",
+        *postgres.lock_key_parts(postgres.WRITER_LOCK),
+    )
+    return {int(pid) for (pid,) in rows}
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared"])

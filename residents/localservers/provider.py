@@ -71,6 +71,7 @@ class Call:
     chunk_bytes: int = 0  # 0: write the body at once; else in pieces of this size
     chunk_delay: float = 0.0  # with chunk_bytes: seconds between pieces, so a stream takes a known time
     delay_seconds: float = 0.0  # silence after the headers, before the body: streams sent at one moment
+    held_until: asyncio.Event | None = None  # silence after the headers until it is set: a test's own moment
     # True: the stream's usage goes out as recorded, not replaced by the prompt cache's accounting (a test
     # of how a provider's own figures, or their absence, are read).
     usage_as_recorded: bool = False
@@ -181,6 +182,8 @@ class ProviderServer:
         await resp.prepare(request)
         if call.delay_seconds > 0:
             await asyncio.sleep(call.delay_seconds)
+        if call.held_until is not None:
+            await call.held_until.wait()
         if data:
             self.usage.append(sse.usage_of(data))
         if call.chunk_bytes > 0:
