@@ -27,12 +27,13 @@ SQLite keeps one process by its file lock (`lock.py`); nothing here runs on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -107,11 +108,25 @@ TAKE = (
     " FROM (SELECT acquired_at AS before FROM leases WHERE unit = $1) AS previous WHERE unit = $1"
     " RETURNING epoch, previous.before"
 )
-RELEASE = "UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1 AND unit = ANY($2::text[])"
+RELEASE_ALL = "UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1"
+RELEASE = RELEASE_ALL + " AND unit = ANY($2::text[])"
 # Told to every process listening on the ledger's database, with the teller's process id (its own is ignored).
 CHANNEL = "residents_leases"
 NOTIFY = "SELECT pg_notify($1, $2)"
 STOPPED = "UPDATE processes SET stopped_at = extract(epoch from clock_timestamp())::double precision WHERE id = $1"
+
+
+@contextlib.contextmanager
+def one_transaction(conn: Session) -> Iterator[None]:
+    """The statements of the block in one transaction, rolled back on any failure (cancellation included)."""
+    conn.execute("BEGIN")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def register(conn: Session, terms: Terms) -> int:
@@ -125,8 +140,7 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
     """One renewal, in one transaction under `LEASE_LOCK`: heartbeat, renew `held` (key → epoch), then
     take free units of `units` up to the fair share, or name what is held beyond it."""
     out = Tick()
-    conn.execute("BEGIN")
-    try:
+    with one_transaction(conn):
         conn.execute("SELECT pg_advisory_xact_lock($1)", (LEASE_LOCK,))
         [(now,)] = conn.execute(CLOCK).fetchall()
         conn.execute("UPDATE processes SET heartbeat_at = $2 WHERE id = $1", (process, now))
@@ -149,39 +163,22 @@ def tick(conn: Session, process: int, units: Sequence[Unit], held: dict[str, int
                 out.gained[key] = int(epoch)
                 if before is not None:
                     out.driven_since[key] = float(before)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return out
 
 
 def release(conn: Session, process: int, keys: Iterable[str]) -> None:
     """Give units up at once (more than the fair share), and tell the others they are free (as it commits)."""
-    conn.execute("BEGIN")
-    try:
+    with one_transaction(conn):
         conn.execute(RELEASE, (process, list(keys)))
         conn.execute(NOTIFY, (CHANNEL, str(process)))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def stopped(conn: Session, process: int) -> None:
     """A clean stop: every lease given up, the process marked stopped (not merely silent)."""
-    conn.execute("BEGIN")
-    try:
-        conn.execute("UPDATE leases SET holder = NULL, expires_at = NULL WHERE holder = $1", (process,))
+    with one_transaction(conn):
+        conn.execute(RELEASE_ALL, (process,))
         conn.execute(STOPPED, (process,))
         conn.execute(NOTIFY, (CHANNEL, str(process)))  # sent as the transaction commits
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 @dataclass(frozen=True)
