@@ -20,11 +20,11 @@ from collections.abc import Coroutine, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import truth
 from ..observe import UNOBSERVED, Observer
 from ..records import (
     Attempt,
     Block,
-    Cause,
     Generation,
     Outcome,
     Post,
@@ -86,7 +86,9 @@ class Superseded(LedgerError):
 class StillStreaming(str):
     """A check before a change (`_statements`): the attempt its first parameter names, if it exists, is still
     streaming, so the process writing it is still the one that owns it. A missing attempt is not a takeover:
-    the change's own statement reports it (a foreign key)."""
+    the change's own statement reports it (a foreign key). The same rule, other way round: recovery's writes
+    skip an attempt a live process settled meanwhile rather than refuse (`_attempt_settle(only_if_streaming)`,
+    `BLOCK_IF_STREAMING`, `appending.attempt(only_if_streaming)`)."""
 
 
 STILL_STREAMING = StillStreaming("SELECT outcome FROM attempts WHERE id=$1")
@@ -645,12 +647,12 @@ class Ledger:
                 "SELECT a.text, g.residence, g.channel, g.model, EXISTS (SELECT 1 FROM stumps s"
                 " WHERE s.attempt_id = a.id AND s.cause = $2) FROM attempts a"
                 " JOIN generations g ON g.id = a.generation_id WHERE a.id = $1",
-                (a.id, Cause.TAKEN_OVER.value),
+                (a.id, truth.TAKEN_OVER.value),
             )
             if found and a.text and stored_text(found[0][0]) != a.text and not found[0][4]:
                 _, residence, channel, model, _ = found[0]
                 g = Generation(id=a.generation_id, residence=residence, channel=channel, model=model)
-                await self.add_stumps([make_stump(g, a, Cause.TAKEN_OVER, StumpScope.ATTEMPT)])
+                await self.add_stumps([make_stump(g, a, truth.TAKEN_OVER, StumpScope.ATTEMPT)])
             raise
 
     async def add_posts(self, posts: list[Post]) -> None:
