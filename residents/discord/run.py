@@ -533,7 +533,7 @@ async def _serve_leased(
     take a fair share of the free ones, and start or stop bots to match (`_Driven`), until `stop`."""
     try:
         # A renewal fails rather than waits; its new connections take the shared writer lock again.
-        conn = await postgres.connect(ledger.path, reconnect=postgres.AT_ONCE, writer=True)
+        conn = await postgres.connect(ledger.path, reconnect=postgres.AT_ONCE, writer="shared")
     except Exception as e:
         raise StartupError(f"{postgres.shown(ledger.path)}: cannot open the ledger: {postgres.reason(e)}") from None
     keeper = leases.Leases(conn, lease_units(dep.residences), terms)

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 
@@ -38,6 +38,8 @@ from .connection import Connection, ConnectionLost, Params, said
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# How a writer's session holds the writer lock: alone (migrate, copy) or shared (`run`'s processes).
+WriterMode = Literal["alone", "shared"]
 
 # The advisory lock keys of a ledger (one database): its write transactions, and its one writer process.
 WRITE_LOCK = 0x7265736964656E74  # "resident"
@@ -166,16 +168,14 @@ class PgSession:
         self._orphaned = False  # a transaction was lost with it, and its owner has not said ROLLBACK yet
         self._xid: int | None = None  # the open write transaction's id (`begin_write`), for a lost COMMIT
         self.reconnect = RECONNECT
-        self.writer: bool | None = (
-            None  # a writer's session: the writer lock taken again on each new connection (shared if True)
-        )
+        self.writer: WriterMode | None = None  # a writer's: the writer lock taken again on each new connection
 
     @classmethod
     def connect(
-        cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: bool | None = None
+        cls, url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: WriterMode | None = None
     ) -> PgSession:
         """`reconnect`: how long its calls wait for the server (`RECONNECT` by default). `writer`: the session
-        of a process holding the writer lock (`WriterHold`; True: in shared mode), which a server restart
+        of a process holding the writer lock (`WriterHold`) in that mode, which a server restart
         ends with every session: each new connection takes the lock again before its first statement."""
         loop = asyncio.new_event_loop()
         settings = {"application_name": f"{os.getpid()} {socket.gethostname()}"[:63]}
@@ -278,7 +278,7 @@ class PgSession:
         """The writer lock on the new connection, unless this process still holds it on another. Refused, the
         call is ConnectionLost: it waits (`call`) while another writer (a `ledger migrate` started while the
         server was away) has the ledger, asking on a new connection each time, and fails past the bound."""
-        holder = _take_writer_lock(self, bool(self.writer))
+        holder = _take_writer_lock(self, shared=self.writer == "shared")
         if holder is None or holder == self._settings["application_name"]:
             return
         self._lost = True  # the next call connects again, and asks again
@@ -450,7 +450,7 @@ def _take_writer_lock(conn: PgSession, shared: bool = False) -> str | None:
 
 
 async def connect(
-    url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: bool | None = None
+    url: str, *, read_only: bool = False, reconnect: Reconnect | None = None, writer: WriterMode | None = None
 ) -> Connection:
     """The ledger's connection to the PostgreSQL database at `url`, on a thread of its own; `reconnect`: how
     long its calls wait for the server when it goes away (`RECONNECT` by default); `writer`: see

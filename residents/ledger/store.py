@@ -224,7 +224,7 @@ class Ledger:
         if not isinstance(hold, postgres.WriterHold):
             raise _in_use(name, hold)
         try:
-            db = await postgres.connect(url, writer=shared)
+            db = await postgres.connect(url, writer="shared" if shared else "alone")
         except Exception as e:
             await hold.release()
             raise LedgerError(f"{name}: cannot open the ledger: {postgres.reason(e)}") from None
