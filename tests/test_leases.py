@@ -235,6 +235,24 @@ async def test_two_processes_share_four_residents_and_the_survivor_takes_over_a_
         assert [t.split()[0] for t in text if "  since " in t] == sorted(NAMES)
 
 
+async def test_a_mention_while_its_bot_changes_hands_is_answered_where_the_resident_never_spoke(
+    tmp_path: Path, pg_server: pgkit.Server
+) -> None:
+    """The holder is killed; a mention comes before the survivor takes the bot over, in a channel where the
+    resident has no reply in the ledger to catch up from. The taker catches up from when the dead process
+    took the bot (`driven_since`), so the mention is answered, once."""
+    async with rig(tmp_path, pg_server, ("cairn",)) as r:
+        victim, survivor = await r.first_holds_cairn_then_second_joins()
+        await victim.kill()
+        r.room.post("general", "alice", "Anyone home, @cairn", mentions=["cairn"])
+        [(posted,)] = r.rows("SELECT extract(epoch from clock_timestamp())")
+        await r.until(lambda: r.holders() == {"cairn": r.pid(survivor)})
+        [(taken,)] = r.rows("SELECT acquired_at FROM leases WHERE unit = 'cairn'")
+        assert taken > posted  # the mention came while the bot was nobody's: the gateway told no one of it
+        await r.until(lambda: len(r.by("cairn")) == 1)
+        assert r.rows("SELECT count(*) FROM generations") == [(1,)]
+
+
 async def test_a_holder_frozen_past_its_lease_posts_nothing_more_as_that_bot_and_gives_it_up(
     tmp_path: Path, pg_server: pgkit.Server
 ) -> None:
