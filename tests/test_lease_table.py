@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from residents import cli
+from residents import cli, truth
+from residents.discord.forward import Forwarder
 from residents.ledger import continue_requests, leases, postgres
 from residents.ledger.leases import Leases, Terms, Unit
+from residents.records import Generation
 
 try:
     import pgkit
@@ -235,3 +237,52 @@ async def test_two_processes_racing_to_take_one_continue_request_take_it_once(ur
     )
     assert sum(g is not None for g in got) == 1
     await _close(asker, holder, third)
+
+
+# The asking side of a carried /continue (`discord.forward.Forwarder.ask`), against a taker with no bot.
+
+
+async def _asking(url: str) -> tuple[Leases, Leases, Forwarder, leases.Listener, Heard]:
+    """An asking process (its Forwarder hearing answers on its lease listener), a taker, and what is asked."""
+    asker, taker = await process(url, [Unit("cairn")]), await process(url, [Unit("cairn")])
+    fwd = Forwarder(asker.conn, asker.process, {}, {}, _never)
+    asked = Heard()
+    ears = leases.Listener(url, asker.process, also={**fwd.channels(), continue_requests.ASKED: asked})
+    await ears.ensure()
+    return asker, taker, fwd, ears, asked
+
+
+async def _never(residence: str, channel: str) -> bool:
+    return False
+
+
+G = Generation(id="g-7", residence="cairn", channel="42", model="m")
+
+
+async def test_a_carried_continue_gets_its_takers_answer_or_is_told_its_taker_stopped(url: str) -> None:
+    asker, taker, fwd, ears, asked = await _asking(url)
+    waiting = asyncio.create_task(fwd.ask(G))
+    await asked.until("1")
+    assert await taker.conn.run(continue_requests.take, 1, taker.process) is not None
+    await taker.conn.run(continue_requests.answer, 1, taker.process, "Continued g-7: now complete.")
+    assert await asyncio.wait_for(waiting, timeout=10) == "Continued g-7: now complete."
+
+    waiting = asyncio.create_task(fwd.ask(G))
+    await asked.until("2")
+    assert await taker.conn.run(continue_requests.take, 2, taker.process) is not None
+    await taker.stop()  # taken, then its process stops before answering: the asker waits no longer
+    said = await asyncio.wait_for(waiting, timeout=10)
+    assert said == truth.continue_not_answered("cairn", "g-7", "stopped before answering")
+    await ears.close()
+    await _close(asker, taker)
+
+
+async def test_a_carried_continue_nobody_takes_is_withdrawn_and_told(url: str) -> None:
+    asker, taker, fwd, ears, asked = await _asking(url)
+    fwd.take_wait = 0.5
+    said = await asyncio.wait_for(fwd.ask(G), timeout=10)
+    assert said == truth.continue_not_taken("cairn", "g-7", 0.5)
+    assert await taker.conn.run(continue_requests.take, 1, taker.process) is None
+    assert await asker.conn.run(continue_requests.state, 1) == continue_requests.State(None, None, True, None)
+    await ears.close()
+    await _close(asker, taker)
