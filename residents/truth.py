@@ -364,6 +364,24 @@ def not_continued(d: Declined) -> str:
     return f"Not continued: {declined_reason(d)}."
 
 
+def continue_not_taken(residence: str, generation_id: str, seconds: float) -> str:
+    """A moderator's answer to a /continue carried to another process when none driving the resident's bot
+    took it in time: nothing ran, and the request was withdrawn so nothing will run of it later."""
+    return (
+        f"Not continued: no process driving {residence}'s bot took /continue {generation_id} within {seconds:g} s"
+        " (its bot may be changing hands); the request is withdrawn and will not run later."
+    )
+
+
+def continue_not_answered(residence: str, generation_id: str, why: str) -> str:
+    """A moderator's answer when the process that took a carried /continue gave none back: whether it ran is
+    the ledger's to say, not a guess (`why`: it stopped, or the wait's bound passed)."""
+    return (
+        f"/continue {generation_id} was taken by the process driving {residence}'s bot, which {why};"
+        f" /generation show {generation_id} tells what became of it."
+    )
+
+
 def continue_label(left: int) -> str:
     """The Continue button's label on a cut output's receipt: how many continuations its policy still allows."""
     return f"Continue ({left} left)"

@@ -283,6 +283,7 @@ E2E_MODULES = frozenset(
         "test_leases_start",
         "test_leases_handover",
         "test_leases_outage",
+        "test_leases_continue",
         "test_memory",
         "test_fuzz_config",
         "test_discord_text",

@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from residents import cli
-from residents.ledger import leases, postgres
+from residents import cli, truth
+from residents.discord.forward import Forwarder
+from residents.ledger import continue_requests, leases, postgres
 from residents.ledger.leases import Leases, Terms, Unit
+from residents.records import Generation
 
 try:
     import pgkit
@@ -134,3 +136,153 @@ async def test_a_handover_is_told_to_the_others_and_the_taker_learns_since_when_
         await listener.close()
     for keeper in (one, two):
         await keeper.conn.close()
+
+
+# Continue requests (`continue_requests`): a /continue carried to the process that drives the resident's bot.
+
+
+async def _asked(url: str, within: float = 60.0) -> tuple[Leases, Leases, int]:
+    """Two registered processes, and a request the first asked for one more segment of g-1 (1 segment seen)."""
+    asker, holder = await process(url, [Unit("cairn")]), await process(url, [Unit("cairn")])
+    rid = await asker.conn.run(continue_requests.ask, "g-1", "cairn", "42", 1, asker.process, within)
+    return asker, holder, rid
+
+
+async def _close(*keepers: Leases) -> None:
+    for keeper in keepers:
+        await keeper.conn.close()
+
+
+async def test_a_continue_request_is_taken_once_answered_by_its_taker_and_told_both_ways(url: str) -> None:
+    asked, answered = Heard(), Heard()
+    ears = leases.Listener(url, 0, also={continue_requests.ASKED: asked})
+    await ears.ensure()
+    asker, holder, rid = await _asked(url)
+    back = leases.Listener(url, asker.process, also={continue_requests.ANSWERED: answered})
+    await back.ensure()
+    await asked.until(str(rid))
+    assert asked.payloads == [str(rid)]
+    assert await holder.conn.run(continue_requests.pending, ["cairn"]) == [rid]
+    assert await holder.conn.run(continue_requests.pending, ["moss"]) == []
+    assert await holder.conn.run(continue_requests.pending_one, rid) == continue_requests.Request(
+        rid, "g-1", "cairn", "42", 1
+    )
+    before = await asker.conn.run(continue_requests.state, rid)
+    assert before == continue_requests.State(None, None, False, None)
+    taken = await holder.conn.run(continue_requests.take, rid, holder.process)
+    assert taken == continue_requests.Request(rid, "g-1", "cairn", "42", 1)
+    # Taken once: neither another process nor the same one takes it again, and it is no longer pending.
+    assert await asker.conn.run(continue_requests.take, rid, asker.process) is None
+    assert await holder.conn.run(continue_requests.take, rid, holder.process) is None
+    assert await holder.conn.run(continue_requests.pending, ["cairn"]) == []
+    assert await holder.conn.run(continue_requests.pending_one, rid) is None
+    # The asker can no longer withdraw it: it is running.
+    assert await asker.conn.run(continue_requests.give_up, rid) is False
+    assert await asker.conn.run(continue_requests.state, rid) == continue_requests.State(
+        holder.process, None, False, True
+    )
+    # Only its taker answers it.
+    await asker.conn.run(continue_requests.answer, rid, asker.process, "not mine to say")
+    assert (await asker.conn.run(continue_requests.state, rid)).answer is None
+    await holder.conn.run(continue_requests.answer, rid, holder.process, "Continued g-1: now truncated.")
+    await answered.until(str(rid))
+    got = await asker.conn.run(continue_requests.state, rid)
+    assert got == continue_requests.State(holder.process, "Continued g-1: now truncated.", False, True)
+    # Its taker stopping is seen by the asker (it waits no longer for an answer that will not come).
+    await holder.stop()
+    assert (await asker.conn.run(continue_requests.state, rid)).taker_alive is False
+    for listener in (ears, back):
+        await listener.close()
+    await _close(asker, holder)
+
+
+class Heard:
+    """The payloads a listener's channel was told, and an event set at each."""
+
+    def __init__(self) -> None:
+        self.payloads: list[str] = []
+        self.told = asyncio.Event()
+
+    def __call__(self, payload: str) -> None:
+        self.payloads.append(payload)
+        self.told.set()
+
+    async def until(self, payload: str) -> None:
+        async with asyncio.timeout(10):
+            while payload not in self.payloads:
+                self.told.clear()
+                await self.told.wait()
+
+
+async def test_a_continue_request_withdrawn_or_past_its_deadline_is_never_taken(url: str) -> None:
+    asker, holder, rid = await _asked(url)
+    assert await asker.conn.run(continue_requests.give_up, rid) is True
+    assert await holder.conn.run(continue_requests.take, rid, holder.process) is None
+    assert await holder.conn.run(continue_requests.pending, ["cairn"]) == []
+    assert await asker.conn.run(continue_requests.state, rid) == continue_requests.State(None, None, True, None)
+    # Past its deadline (an asker that died before withdrawing it): nobody takes it either.
+    _, _, late = await _asked(url)
+    assert await holder.conn.run(continue_requests.pending, ["cairn"]) == [late]
+    pgkit.execute(url, f"UPDATE continue_requests SET deadline = 0 WHERE id = {late}")
+    assert await holder.conn.run(continue_requests.pending, ["cairn"]) == []
+    assert await holder.conn.run(continue_requests.take, late, holder.process) is None
+    await _close(asker, holder)
+
+
+async def test_two_processes_racing_to_take_one_continue_request_take_it_once(url: str) -> None:
+    asker, holder, rid = await _asked(url)
+    third = await process(url, [Unit("cairn")])
+    got = await asyncio.gather(
+        *(k.conn.run(continue_requests.take, rid, k.process) for k in (asker, holder, third) for _ in range(3))
+    )
+    assert sum(g is not None for g in got) == 1
+    await _close(asker, holder, third)
+
+
+# The asking side of a carried /continue (`discord.forward.Forwarder.ask`), against a taker with no bot.
+
+
+async def _asking(url: str) -> tuple[Leases, Leases, Forwarder, leases.Listener, Heard]:
+    """An asking process (its Forwarder hearing answers on its lease listener), a taker, and what is asked."""
+    asker, taker = await process(url, [Unit("cairn")]), await process(url, [Unit("cairn")])
+    fwd = Forwarder(asker.conn, asker.process, {}, {}, _never)
+    asked = Heard()
+    ears = leases.Listener(url, asker.process, also={**fwd.channels(), continue_requests.ASKED: asked})
+    await ears.ensure()
+    return asker, taker, fwd, ears, asked
+
+
+async def _never(residence: str, channel: str) -> bool:
+    return False
+
+
+G = Generation(id="g-7", residence="cairn", channel="42", model="m")
+
+
+async def test_a_carried_continue_gets_its_takers_answer_or_is_told_its_taker_stopped(url: str) -> None:
+    asker, taker, fwd, ears, asked = await _asking(url)
+    waiting = asyncio.create_task(fwd.ask(G))
+    await asked.until("1")
+    assert await taker.conn.run(continue_requests.take, 1, taker.process) is not None
+    await taker.conn.run(continue_requests.answer, 1, taker.process, "Continued g-7: now complete.")
+    assert await asyncio.wait_for(waiting, timeout=10) == "Continued g-7: now complete."
+
+    waiting = asyncio.create_task(fwd.ask(G))
+    await asked.until("2")
+    assert await taker.conn.run(continue_requests.take, 2, taker.process) is not None
+    await taker.stop()  # taken, then its process stops before answering: the asker waits no longer
+    said = await asyncio.wait_for(waiting, timeout=10)
+    assert said == truth.continue_not_answered("cairn", "g-7", "stopped before answering")
+    await ears.close()
+    await _close(asker, taker)
+
+
+async def test_a_carried_continue_nobody_takes_is_withdrawn_and_told(url: str) -> None:
+    asker, taker, fwd, ears, asked = await _asking(url)
+    fwd.take_wait = 0.5
+    said = await asyncio.wait_for(fwd.ask(G), timeout=10)
+    assert said == truth.continue_not_taken("cairn", "g-7", 0.5)
+    assert await taker.conn.run(continue_requests.take, 1, taker.process) is None
+    assert await asker.conn.run(continue_requests.state, 1) == continue_requests.State(None, None, True, None)
+    await ears.close()
+    await _close(asker, taker)

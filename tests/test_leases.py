@@ -45,12 +45,16 @@ def answer(body: dict[str, Any]) -> Call:
     return Call(sse=sse.stream("Noted.", "end_turn", 2, model=MODEL))
 
 
-def write_config(base: Path, names: tuple[str, ...], channels: str = "[general]", shards: str = "") -> None:
-    """One configuration (each process has its own copy: its own folder for its log files)."""
+def write_config(
+    base: Path, names: tuple[str, ...], channels: str = "[general]", shards: str = "", policy: str = ""
+) -> None:
+    """One configuration (each process has its own copy: its own folder for its log files); `policy`: more of
+    the residents' one policy, in YAML."""
     (base / "residences").mkdir(parents=True)
     (base / "policies").mkdir()
     (base / "policies" / "quick.yaml").write_text(
         "retries:\n  max_attempts: 1\n  timeout_seconds: 60\nfloor:\n  cooldown_seconds: 0\n  reply_to: mentions\n"
+        + policy
     )
     for name in names:
         (base / "residences" / f"{name}.yaml").write_text(
@@ -121,6 +125,7 @@ async def rig(
     shards: str = "",
     responder: Responder = answer,
     lease: tuple[str, ...] = LEASE,
+    policy: str = "",
 ) -> AsyncIterator[Rig]:
     url = pg_server.create()
     assert await asyncio.to_thread(cli.main, ["ledger", "migrate", "--db", url]) == 0
@@ -132,7 +137,7 @@ async def rig(
         procs = []
         for i in range(processes):
             folder = tmp_path / f"p{i}"
-            write_config(folder, names, channels, shards)
+            write_config(folder, names, channels, shards, policy)
             procs.append(Process(folder, room.url, provider.url, url, *lease))
         r = Rig(room, url, procs, provider)
         try:
@@ -329,30 +334,3 @@ async def test_a_holder_frozen_mid_reply_posts_none_of_it_once_thawed(tmp_path: 
         ]
         await mention(r, "cairn", "And now")
         assert r.holders() == {"cairn": r.pid(other)}
-
-
-async def test_continue_for_a_resident_driven_by_another_process_says_so(
-    tmp_path: Path, pg_server: pgkit.Server
-) -> None:
-    """The commands bot runs in one process; a resident whose bot another process drives cannot be continued
-    from it, and the moderator is told that, not that the generation does not exist."""
-    async with rig(tmp_path, pg_server, ("cairn", "sill")) as r:
-        for p in r.procs:
-            await p.start()
-        await r.until(lambda: len(set(r.holders().values())) == 2 and len(r.sessions()) == 2)
-        await r.until(lambda: any(c.name == "continue" for c in r.room.state.commands.values()))  # synced
-        await mention(r, "sill", "Tide times")
-        [(gid,)] = r.rows("SELECT id FROM generations WHERE residence = 'sill'")
-        out = await r.room.invoke_command(
-            "general", "moddy", "continue", options=[{"name": "generation", "value": gid}], moderator=True
-        )
-        assert out["bot"] == "cairn", out
-        [said] = [m["content"] for m in out["responses"]]
-        assert said == (
-            "sill's bot is driven by another process now; /continue reaches only the residents whose bots run"
-            " beside this command's."
-        )
-        missing = await r.room.invoke_command(
-            "general", "moddy", "continue", options=[{"name": "generation", "value": "g-none"}], moderator=True
-        )
-        assert [m["content"] for m in missing["responses"]] == ["No generation g-none of a resident here."]

@@ -20,7 +20,7 @@ from discordkit import Deployed, deployed, opts, sub
 
 from residents.cli import main as cli_main
 from residents.delivery.outbox import Backoff
-from residents.discord.cogs.moderation import CONTINUE_DELIVERY_WAIT
+from residents.discord.buttons import CONTINUE_DELIVERY_WAIT
 from residents.localservers import sse
 from residents.localservers.provider import Call
 

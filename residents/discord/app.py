@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import aiohttp
 import discord
 from discord.ext import commands
 
 from ..config import Checkpoints, ConfigError, Residence, ShardSettings
+from ..records import Generation
 from ..resident import Resident
 from . import checks
 
@@ -67,6 +68,12 @@ def shard_options(settings: ShardSettings) -> dict[str, Any]:
     return {"shard_count": settings.count, "shard_ids": list(settings.ids) if settings.ids is not None else None}
 
 
+class Carrier(Protocol):
+    """How /continue reaches a resident whose bot another process drives (`forward.Forwarder`)."""
+
+    async def ask(self, g: Generation) -> str: ...
+
+
 class ResidentBot(commands.Bot):
     def __init__(
         self,
@@ -113,6 +120,8 @@ class ResidentBot(commands.Bot):
         # Taken over from another process on a shared ledger (`run._Driven`): since when that one drove the bot
         # (seconds since the epoch). A channel where the resident never answered is caught up from there.
         self.driven_elsewhere_since: float | None = None
+        # On a shared ledger, how /continue reaches a resident whose bot another process drives (`run._Driven`).
+        self.forwarder: Carrier | None = None
 
     @property
     def residence(self):

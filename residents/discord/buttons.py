@@ -27,7 +27,7 @@ from .. import truth
 from ..config import Residence
 from ..generation.run import continuations_left
 from ..ledger.access import tool_calls_of
-from ..records import Post, PostKind, PostReason
+from ..records import Generation, Post, PostKind, PostReason
 from ..resident import Reply, Resident
 from ..text import outbound
 from .checks import FAILED, moderates
@@ -126,6 +126,32 @@ def continued(generation_id: str, reply: Reply) -> str:
             else ""
         )
     )
+
+
+def continue_channel(owner: Resident, bot: discord.Client, g: Generation, reachable: bool = True) -> str | DiscordRoom:
+    """Where a moderator's /continue of `g` would post, as `owner`'s own bot; or the moderator's answer why it
+    cannot run (a standing that does not continue on request, a channel out of reach)."""
+    refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence, g.id)
+    if refused:
+        return truth.not_continued(refused)
+    channel = bot.get_channel(int(g.channel)) if reachable and g.channel.isdigit() else None
+    if channel is None:
+        return f"The channel of {g.id} is not reachable."
+    return DiscordRoom(channel)  # type: ignore[arg-type]
+
+
+async def continue_in(owner: Resident, room: DiscordRoom, g: Generation, offered: int | None = None) -> str:
+    """A moderator's /continue of `g`, run where its resident's bot runs: one segment under the standing, the
+    Continue button taken off the receipt it continued from; the moderator's answer (`continued`). `offered`:
+    the segments the moderator saw, for a request carried from another process (a second one meanwhile is
+    declined, as a second press of a button is)."""
+    shown = [p for p in g.posts if p.kind == PostKind.RECEIPT and p.message_id]  # the receipts before it
+    reply = await owner.continue_generation(room, g.channel, g.id, within=CONTINUE_DELIVERY_WAIT, offered=offered)
+    if not reply.decline and shown:  # the receipt it continued from keeps no Continue button
+        latest = max(shown, key=lambda p: p.seq)
+        assert latest.message_id is not None
+        await take_button_away(room.channel, latest.message_id)
+    return continued(g.id, reply)
 
 
 async def take_button_away(channel: discord.abc.Messageable, message_id: str, *, known: bool = False) -> None:

@@ -36,6 +36,7 @@ from ..resident import Resident
 from . import startup
 from .app import ResidentBot, commands_bot_of, names_channel, sharded
 from .buttons import receipt_view
+from .forward import Forwarder
 from .localapi import point_at_local
 from .room import DiscordResumeRoom
 
@@ -359,6 +360,7 @@ class _Driven:
         self.changed = asyncio.Event()  # set when a bot is stopped (`announce_when_ready` waits no more for it)
         self.starting = True  # until the first renewal is acted on: what is taken then is the start's share
         self.withheld = 0  # surplus units kept at the last renewal because a reply of theirs was under way
+        self.forwarder: Forwarder | None = None  # carried /continue requests, once the process is registered
 
     def _count(self, name: str) -> int | None:
         r = self.residences[name]
@@ -429,6 +431,7 @@ class _Driven:
         keys = [leases.Unit(name, shard).key for shard in shards]
         since = [self.keeper.driven_since[k] for k in keys if k in self.keeper.driven_since]
         bot.driven_elsewhere_since = min(since, default=None)
+        bot.forwarder = self.forwarder
         self.bots[name] = self.peers[name] = bot
         self.shards[name] = shards
         self.tasks[name] = asyncio.create_task(
@@ -572,7 +575,8 @@ async def _serve_leased(
             raise StartupError(
                 f"{postgres.shown(ledger.path)}: cannot register this process: {postgres.reason(e)}"
             ) from None
-        listener = leases.Listener(ledger.path, keeper.process)
+        forwarder = driven.forwarder = Forwarder(conn, keeper.process, registry, driven.bots, driven.fence)
+        listener = leases.Listener(ledger.path, keeper.process, also=forwarder.channels())
         while not stop.is_set():
             await listener.ensure()
             listener.woken.clear()  # what is told from now on is seen by this renewal or wakes the next
@@ -592,6 +596,11 @@ async def _serve_leased(
                 for key in lost:
                     keeper.forget(key)
             await driven.settle(lost, excess, "its lease ran out unrenewed" if failing else "its lease was taken")
+            if not failing:
+                try:
+                    await forwarder.sweep()  # /continue requests for bots driven here that no notice brought
+                except Exception as e:
+                    log.info("leases: could not look for /continue requests (looked again next renewal): %s", e)
             if announcer is None:
                 announcer = asyncio.create_task(driven.announce_when_ready(announce))
             ended = [name for name, t in driven.tasks.items() if t.done()]
@@ -614,6 +623,8 @@ async def _serve_leased(
             announcer.cancel()
         if listener is not None:
             await listener.close()
+        if driven.forwarder is not None:
+            await driven.forwarder.close()
         await outbox.close()
         await driven.close()
         await keeper.stop()

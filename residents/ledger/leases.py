@@ -33,7 +33,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -299,10 +299,13 @@ class Leases:
 class Listener:
     """Wakes this process's renewal loop (`woken`) when another process on the ledger registers, gives units
     up or stops (`NOTIFY` on `CHANNEL`). A connection of its own on the caller's event loop, idle but for
-    notifications; lost, it is made again by `ensure`, and meanwhile the renewals keep their own pace."""
+    notifications; lost, it is made again by `ensure`, and meanwhile the renewals keep their own pace.
+    `also`: other channels heard on the same connection (channel → what to call with each payload), such as
+    the continue requests' (`continue_requests`); what they miss while it is lost, their owners look up."""
 
-    def __init__(self, url: str, process: int) -> None:
+    def __init__(self, url: str, process: int, also: Mapping[str, Callable[[str], None]] | None = None) -> None:
         self.url, self.process = url, process
+        self.also = dict(also or {})
         self.woken = asyncio.Event()
         self._conn: asyncpg.Connection | None = None
         self._failing = False
@@ -320,6 +323,8 @@ class Listener:
                 self.url, timeout=5, server_settings={"application_name": f"{os.getpid()} leases"[:63]}
             )
             await conn.add_listener(CHANNEL, self._heard)
+            for channel, told in self.also.items():
+                await conn.add_listener(channel, _payload_to(told))
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             if not self._failing:
                 log.warning("leases: cannot hear other processes' handovers (renewals keep their pace): %s", e)
@@ -334,6 +339,15 @@ class Listener:
             except Exception:
                 self._conn.terminate()
             self._conn = None
+
+
+def _payload_to(told: Callable[[str], None]) -> Callable[[object, int, str, str], None]:
+    """asyncpg's listener callback (connection, pid, channel, payload), handing `told` the payload."""
+
+    def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        told(payload)
+
+    return heard
 
 
 def as_units(names: Iterable[tuple[str, int | None]]) -> list[Unit]:

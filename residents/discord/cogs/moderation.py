@@ -21,16 +21,14 @@ import yaml
 from discord import app_commands
 from discord.ext import commands
 
-from ... import truth
 from ...delivery import split_text
 from ...ledger import usage, views
 from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
-from ...records import Generation, PostKind
+from ...records import Generation
 from ...text import outbound
 from ..app import ResidentBot, names_channel
-from ..buttons import CONTINUE_DELIVERY_WAIT, continued, take_button_away
+from ..buttons import continue_channel, continue_in
 from ..checks import Scope, moderation_scope, moderator_check
-from ..room import DiscordRoom
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
 PAGE = 1900
@@ -209,39 +207,30 @@ class Moderation(commands.Cog):
         g = await self._generation(generation.strip(), scope)
         # The generation names its resident; this bot answers for every resident of the process.
         owner = self.bot.registry.get(g.residence) if g is not None else None
-        owner_bot = self.bot.peers.get(g.residence) if g is not None else None
         if g is None or owner is None:
             await self._say(interaction, f"No generation {generation} of a resident here.")
             return
-        if owner_bot is None:  # several processes share the ledger (leases): its bot is driven by another
-            await self._say(
-                interaction,
-                f"{g.residence}'s bot is driven by another process now; /continue reaches only the residents"
-                " whose bots run beside this command's.",
-            )
+        owner_bot = self.bot.peers.get(g.residence)
+        forwarder = self.bot.forwarder
+        if owner_bot is None and forwarder is not None:
+            # Several processes share the ledger (leases): its bot is driven by another, which runs it there.
+            if scope.channel(g.channel) is None:
+                await self._say(interaction, f"The channel of {g.id} is not reachable.")
+                return
+            await interaction.response.defer(ephemeral=True, thinking=True)
+            answer = await forwarder.ask(g)
+            await interaction.followup.send(outbound(answer)[0], ephemeral=True)
             return
-        refused = truth.standing_refusal(owner.residence.policy.continuation.standing, g.residence, g.id)
-        if refused:
-            await self._say(interaction, truth.not_continued(refused))
+        if owner_bot is None:
+            await self._say(interaction, f"No generation {generation} of a resident here.")
             return
         # In scope, so in this guild; the resident's own bot posts, so it must see the channel too.
-        channel = owner_bot.get_channel(int(g.channel)) if scope.channel(g.channel) is not None else None
-        if channel is None:
-            await self._say(interaction, f"The channel of {g.id} is not reachable.")
+        found = continue_channel(owner, owner_bot, g, reachable=scope.channel(g.channel) is not None)
+        if isinstance(found, str):
+            await self._say(interaction, found)
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
-        shown = [p for p in g.posts if p.kind == PostKind.RECEIPT and p.message_id]  # the receipts before it
-        reply = await owner.continue_generation(
-            DiscordRoom(channel),  # type: ignore[arg-type]
-            g.channel,
-            g.id,
-            within=CONTINUE_DELIVERY_WAIT,
-        )
-        if not reply.decline and shown:  # the receipt it continued from keeps no Continue button
-            latest = max(shown, key=lambda p: p.seq)
-            assert latest.message_id is not None
-            await take_button_away(channel, latest.message_id)  # type: ignore[arg-type]
-        await interaction.followup.send(continued(g.id, reply), ephemeral=True)
+        await interaction.followup.send(await continue_in(owner, found, g), ephemeral=True)
 
     @app_commands.command(name="usage", description="Tokens the provider counted here, and their cost (an estimate)")
     @app_commands.describe(by="sum by residence, channel or UTC day", since="a UTC day, YYYY-MM-DD (default: all)")
