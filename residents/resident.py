@@ -317,13 +317,13 @@ class Resident:
         """A moderator asked for more of a cut output: one segment at most, under the standing.
 
         Waits for any turn or continuation of this resident in `channel` still being generated (not for
-        their posts to reach the room), then reads the generation afresh: a second /continue on one
-        generation runs after the first, or is declined with the reason. Returns once its posts are in
+        their posts to reach the room), then reads the generation afresh: a second request on one
+        generation runs after the first, and is declined with the reason if it no longer applies. Returns once its posts are in
         the room, or after `within` seconds with `Reply.waiting` saying how many are not yet.
 
-        `offered`: a Continue button's request, made from a receipt showing that many segments. Once the
-        generation has more (a second press of a double-click, a press on an older receipt) it is declined
-        to the presser alone, with no notice in the room: one press, one continuation at most.
+        `offered`: the segments the asker saw (a Continue button's receipt, a /continue when it was asked).
+        Once the generation has more (a double-click, two moderators at once, an older receipt) it is
+        declined to the asker alone, with no notice in the room: one ask, one continuation at most.
         """
         with observe.working_on(residence=self.name, channel=channel):
             async with self.busy(channel):

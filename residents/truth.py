@@ -333,8 +333,8 @@ _DECLINED: dict[str, str] = {
     "no-request": "generation {generation_id} has no recorded request to continue",
     "tool-calls": "generation {generation_id} made tool calls, and continuation never mixes with the tool loop",
     "stopped": "continuation of {generation_id} stopped: {detail}",
-    # A Continue button pressed after its receipt's output was continued (a second press of a double-click)
-    "already-continued": "generation {generation_id} was already continued from that receipt; it has {detail} segments now",
+    # A Continue button pressed, or a /continue asked, for an output continued since (a double-click, two at once)
+    "already-continued": "generation {generation_id} was continued meanwhile; it has {detail} segments now",
 }
 
 

@@ -317,8 +317,9 @@ async def assert_one_reply_in_order(d, g) -> None:
     assert await verify(d.ledger, unsettled_as_violations=True) == []
 
 
-async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(tmp_path):
-    """Two moderators (or a double click) at once: the second waits for the first, then continues from there."""
+async def test_two_continues_of_one_generation_at_once_continue_it_once(tmp_path):
+    """Two moderators (or a repeat) at once: the second waits for the first, then finds the generation continued
+    since it was asked, and is declined to its moderator alone: one segment more, not two."""
     policy = {"continuation": {"standing": "on-request", **BOUNDS}}
     calls = [
         Call(sse=specimen("cont-first.sse")),
@@ -335,10 +336,17 @@ async def test_two_continues_of_one_generation_at_once_run_one_after_the_other(t
         )
         answers = sorted([contents(one)[-1], contents(two)[-1]])
         assert answers == [
-            f"Continued {g.id}: now completed, 3 segment(s), continuation completed.",
             f"Continued {g.id}: now truncated, 2 segment(s), continuation disabled.",
+            f"Not continued: generation {g.id} was continued meanwhile; it has 2 segments now.",
         ], answers
         await d.quiet(0.1)
+        [g] = await d.generations()
+        assert (g.status, len(g.segments), len(d.provider.requests)) == ("truncated", 2, 2)
+        assert g.text.endswith(SECOND)
+        # Asked again once the first is in the room, it continues: the segment count it found is current.
+        assert contents(await d.command("moddy", "continue", opts(generation=g.id)))[-1] == (
+            f"Continued {g.id}: now completed, 3 segment(s), continuation completed."
+        )
         [g] = await d.generations()
         assert (g.status, len(g.segments), len(d.provider.requests)) == ("completed", 3, 3)
         assert g.text.endswith(THIRD) and squash(SECOND) in squash(g.text)

@@ -108,7 +108,7 @@ async def test_continue_for_a_resident_driven_by_another_process_is_carried_ther
         both = await asyncio.gather(continue_(r, gid), continue_(r, gid))
         assert sorted(both) == [
             f"Continued {gid}: now truncated, 3 segment(s), continuation disabled.",
-            f"Not continued: generation {gid} was already continued from that receipt; it has 3 segments now.",
+            f"Not continued: generation {gid} was continued meanwhile; it has 3 segments now.",
         ], r.output()
         assert segments(r, gid) == 3 and len(r.provider.requests) == 3
         assert r.rows("SELECT count(*) FROM continue_requests WHERE answer IS NOT NULL") == [(3,)]

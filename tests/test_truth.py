@@ -330,7 +330,7 @@ def test_the_tool_description_is_impersonal():
         (truth.Declined("stopped", "cairn", "g-1", "segment-limit"), "continuation of g-1 stopped: segment-limit"),
         (
             truth.Declined("already-continued", "cairn", "g-1", "2"),
-            "generation g-1 was already continued from that receipt; it has 2 segments now",
+            "generation g-1 was continued meanwhile; it has 2 segments now",
         ),
     ],
 )

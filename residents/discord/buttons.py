@@ -140,11 +140,11 @@ def continue_channel(owner: Resident, bot: discord.Client, g: Generation, reacha
     return DiscordRoom(channel)  # type: ignore[arg-type]
 
 
-async def continue_in(owner: Resident, room: DiscordRoom, g: Generation, offered: int | None = None) -> str:
+async def continue_in(owner: Resident, room: DiscordRoom, g: Generation, offered: int) -> str:
     """A moderator's /continue of `g`, run where its resident's bot runs: one segment under the standing, the
     Continue button taken off the receipt it continued from; the moderator's answer (`continued`). `offered`:
-    the segments the moderator saw, for a request carried from another process (a second one meanwhile is
-    declined, as a second press of a button is)."""
+    the segments the moderator's command found, so a second /continue meanwhile (two moderators, a repeat) is
+    declined as a second press of a button is: one ask, one continuation, in this process or carried."""
     shown = [p for p in g.posts if p.kind == PostKind.RECEIPT and p.message_id]  # the receipts before it
     reply = await owner.continue_generation(room, g.channel, g.id, within=CONTINUE_DELIVERY_WAIT, offered=offered)
     if not reply.decline and shown:  # the receipt it continued from keeps no Continue button

@@ -230,7 +230,7 @@ class Moderation(commands.Cog):
             await self._say(interaction, found)
             return
         await interaction.response.defer(ephemeral=True, thinking=True)
-        await interaction.followup.send(await continue_in(owner, found, g), ephemeral=True)
+        await interaction.followup.send(await continue_in(owner, found, g, offered=len(g.segments)), ephemeral=True)
 
     @app_commands.command(name="usage", description="Tokens the provider counted here, and their cost (an estimate)")
     @app_commands.describe(by="sum by residence, channel or UTC day", since="a UTC day, YYYY-MM-DD (default: all)")
