@@ -85,7 +85,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
-        held = chain.hold(db, chain.access_records(db), top, whole=False)
+        held = chain.hold(db, chain.access_now(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
         held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
@@ -248,7 +248,7 @@ class _Part:
     attached: list[str] = field(default_factory=list)  # attachment rows' violations
     generations: int = 0
     undelivered: int = 0
-    held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
+    held: chain.Found = field(default_factory=chain.Found)  # the range's records against the chain
 
 
 # Generations and attempts: only the columns the checks and the builders read (a generation's request
