@@ -100,8 +100,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
 
 
 def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], entries: int, broken: int | None) -> tuple[bool, str]:
-    """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and all after it holds
-    (`broken`: the first entry a chain's line names)."""
+    """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and none after it `broken`."""
     seq, digest = head
     said = f"head {seq}:{digest}"
     got = db.execute("SELECT hash FROM chain WHERE seq = $1", (seq,)).fetchone()
