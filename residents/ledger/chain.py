@@ -57,7 +57,8 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
 
 # ---------------------------------------------------------------------- entries of records
 # One builder per kind, used when a record is written, when old records are backfilled and when
-# `verify` rebuilds what each record's latest entry must say: the three can never disagree.
+# `verify` rebuilds what each record's latest entry must say (`records`, `access_now`): the three can
+# never disagree.
 
 
 def _fields(record: Any, names: str) -> dict[str, Any]:
@@ -135,9 +136,6 @@ def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
     return _fields(r, _REFUSAL_FIELDS)
 
 
-# ---------------------------------------------------------------------- reading records back
-
-
 def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
     """Generations' rows and their records' (`of`: each table's rows by generation id, blocks by attempt
     id) as their entries must state them: what `verify` holds against the chain and `backfill` writes."""
@@ -171,26 +169,22 @@ _LATEST: tuple[tuple[str, str, Callable[..., dict[str, Any]]], ...] = (
 )
 
 
-def access_records(db: sqlite3.Cursor) -> list[Record]:
-    """`access_now` as records to `hold` (not whole)."""
-    return [Record(TABLE_OF[kind], record, {kind: payload}) for kind, record, payload in access_now(db)]
-
-
-def access_now(db: sqlite3.Cursor) -> list[tuple[str, str, dict[str, Any]]]:
-    """Each stump's latest access choice and latest read, and each reply a spent budget refused, as their
-    entries must say (few: one per stump a resident or moderator touched, one per refused mention)."""
+def access_now(db: sqlite3.Cursor) -> list[Record]:
+    """Each stump's latest access choice and latest read, and each reply a spent budget refused, as the
+    records their latest entries state (few: one per stump a resident or moderator touched or refusal)."""
     out = []
     for kind, sql, build in _LATEST:
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
-        out += [(kind, sid, build(*r)) for sid, r in latest.items()]
+        out += [Record(TABLE_OF[kind], sid, {kind: build(*r)}) for sid, r in latest.items()]
     return out
 
 
 # ---------------------------------------------------------------------- checking
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
+    """A chain entry as stored: `ENTRIES`' columns, in this order."""
+
     seq: int
     kind: str
     record: str | None
@@ -211,7 +205,6 @@ def _link_problem(seq: int, prev: str, last_seq: int, last_hash: str) -> str:
     return f"names {prev[:16]}… as the previous hash, but entry {last_seq} hashes to {last_hash[:16]}…"
 
 
-# An entry's columns, in `Entry`'s order.
 ENTRIES = "SELECT seq, kind, record, prev, body, hash FROM chain"
 
 
@@ -259,16 +252,10 @@ def confirms(kind: str, payload: dict[str, Any], body: str) -> bool:
 # gets the entries before, the entry, and the record's text as stored now (a generation's).
 
 
-class Step(NamedTuple):
-    seq: int
-    kind: str
-    body: str
+Rule = Callable[[list[Entry], Entry, str], str | None]
 
 
-Rule = Callable[[list[Step], Step, str], str | None]
-
-
-def _continued(before: list[Step], now: Step, text: str) -> str | None:
+def _continued(before: list[Entry], now: Entry, text: str) -> str | None:
     """A generation is settled again only by a /continue: from an output cut at its ceiling, the same
     generation, its segments kept and new ones added (or none: a /continue that added nothing), and the
     text it settled before still the start of its text."""
@@ -298,7 +285,7 @@ def _continued(before: list[Step], now: Step, text: str) -> str | None:
     return None
 
 
-def _by_its_resident(before: list[Step], now: Step, text: str) -> str | None:
+def _by_its_resident(before: list[Entry], now: Entry, text: str) -> str | None:
     """A stump's access is the resident's choice (its `stumps` tool): set by the stump's residence."""
     stump, change = _parsed(before[0].body), _parsed(now.body)
     if stump is None or change is None or change.get("set_by") == stump.get("residence"):
@@ -306,7 +293,7 @@ def _by_its_resident(before: list[Step], now: Step, text: str) -> str | None:
     return f"access set by {change.get('set_by')!r}, not by the stump's resident {stump.get('residence')!r}"
 
 
-def _delivered_or_refused_once(before: list[Step], now: Step, text: str) -> str | None:
+def _delivered_or_refused_once(before: list[Entry], now: Entry, text: str) -> str | None:
     ended = next((s for s in before if s.kind in ("delivered", "refused")), None)
     if ended is None:
         return None
@@ -325,22 +312,22 @@ HISTORY: dict[str, tuple[str, dict[str, Rule | None]]] = {
 TABLE_OF = {kind: table for table, (first, then) in HISTORY.items() for kind in (first, *then)}
 
 
-def history_problem(table: str, record: str, steps: list[Step], text: str) -> tuple[int, str] | None:
+def history_problem(table: str, record: str, steps: list[Entry], text: str) -> tuple[Entry, str] | None:
     """The first entry of a record's history (`steps`, oldest first) that the ledger never writes."""
     first, then = HISTORY[table]
     if steps[0].kind != first:
-        return steps[0].seq, f"the first entry of {table[:-1]} {record}, whose history begins with a {first} entry"
+        return steps[0], f"the first entry of {table[:-1]} {record}, whose history begins with a {first} entry"
     for i in range(1, len(steps)):
         if steps[i].kind not in then:
-            return steps[i].seq, f"{table[:-1]} {record} recorded again (first at entry {steps[0].seq})"
+            return steps[i], f"{table[:-1]} {record} recorded again (first at entry {steps[0].seq})"
         rule = then[steps[i].kind]
         problem = rule(steps[:i], steps[i], text) if rule else None
         if problem:
-            return steps[i].seq, problem
+            return steps[i], problem
     return None
 
 
-# ---------------------------------------------------------------------- records held against the chain
+# ---------------------------------------------------------------------- holding records, and the walk
 
 
 @dataclass
@@ -355,18 +342,22 @@ class Record:
 
 
 @dataclass
-class Held:
-    """What holding records against their entries found: lines (seq, order, line), what has no entry,
-    and how many entries up to the walk's end the records read (and the sum of their seqs): the same
-    as the walk's count of entries naming a record, unless some entry names a record the ledger lacks."""
+class Found:
+    """What reading the chain found, by the walk or by holding records against their entries: lines
+    (seq, order, line) and how many entries up to the walk's end name a record (and the sum of their
+    seqs), as the walk counts them and as the records read them: the same, unless some entry names a
+    record the ledger lacks. The records': what has no entry; the walk's: its entries, last seq, head."""
 
     lines: list[tuple[int, int, str]] = field(default_factory=list)
-    unchained: list[str] = field(default_factory=list)
-    confirmed: int = 0  # latest entries their builders give byte for byte
     count: int = 0
     total: int = 0
+    unchained: list[str] = field(default_factory=list)
+    confirmed: int = 0  # latest entries their builders give byte for byte
+    entries: int = 0
+    last: int = 0
+    head: str = GENESIS_PREV
 
-    def add(self, other: Held) -> None:
+    def add(self, other: Found) -> None:
         for name in ("lines", "unchained", "confirmed", "count", "total"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -376,29 +367,27 @@ def _unattested(kind: str) -> str:
     return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
 
-def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Held:
+def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Found:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
     confirmed against what its builder gives now (else named with what differs, where its body parses);
-    every other entry's body read whole. Not `whole` (`access_records`, whose stumps the generations'
+    every other entry's body read whole. Not `whole` (`access_now`'s, whose stumps the generations'
     records hold whole): only those latest entries."""
-    out = Held()
-    history: dict[tuple[str, str], list[Step]] = {(r.table, r.id): [] for r in records}
+    out = Found()
+    history: dict[tuple[str, str | None], list[Entry]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
     for i in range(0, len(ids), 500):
-        marks = placeholders(len(ids[i : i + 500]))
-        sql = f"SELECT seq, kind, record, body FROM chain WHERE record IN ({marks}) ORDER BY seq"
-        for seq, kind, record, body in db.execute(sql, ids[i : i + 500]):
-            steps = history.get((TABLE_OF.get(kind, ""), record))
+        sql = f"{ENTRIES} WHERE record IN ({placeholders(len(ids[i : i + 500]))}) ORDER BY seq"
+        for e in map(Entry._make, db.execute(sql, ids[i : i + 500])):
+            steps = history.get((TABLE_OF.get(e.kind, ""), e.record))
             if steps is not None:
-                steps.append(Step(seq, kind, body))
-                if seq <= top and whole:
-                    out.count, out.total = out.count + 1, out.total + seq
+                steps.append(e)
+                if e.seq <= top and whole:
+                    out.count, out.total = out.count + 1, out.total + e.seq
     for r in records:
         steps = history[r.table, r.id]
         broken = history_problem(r.table, r.id, steps, r.text) if steps and whole else None
         if broken:
-            kind = next(s.kind for s in steps if s.seq == broken[0])
-            out.lines.append((broken[0], 1, f"chain entry {broken[0]} ({kind} {r.id}): {broken[1]}"))
+            out.lines.append((broken[0].seq, 1, f"{broken[0].where}: {broken[1]}"))
         confirmed = set()
         for kind, payload in r.expected.items():
             last = next((s for s in reversed(steps) if s.kind == kind), None)
@@ -406,41 +395,24 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True
                 if payload is not None:
                     out.unchained.append(f"delivery of post {r.id}" if kind == "delivered" else f"{kind} {r.id}")
             elif payload is None:
-                out.lines.append((last.seq, 2, f"chain entry {last.seq} ({kind} {r.id}): {_unattested(kind)}"))
+                out.lines.append((last.seq, 2, f"{last.where}: {_unattested(kind)}"))
             elif confirms(kind, payload, last.body):
                 confirmed.add(last.seq)
                 out.confirmed += 1
             elif (stated := _parsed(last.body)) is not None and (diff := _differs(stated, payload)):
-                what = f"the ledger no longer matches it: {', '.join(diff)}"
-                out.lines.append((last.seq, 1, f"chain entry {last.seq} ({kind} {r.id}): {what}"))
+                out.lines.append((last.seq, 1, f"{last.where}: the ledger no longer matches it: {', '.join(diff)}"))
         for s in steps if whole else ():
             problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
             if problem:
-                out.lines.append((s.seq, 0, f"chain entry {s.seq} ({s.kind} {r.id}): {problem}"))
+                out.lines.append((s.seq, 0, f"{s.where}: {problem}"))
     return out
 
 
-# ---------------------------------------------------------------------- the walk, and the whole
-
-
-@dataclass
-class Walked:
-    """The chain read once in order up to `top`: its lines, how many entries name a record (and the sum
-    of their seqs, for `Held`'s), how many it has, its last seq and its head."""
-
-    lines: list[tuple[int, int, str]] = field(default_factory=list)
-    count: int = 0
-    total: int = 0
-    entries: int = 0
-    last: int = 0
-    head: str = GENESIS_PREV
-
-
-def walk(db: sqlite3.Cursor, top: int) -> Walked:
+def walk(db: sqlite3.Cursor, top: int) -> Found:
     """Each entry follows the one before (seq and prev) and hashes to itself, `BATCH` entries read at a
     time (memory stays flat however long the chain is). One that does not, or that names no record (so
     no record's `hold` reads it), is named by its body (`_body_problem`), else its link or its hash."""
-    out = Walked()
+    out = Found()
     while got := db.execute(WALK, (out.last, top, BATCH)).fetchall():
         out.entries += len(got)
         for seq, kind, record, prev, body, digest in got:
@@ -464,7 +436,7 @@ BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows,
 WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
-def report(db: sqlite3.Cursor, top: int, walked: Walked, held: Held) -> list[tuple[int, str]]:
+def report(db: sqlite3.Cursor, top: int, walked: Found, held: Found) -> list[tuple[int, str]]:
     """The walk's and the records' lines with the entry each names, ordered by entry, link problems
     first, as one pass over the chain would find them. Where the records read fewer entries than name
     one, the entries naming a record that is not in its table are found: each such record's latest

@@ -42,7 +42,6 @@ class Report:
     chain_entries: int = 0
     chain_head: str = chain.GENESIS_PREV  # the last entry's hash: what a witness compares an export with
     chain_lines: list[str] = field(default_factory=list)  # the chain's own lines (first in `violations` too)
-    first_broken: int | None = None  # the first chain entry a line names
     saved_head: str | None = None  # with `head`: whether a saved head is in the chain, in one line
     head_holds: bool = False  # ... and it is, with every entry after it consistent
 
@@ -85,34 +84,33 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
-        held = chain.hold(db, chain.access_records(db), top, whole=False)
+        held = chain.hold(db, chain.access_now(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
         held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
         rep = Report(chain_entries=walked.entries, chain_head=walked.head, chain_lines=[line for _, line in links])
-        rep.first_broken = links[0][0] if links else None
         # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
         told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
         _assemble(rep, prelude, parts, orphans, told)
         if head is not None:
-            rep.head_holds, rep.saved_head = _saved_head(db, head, rep)
+            rep.head_holds, rep.saved_head = _saved_head(db, head, walked.entries, links[0][0] if links else None)
     return rep
 
 
-def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], rep: Report) -> tuple[bool, str]:
-    """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and all after it holds."""
+def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], entries: int, broken: int | None) -> tuple[bool, str]:
+    """Whether entry N of this chain is the one a witness saved as `N:SHA256`, and none after it `broken`."""
     seq, digest = head
     said = f"head {seq}:{digest}"
     got = db.execute("SELECT hash FROM chain WHERE seq = $1", (seq,)).fetchone()
     if got is None:
-        return False, f"{said}: not in this chain (it has {rep.chain_entries} entries): the chain was cut or replaced"
+        return False, f"{said}: not in this chain (it has {entries} entries): the chain was cut or replaced"
     if got[0] != digest:
         return False, f"{said}: entry {seq} of this chain hashes to {got[0]}: the chain was rewritten at or before it"
-    if rep.first_broken is not None:
-        return False, f"{said}: in this chain, but entry {rep.first_broken} is broken (named below)"
-    return True, f"{said}: in this chain, and the {rep.chain_entries - seq} entries after it are consistent with it"
+    if broken is not None:
+        return False, f"{said}: in this chain, but entry {broken} is broken (named below)"
+    return True, f"{said}: in this chain, and the {entries - seq} entries after it are consistent with it"
 
 
 def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
@@ -157,12 +155,10 @@ def _bounds(conn: sqlite3.Connection) -> list[str]:
     """Every `CHUNK`th generation id: each a step of the ids' index inside SQLite (`OFFSET` skips without
     making a row), so the bounds of a million generations take milliseconds."""
     out: list[str] = []
-    while got := conn.execute(_NEXT_BOUND, (out[-1] if out else "", CHUNK - 1)).fetchall():
+    sql = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFSET $2"
+    while got := conn.execute(sql, (out[-1] if out else "", CHUNK - 1)).fetchall():
         out.append(got[0][0])
     return out
-
-
-_NEXT_BOUND = "SELECT id FROM generations WHERE id > $1 ORDER BY id LIMIT 1 OFFSET $2"
 
 
 def _read_only(path: str) -> sqlite3.Connection:
@@ -184,9 +180,7 @@ def _read_only(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _assemble(
-    rep: Report, prelude: _Prelude, parts: list[_Part], orphans: list[dict[str, Any]], told: AbstractSet[str]
-) -> None:
+def _assemble(rep: Report, prelude: _Prelude, parts: list[_Part], orphans: Rows, told: AbstractSet[str]) -> None:
     """The ranges' findings after the chain's lines: records of missing generations, posts of none,
     published stumps, each generation's lines oldest first, then attachments. `told`: the posts recorded
     refusals of a spent budget name, the only posts that may say a budget was reached."""
@@ -248,7 +242,7 @@ class _Part:
     attached: list[str] = field(default_factory=list)  # attachment rows' violations
     generations: int = 0
     undelivered: int = 0
-    held: chain.Held = field(default_factory=chain.Held)  # the range's records against the chain
+    held: chain.Found = field(default_factory=chain.Found)  # the range's records against the chain
 
 
 # Generations and attempts: only the columns the checks and the builders read (a generation's request
@@ -258,18 +252,14 @@ _GENS = (
     " continuation_ended, created_at FROM generations WHERE id > $1{upto} ORDER BY id LIMIT {limit}"
 )
 # Each table's rows of the generations in (lo, hi]; `{upto}`: " AND generation_id <= $2" or "" (the last batch).
-_OF: list[tuple[str, str]] = [
-    (
-        "attempts",
-        "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
-        " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
-        " WHERE generation_id > $1{upto}"
-        " ORDER BY generation_id, segment, idx, started_at",
-    ),
-    ("segments", "SELECT * FROM segments WHERE generation_id > $1{upto} ORDER BY generation_id, idx"),
-    ("stumps", "SELECT * FROM stumps WHERE generation_id > $1{upto} ORDER BY generation_id, created_at, rowid"),
-    ("posts", "SELECT * FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq"),
-]
+_OF = {
+    "attempts": "SELECT id, generation_id, segment, idx, outcome, stop_reason, discard_reason, error, text, chars,"
+    " output_tokens, input_tokens, cache_write_tokens, cache_read_tokens, replaced_by FROM attempts"
+    " WHERE generation_id > $1{upto} ORDER BY generation_id, segment, idx, started_at",
+    "segments": "SELECT * FROM segments WHERE generation_id > $1{upto} ORDER BY generation_id, idx",
+    "stumps": "SELECT * FROM stumps WHERE generation_id > $1{upto} ORDER BY generation_id, created_at, rowid",
+    "posts": "SELECT * FROM posts WHERE generation_id > $1{upto} ORDER BY generation_id, seq",
+}
 # The blocks of the batch's attempts (seeks on the blocks' primary key, in its order).
 _BLOCKS = (
     "SELECT attempt_id, idx, type, content, chars, text_offset FROM attempt_blocks WHERE attempt_id IN"
@@ -338,7 +328,7 @@ def _batch(
         found = rows.dicts(db, sql.format(upto=upto), span)
         return {k: list(g) for k, g in itertools.groupby(found, operator.itemgetter(column))}
 
-    of = {table: grouped(sql) for table, sql in _OF}
+    of = {table: grouped(sql) for table, sql in _OF.items()}
     return (
         gens,
         of,
