@@ -5,6 +5,7 @@ whether the chain it saw still stands (`ledger verify --head N:SHA256`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +13,8 @@ import pytest
 from test_chain import entry_of, replayed, run_verify, sql
 
 from residents import cli
-from residents.ledger import Ledger, access, appending, chain, rows
-from residents.records import Refusal
+from residents.ledger import Ledger, access, appending, budgets, chain, rows
+from residents.records import BudgetRefusal, Refusal
 
 
 def appended(db: Path, change: str, params: tuple[Any, ...], kind: str, record: str) -> int:
@@ -223,3 +224,32 @@ def test_head_gives_the_latest_entry(tmp_path, capsys):
         assert chain.head(con) is None
     finally:
         con.close()
+
+
+def test_an_appended_rewrite_of_a_budget_refusal_is_named(tmp_path, capsys):
+    """A refused reply's row edited, then an entry stating it as edited appended: its second entry is named
+    (a budget refusal is written once), as it is for every other record."""
+    db = tmp_path / "ledger.db"
+    was = BudgetRefusal("br-1", "cairn", "c-1", "m-1", None, "residence", "output", 10, 12, "2026-12-05", None)
+
+    async def refuse() -> None:
+        async with Ledger.open(db) as lg:
+            await budgets.refuse(lg, was, [])
+
+    asyncio.run(refuse())
+    assert run_verify(capsys, "--db", str(db))[0] == 0
+    first = entry_of(db, "budget-refusal", "br-1")
+    sql(db, "UPDATE budget_refusals SET spent = 3 WHERE id = 'br-1'")
+
+    async def restate() -> None:
+        async with Ledger.open(db) as lg:
+            payload = chain.budget_refusal_payload(dataclasses.replace(was, spent=3))
+            await lg.transact([appending.append("budget-refusal", "br-1", payload)])
+
+    asyncio.run(restate())
+    code, out = run_verify(capsys, "--db", str(db))
+    seq = entry_of(db, "budget-refusal", "br-1")
+    assert (code, out[0]) == (
+        1,
+        f"chain entry {seq} (budget-refusal br-1): budget_refusal br-1 recorded again (first at entry {first})",
+    )

@@ -161,22 +161,27 @@ def post_record(p: dict[str, Any]) -> Record:
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
-# Each kind's rows, the record's id first, and the builder of its entry from them.
+# Each kind's rows, the stump's id first, and the builder of its entry from them.
 _LATEST: tuple[tuple[str, str, Callable[..., dict[str, Any]]], ...] = (
     ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes", stump_access_payload),
     ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
-    ("budget-refusal", _REFUSALS, lambda *r: budget_refusal_payload(BudgetRefusal(*r))),
 )
 
 
 def access_now(db: sqlite3.Cursor) -> list[Record]:
-    """Each stump's latest access choice and latest read, and each reply a spent budget refused, as the
-    records their latest entries state (few: one per stump a resident or moderator touched or refusal)."""
+    """Each stump's latest access choice and latest read, as the records their latest entries state (few:
+    one per stump a resident or moderator touched)."""
     out = []
     for kind, sql, build in _LATEST:
         latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
         out += [Record(TABLE_OF[kind], sid, {kind: build(*r)}) for sid, r in latest.items()]
     return out
+
+
+def refusal_records(db: sqlite3.Cursor) -> list[Record]:
+    """Each reply a spent budget refused: a record of its own, with a history of one entry."""
+    made = [BudgetRefusal(*row) for row in db.execute(_REFUSALS + " ORDER BY rowid").fetchall()]
+    return [Record("budget_refusals", r.id, {"budget-refusal": budget_refusal_payload(r)}) for r in made]
 
 
 # ---------------------------------------------------------------------- checking

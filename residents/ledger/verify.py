@@ -86,7 +86,7 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         held = chain.hold(db, chain.access_now(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, [chain.post_record(p) for p in orphans], top))
+        held.add(chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans], top))
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
