@@ -12,6 +12,7 @@ import sqlite3
 import sys
 from typing import Any
 
+import pytest
 from conftest import Room, residence
 
 from residents.ledger import Ledger, budgets, live, migrations, store, usage
@@ -416,15 +417,21 @@ def test_worker_processes_import_the_package_not_a_module_of_the_working_folder(
     assert len(started) == 1 and "working folder" not in one_pass[1].err
 
 
-def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monkeypatch, capsys, request, backend):
     """A worker process that dies (here: one that cannot even start Python, its standard library nowhere)
-    ends `verify` with one line naming the ledger and the failure, exit 1, no traceback, and no process
-    or share left running."""
+    ends `verify` with one line naming the ledger (a URL without its password) and the failure, exit 1, no
+    traceback, and no process or share left running."""
     from residents import cli
     from residents.ledger import verify
 
+    location, named = str(tmp_path / "l.db"), str(tmp_path / "l.db")
+    if backend == "postgresql":
+        url = request.getfixturevalue("pg_server").create()  # trust auth: the password is not asked for
+        location, named = url.replace("ledger@", "ledger:secret@"), url.replace("ledger@", "ledger:***@")
+
     async def build() -> None:
-        async with Ledger.open(tmp_path / "l.db") as lg:
+        async with Ledger.open(location) as lg:
             for i in range(3):
                 g = Generation(id=f"g-fail{i}", residence="cairn", channel="room", model="m")
                 await lg.create_generation(g)
@@ -432,11 +439,9 @@ def test_a_worker_that_fails_is_named_and_the_check_stops_with_it(tmp_path, monk
     asyncio.run(build())
     monkeypatch.setattr(verify, "PARALLEL_FROM", 0)
     monkeypatch.setenv("PYTHONHOME", str(tmp_path / "nowhere"))
-    assert cli.main(["ledger", "verify", "--db", str(tmp_path / "l.db")]) == 1
+    assert cli.main(["ledger", "verify", "--db", location]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"residents: {tmp_path / 'l.db'}: a worker process checking the ledger failed: it ended before it answered"
-    ]
+    assert err == [f"residents: {named}: a worker process checking the ledger failed: it ended before it answered"]
     assert not multiprocessing.active_children()
 
 

@@ -128,7 +128,9 @@ def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[An
                 results[i] = fn(db, *args)
         return [f.result() if not f.cancelled() else got for f, got in zip(futures, results, strict=True)]
     except BrokenProcessPool:
-        raise LedgerError(f"{path}: a worker process checking the ledger failed: it ended before it answered") from None
+        raise LedgerError(
+            f"{postgres.shown(path)}: a worker process checking the ledger failed: it ended before it answered"
+        ) from None
     except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
         raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
     finally:
