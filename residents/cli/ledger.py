@@ -227,9 +227,7 @@ def verify(db: str | None, strict: bool, export_file: Path | None, saved: str | 
         return _verify_export(export_file)
 
     rep = checked(ledger_path(db), head=head)
-    lines = list(rep.violations)
-    if strict:
-        lines += [f"generation {gid}: unsettled (status pending)" for gid in rep.unsettled]
+    lines = rep.lines(unsettled_as_violations=strict)
     if rep.saved_head is not None and (lines or not rep.head_holds):
         lines.insert(0, rep.saved_head)
     if lines:

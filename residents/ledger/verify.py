@@ -49,12 +49,15 @@ class Report:
     def ok(self) -> bool:
         return not self.violations
 
+    def lines(self, unsettled_as_violations: bool = False) -> list[str]:
+        """The violations, and with `unsettled_as_violations` (`--strict`) each pending generation."""
+        pending = [f"generation {gid}: unsettled (status pending)" for gid in self.unsettled]
+        return self.violations + (pending if unsettled_as_violations else [])
+
 
 async def verify(ledger: Ledger, *, unsettled_as_violations: bool = False) -> list[str]:
     """One human line per violated invariant; empty when the ledger holds every promise."""
-    r = await check(ledger)
-    pending = [f"generation {gid}: unsettled (status pending)" for gid in r.unsettled]
-    return r.violations + (pending if unsettled_as_violations else [])
+    return (await check(ledger)).lines(unsettled_as_violations)
 
 
 async def check(ledger: Ledger, head: tuple[int, str] | None = None) -> Report:
