@@ -70,3 +70,21 @@ def test_demo_help_describes_db_in_a_whole_sentence(capsys):
         "--db PATH The ledger the demo writes. Without it, the demo writes data/demo.db in the configuration "
         "folder and replaces it on each run; a ledger named here is kept and each run is added to it."
     ) in help_text
+
+
+def test_verify_counts_a_pending_generation_and_strict_names_it(tmp_path, capsys):
+    """A generation still pending (a process stopped before settling it) is not a violation by itself;
+    `--strict` makes it one, named."""
+    from residents.records import Generation
+
+    db = tmp_path / "l.db"
+
+    async def build() -> None:
+        async with Ledger.open(db) as lg:
+            await lg.create_generation(Generation(id="g-open", residence="cairn", channel="c", model="m"))
+
+    asyncio.run(build())
+    assert cli.main(["ledger", "verify", "--db", str(db)]) == 0
+    assert "1 unsettled" in capsys.readouterr().out
+    assert cli.main(["ledger", "verify", "--db", str(db), "--strict"]) == 1
+    assert capsys.readouterr().out.splitlines() == ["generation g-open: unsettled (status pending)"]
