@@ -253,3 +253,40 @@ def test_an_appended_rewrite_of_a_budget_refusal_is_named(tmp_path, capsys):
         1,
         f"chain entry {seq} (budget-refusal br-1): budget_refusal br-1 recorded again (first at entry {first})",
     )
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["forged entry", "change deleted", "access edited"],
+)
+def test_a_stumps_access_is_the_residents_latest_choice_in_ledger_and_chain(tmp_path, capsys, tamper):
+    """A stump's access is its resident's choice: an entry claiming a choice the ledger has no row of, a
+    choice's row deleted (its stump put back to the default), and the stump's access edited away from its
+    latest choice are each named."""
+    db = replayed(tmp_path, capsys, ("ceiling",))
+    [(sid, res, gid)] = sql(db, "SELECT id, residence, generation_id FROM stumps ORDER BY id LIMIT 1")
+
+    async def choose() -> None:
+        async with Ledger.open(db) as lg:
+            if tamper == "forged entry":  # the entry alone, as a rewrite of the chain would append it
+                payload = chain.stump_access_payload(sid, "private", res, gid)
+                await lg.transact([appending.append("stump-access", sid, payload)])
+            else:
+                await access.set_access(lg, sid, "private", res, gid)
+
+    asyncio.run(choose())
+    seq = entry_of(db, "stump-access", sid)
+    if tamper == "change deleted":
+        sql(db, "DELETE FROM stump_access_changes WHERE stump_id = ?", (sid,))
+        sql(db, "UPDATE stumps SET access = 'moderators' WHERE id = ?", (sid,))
+    elif tamper == "access edited":
+        sql(db, "UPDATE stumps SET access = 'moderators' WHERE id = ?", (sid,))
+    code, out = run_verify(capsys, "--db", str(db))
+    assert code == 1, out
+    if tamper == "access edited":
+        assert any(
+            f"stump {sid} (generation {gid}): access 'moderators', but its latest change set 'private'" == line
+            for line in out
+        ), out
+    else:
+        assert out[0] == f"chain entry {seq} (stump-access {sid}): the record it attests is not in the ledger", out

@@ -57,7 +57,7 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
 
 # ---------------------------------------------------------------------- entries of records
 # One builder per kind, used when a record is written, when old records are backfilled and when
-# `verify` rebuilds what each record's latest entry must say (`records`, `access_now`): the three can
+# `verify` rebuilds what each record's latest entry must say (`records`, `refusal_records`): the three can
 # never disagree.
 
 
@@ -136,9 +136,13 @@ def budget_refusal_payload(r: BudgetRefusal) -> dict[str, Any]:
     return _fields(r, _REFUSAL_FIELDS)
 
 
-def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows]) -> list[Record]:
+def records(
+    gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows], touched: dict[str, dict[str, Any]]
+) -> list[Record]:
     """Generations' rows and their records' (`of`: each table's rows by generation id, blocks by attempt
-    id) as their entries must state them: what `verify` holds against the chain and `backfill` writes."""
+    id, `touched`: each `STUMP_FOLLOWS` kind's latest row by stump id) as their entries must state them:
+    what `verify` holds against the chain and `backfill` writes. A stump's latest access change and read
+    are its latest entries of those kinds (None where it has none: it must have no such entry)."""
     out = []
     for g in gens:
         gen = rows.generation(g)
@@ -150,7 +154,11 @@ def records(gens: Rows, of: dict[str, dict[str, Rows]], blocks: dict[str, Rows])
         payload = attempt_payload(att) if att.outcome != "streaming" else None
         out.append(Record("attempts", att.id, {"attempt": payload}))
     for s in itertools.chain.from_iterable(of["stumps"].values()):
-        out.append(Record("stumps", s["id"], {"stump": stump_payload(rows.stump(s))}))
+        expected: dict[str, dict[str, Any] | None] = {"stump": stump_payload(rows.stump(s))}
+        for kind, (_, build) in STUMP_FOLLOWS.items():
+            last = touched[kind].get(s["id"])
+            expected[kind] = None if last is None else build(*last)
+        out.append(Record("stumps", s["id"], expected))
     return out + [post_record(p) for p in itertools.chain.from_iterable(of["posts"].values())]
 
 
@@ -161,21 +169,27 @@ def post_record(p: dict[str, Any]) -> Record:
     return Record("posts", p["id"], {"post": post_payload(rows.post(p)), "delivered": delivered, "refused": refused})
 
 
-# Each kind's rows, the stump's id first, and the builder of its entry from them.
-_LATEST: tuple[tuple[str, str, Callable[..., dict[str, Any]]], ...] = (
-    ("stump-access", "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes", stump_access_payload),
-    ("stump-read", "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads", stump_read_payload),
-)
+# The kinds that follow a stump's entry: their rows, oldest first, for the stumps of the generations with
+# ids > $1 (`{upto}`: and <= $2), the columns its builder takes, the stump's id first.
+_OF_STUMPS = " WHERE stump_id IN (SELECT id FROM stumps WHERE generation_id > $1{upto}) ORDER BY rowid"
+STUMP_FOLLOWS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
+    "stump-access": (
+        "SELECT stump_id, access, set_by, generation_id FROM stump_access_changes" + _OF_STUMPS,
+        stump_access_payload,
+    ),
+    "stump-read": (
+        "SELECT stump_id, reader, reader_kind, generation_id FROM stump_reads" + _OF_STUMPS,
+        stump_read_payload,
+    ),
+}
 
 
-def access_now(db: sqlite3.Cursor) -> list[Record]:
-    """Each stump's latest access choice and latest read, as the records their latest entries state (few:
-    one per stump a resident or moderator touched)."""
-    out = []
-    for kind, sql, build in _LATEST:
-        latest = {r[0]: r for r in db.execute(sql + " ORDER BY rowid").fetchall()}
-        out += [Record(TABLE_OF[kind], sid, {kind: build(*r)}) for sid, r in latest.items()]
-    return out
+def touched(db: sqlite3.Cursor, span: tuple[str, ...], upto: str = "") -> dict[str, dict[str, Any]]:
+    """Each `STUMP_FOLLOWS` kind's latest row by stump id, for the stumps of the generations in `span`."""
+    return {
+        kind: {row[0]: row for row in db.execute(sql.format(upto=upto), span).fetchall()}
+        for kind, (sql, _) in STUMP_FOLLOWS.items()
+    }
 
 
 def refusal_records(db: sqlite3.Cursor) -> list[Record]:
@@ -372,11 +386,10 @@ def _unattested(kind: str) -> str:
     return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
 
-def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True) -> Found:
+def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Found:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
     confirmed against what its builder gives now (else named with what differs, where its body parses);
-    every other entry's body read whole. Not `whole` (`access_now`'s, whose stumps the generations'
-    records hold whole): only those latest entries."""
+    every other entry's body read whole."""
     out = Found()
     history: dict[tuple[str, str | None], list[Entry]] = {(r.table, r.id): [] for r in records}
     ids = list({r.id for r in records})
@@ -386,11 +399,11 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True
             steps = history.get((TABLE_OF.get(e.kind, ""), e.record))
             if steps is not None:
                 steps.append(e)
-                if e.seq <= top and whole:
+                if e.seq <= top:
                     out.count, out.total = out.count + 1, out.total + e.seq
     for r in records:
         steps = history[r.table, r.id]
-        broken = history_problem(r.table, r.id, steps, r.text) if steps and whole else None
+        broken = history_problem(r.table, r.id, steps, r.text) if steps else None
         if broken:
             out.lines.append((broken[0].seq, 1, f"{broken[0].where}: {broken[1]}"))
         confirmed = set()
@@ -406,7 +419,7 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int, whole: bool = True
                 out.confirmed += 1
             elif (stated := _parsed(last.body)) is not None and (diff := _differs(stated, payload)):
                 out.lines.append((last.seq, 1, f"{last.where}: the ledger no longer matches it: {', '.join(diff)}"))
-        for s in steps if whole else ():
+        for s in steps:
             problem = None if s.seq in confirmed else _body_problem(s.kind, r.id, s.body)
             if problem:
                 out.lines.append((s.seq, 0, f"{s.where}: {problem}"))

@@ -84,6 +84,10 @@ def check_generation(lines: list[str], r: GenerationRows, chunks: dict[str, int]
     for s in r.stumps:
         if s["chars"] != len(s["text"]):
             lines.append(f"stump {s['id']} ({where}): chars {s['chars']} != {len(s['text'])} characters of text")
+        if s.get("access_set") not in (None, s["access"]):  # the resident's latest choice is the one in force
+            lines.append(
+                f"stump {s['id']} ({where}): access {s['access']!r}, but its latest change set {s['access_set']!r}"
+            )
     if status == "pending":
         return  # (`verify` reports it unsettled)
     if status not in SETTLED:

@@ -890,7 +890,7 @@ def _backfill(conn: sqlite3.Connection) -> int:
     blocks = _by(rows.dicts(db, "SELECT * FROM attempt_blocks ORDER BY attempt_id, pos"), "attempt_id")
     of["segments"] = _by(rows.dicts(db, "SELECT * FROM segments ORDER BY generation_id, idx"), "generation_id")
     gens = rows.dicts(db, "SELECT * FROM generations ORDER BY rowid")
-    records = chain.records(gens, of, blocks) + chain.access_now(db) + chain.refusal_records(db)
+    records = chain.records(gens, of, blocks, chain.touched(db, ("",))) + chain.refusal_records(db)
     items = [(k, r.id, p) for r in records for k, p in r.expected.items() if p is not None]
     conn.execute(*appending.append("genesis", None, {"backfill": len(items)}))
     conn.executemany(appending.APPEND, [appending.append(k, r, p)[1] for k, r, p in items])

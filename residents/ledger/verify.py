@@ -87,9 +87,8 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
         walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
-        held = chain.hold(db, chain.access_now(db), top, whole=False)
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans], top))
+        held = chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans], top)
         for part in parts:
             held.add(part.held)
         links = chain.report(db, top, walked, held)
@@ -282,9 +281,9 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
     their invariants, and each record against its entries."""
     out = _Part()
     while True:
-        gens, of, blocks, calls, attachment_rows = _batch(db, lo, hi, batch)
+        gens, of, blocks, calls, attachment_rows, touched = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, chain.records(gens, of, blocks), top))
+        out.held.add(chain.hold(db, chain.records(gens, of, blocks, touched), top))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
@@ -296,6 +295,7 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
             attempts, segments, stumps, posts = (found.get(gid, []) for found in of.values())  # (`_OF`'s order)
             for st in stumps:
                 st["shown_live"], st["recovered"] = st["id"] in prelude.shown_live, st["id"] in prelude.recovered
+                st["access_set"] = (touched["stump-access"].get(st["id"]) or (None, None))[1]
             # a post neither delivered nor refused (a refused post is set aside) waits for its delivery
             out.undelivered += sum(p["message_id"] is None and p["refused"] is None for p in posts)
             its_calls, own = calls.get(gid, []), [p for p in posts if p["stump_id"] is None]
@@ -317,7 +317,7 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prel
 
 def _batch(
     db: sqlite3.Cursor, lo: str, hi: str | None, batch: int
-) -> tuple[Rows, dict[str, dict[str, Rows]], dict[str, Rows], dict[str, Rows], Rows]:
+) -> tuple[Rows, dict[str, dict[str, Rows]], dict[str, Rows], dict[str, Rows], Rows, dict[str, dict[str, Any]]]:
     """The next `batch` generations after id `lo` (up to `hi`) and their records: each table's rows by
     generation id (blocks by attempt id). The records are read up to the batch's last id, or, for the
     range's last batch, up to `hi` (or all that follow), so a record whose generation is missing is
@@ -340,4 +340,5 @@ def _batch(
         grouped(_BLOCKS, "attempt_id"),
         grouped(_CALLS),
         rows.dicts(db, _ATTACHMENTS.format(upto=upto), span),
+        chain.touched(db, span, upto),
     )
