@@ -136,8 +136,13 @@ def continue_channel(owner: Resident, bot: discord.Client, g: Generation, reacha
         return truth.not_continued(refused)
     channel = bot.get_channel(int(g.channel)) if reachable and g.channel.isdigit() else None
     if channel is None:
-        return f"The channel of {g.id} is not reachable."
+        return unreachable(g)
     return DiscordRoom(channel)  # type: ignore[arg-type]
+
+
+def unreachable(g: Generation) -> str:
+    """The moderator's answer when the channel of `g` is out of this command's or its bot's reach."""
+    return f"The channel of {g.id} is not reachable."
 
 
 async def continue_in(owner: Resident, room: DiscordRoom, g: Generation, offered: int) -> str:

@@ -27,7 +27,7 @@ from ...ledger.access import access_of, reads_of, record_read, tool_calls_of
 from ...records import Generation
 from ...text import outbound
 from ..app import ResidentBot, names_channel
-from ..buttons import continue_channel, continue_in
+from ..buttons import continue_channel, continue_in, unreachable
 from ..checks import Scope, moderation_scope, moderator_check
 
 LINK = re.compile(r"/channels/(?:\d+|@me)/\d+/(\d+)")
@@ -215,7 +215,7 @@ class Moderation(commands.Cog):
         if owner_bot is None and forwarder is not None:
             # Several processes share the ledger (leases): its bot is driven by another, which runs it there.
             if scope.channel(g.channel) is None:
-                await self._say(interaction, f"The channel of {g.id} is not reachable.")
+                await self._say(interaction, unreachable(g))
                 return
             await interaction.response.defer(ephemeral=True, thinking=True)
             answer = await forwarder.ask(g)
