@@ -4,7 +4,7 @@ The ledger keeps every emitted text exactly, lone UTF-16 surrogates included (a 
 carry `\\ud83d` on its own). What leaves the process (request bodies, Discord posts, JSON output)
 must be valid UTF-8, so it passes through `outbound` there, and the number of replacements is
 recorded beside it. Speech and partial posts also pass through `escape_subtext`, so only receipts
-and notices render as Discord subtext.
+and notices render as Discord subtext. `cover` reads posts back: are they a text, exactly once?
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def outbound_json(value: Any) -> tuple[Any, int]:
 
 
 # A line that opens or closes a Markdown code block (up to three spaces, then ``` or ~~~ and an info
-# string): the delivery planner closes and reopens blocks by it, and the ledger's verify reads them back.
+# string): the delivery planner closes and reopens blocks by it, and `cover` reads them back.
 FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n`]*)$")
 SUBTEXT = "-# "  # Discord's subtext marker; it renders only at the very start of a line
 ESCAPE = "\\"
@@ -118,3 +118,88 @@ def _code_spans(content: str) -> list[tuple[int, int]]:
         spans.append((i, j + 3))
         i = content.find(_FENCE, j + 3)
     return spans
+
+
+def cover(text: str, contents: list[str]) -> str | None:
+    """None when the contents, in order, are the text's pieces with only whitespace between and around.
+
+    A piece may carry one added fence line at its start (reopening a block a split cut) and/or one at
+    its end (closing it), and a `\\` before a line's leading `-# `, as the delivery planner writes
+    them. Where a fence line could be either the text's own or an added one, both readings are
+    followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
+    """
+    if "".join(contents) == text:
+        for c in contents:
+            if not c or "\\-# " in c or len(_bodies(c)) > 1:
+                break
+        else:  # the pieces end to end, none of them empty or readable another way (the usual case):
+            return None  # every position the reading reaches is at or past the exact one, which it ends at
+    return cover_by_reading(text, contents)
+
+
+def cover_by_reading(text: str, contents: list[str]) -> str | None:
+    """`cover` by following every reading of every piece."""
+    reach = {0}
+    for i, c in enumerate(contents, 1):
+        nxt: set[int] = set()
+        for pos in reach:
+            start = pos
+            while start < len(text) and text[start].isspace():
+                start += 1
+            nxt |= _matches(text, pos, start, c)
+        if not nxt:
+            return f"text post {i} is not the next piece of the text (at character {min(reach)})"
+        reach = set(sorted(nxt)[:64])
+    if not any(not text[pos:].strip() for pos in reach):
+        pos = max(reach)
+        return f"characters {pos}..{len(text)} were never posted"
+    return None
+
+
+def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
+    """Where the text may continue after `content`, placed anywhere in the whitespace run pos..start."""
+    out = set()
+    for body, added in _bodies(content):
+        if not (body or added):
+            continue
+        for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
+            if text.startswith(body, j):
+                out.add(j + len(body))
+            elif "\\-# " in body:
+                end = _escaped_at(text, j, body)
+                if end is not None:
+                    out.add(end)
+    return out
+
+
+def _escaped_at(text: str, j: int, body: str) -> int | None:
+    """Where `body` ends in the text at `j`, reading a `\\` before a line's leading `-# ` as added.
+
+    The planner escapes such lines so only receipts and notices render as subtext
+    (`residents.text.escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
+    has the `\\`, it matches as text, and an added one can only stand before a `-#` of the text.
+    """
+    i, n = j, len(text)
+    for k, ch in enumerate(body):
+        added = ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1)
+        if i < n and text[i] == ch:
+            i += 1
+        elif not (added and text.startswith("-# ", i)):
+            return None
+    return i
+
+
+def _bodies(content: str) -> list[tuple[str, bool]]:
+    """The content as posted, then with an added reopening and/or closing fence line taken off (each
+    line looked at is sliced off alone: the usual post, with neither, is not copied)."""
+    out = [(content, False)]
+    head = None
+    if "\n" in content and FENCE_LINE.match(content[: content.index("\n")]):
+        head = content[content.index("\n") + 1 :]
+        out.append((head, True))
+    for c in (content, head):
+        if c is not None and "\n" in c and FENCE_LINE.match(c[c.rindex("\n") + 1 :]):
+            out.append((c[: c.rindex("\n")], True))
+    if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
+        out.append(("", True))
+    return out

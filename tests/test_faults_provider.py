@@ -30,8 +30,6 @@ from residents.delivery.plan import split_text
 from residents.generation.attempts import FLUSH_CHARS, AttemptRunner
 from residents.generation.run import Generator
 from residents.ledger import Ledger
-from residents.ledger.invariants import cover as _cover
-from residents.ledger.invariants import cover_by_reading as _cover_by_reading
 from residents.ledger.store import stored_bytes
 from residents.ledger.verify import check, verify
 from residents.localservers import sse
@@ -40,6 +38,7 @@ from residents.provider.anthropic_messages import AnthropicProvider, make_client
 from residents.records import Generation
 from residents.replay.run import CollectingRoom
 from residents.resident import Resident
+from residents.text import cover, cover_by_reading
 from residents.truth import RECEIPT_PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1148,7 +1147,7 @@ _CODE_TEXT = st.lists(
 @given(_CODE_TEXT, st.integers(min_value=20, max_value=300))
 def test_cover_rule_accepts_every_split_the_planner_makes(text: str, limit: int) -> None:
     """verify's coverage rule and the delivery planner agree on every split, fences included."""
-    assert _cover(text, split_text(text, limit)) is None
+    assert cover(text, split_text(text, limit)) is None
 
 
 _PIECE = st.lists(
@@ -1162,10 +1161,10 @@ def test_cover_gives_what_the_full_reading_gives(pieces: list[str], end_to_end: 
     """The short way for pieces posted end to end names exactly what following every reading names:
     an empty piece, a fence line that may be an added one and an escaped `-# ` all take the long way."""
     text = "".join(pieces) if end_to_end else "x".join(pieces)
-    assert _cover(text, pieces) == _cover_by_reading(text, pieces)
+    assert cover(text, pieces) == cover_by_reading(text, pieces)
 
 
 def test_cover_names_an_empty_piece_and_lines_left_after_many_fences() -> None:
-    assert _cover("hello", ["hello", ""]) == "text post 2 is not the next piece of the text (at character 5)"
+    assert cover("hello", ["hello", ""]) == "text post 2 is not the next piece of the text (at character 5)"
     fences = ["\n```"] * 40
-    assert _cover("".join(fences), fences) == _cover_by_reading("".join(fences), fences) is not None
+    assert cover("".join(fences), fences) == cover_by_reading("".join(fences), fences) is not None

@@ -21,13 +21,12 @@ from residents import cli, truth
 from residents.delivery import plan, split_text
 from residents.delivery.resume import Seen, recover, resume_delivery
 from residents.ledger import Ledger
-from residents.ledger.invariants import cover as _cover
 from residents.ledger.verify import verify
 from residents.localservers import sse
 from residents.records import Attempt, Generation, new_id
 from residents.replay.run import replay
 from residents.replay.scenario import load_scenario
-from residents.text import REPLACEMENT, escape_subtext, outbound, outbound_json
+from residents.text import REPLACEMENT, cover, escape_subtext, outbound, outbound_json
 from residents.truth import LIMIT, Ending
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +109,7 @@ def test_a_chunk_that_a_split_starts_with_a_marker_is_escaped():
     text = "w" * 1999 + " -# " + "tail " * 10
     chunks = split_text(text, escape=True)
     assert len(chunks) == 2 and chunks[1].startswith("\\-# ")
-    assert _cover(text, chunks) is None
+    assert cover(text, chunks) is None
 
 
 def test_escapes_count_toward_the_2000_character_limit():
@@ -118,7 +117,7 @@ def test_escapes_count_toward_the_2000_character_limit():
     chunks = split_text(text, escape=True)
     assert all(len(c) <= LIMIT for c in chunks)
     assert all(line.startswith("\\-# ") for c in chunks for line in c.split("\n"))
-    assert _cover(text, chunks) is None
+    assert cover(text, chunks) is None
 
 
 def test_a_split_code_block_keeps_its_lines_and_escapes_none_inside():
@@ -130,7 +129,7 @@ def test_a_split_code_block_keeps_its_lines_and_escapes_none_inside():
     inside = [line for c in chunks for line in c.split("\n") if "of the block" in line]
     assert inside and all(line.startswith("-# ") for line in inside)
     assert chunks[-1].endswith("\n\\-# after the block")
-    assert _cover(text, chunks) is None
+    assert cover(text, chunks) is None
 
 
 def _renders_as_subtext(content: str) -> bool:
@@ -168,16 +167,16 @@ def test_no_text_post_renders_as_subtext_and_posts_still_cover_the_text(text):
     chunks = split_text(text, escape=True)
     assert all(0 < len(c) <= LIMIT for c in chunks)
     assert not any(_renders_as_subtext(c) for c in chunks)
-    assert _cover(text, chunks) is None
+    assert cover(text, chunks) is None
 
 
 def test_verify_accepts_the_escape_and_nothing_else_added():
     text = f"a\n{RECEIPT_LINE}\nb"
-    assert _cover(text, [f"a\n\\{RECEIPT_LINE}\nb"]) is None
-    assert _cover(text, [text]) is None
-    assert _cover(text, [f"a\n{RECEIPT_LINE}\\\nb"]) is not None  # a backslash anywhere else is not the text
-    assert _cover("a -# b", ["a \\-# b"]) is not None  # mid-line: nothing a planner escapes
-    assert _cover(f"a\n\\{RECEIPT_LINE}", [f"a\n\\{RECEIPT_LINE}"]) is None  # the text's own backslash
+    assert cover(text, [f"a\n\\{RECEIPT_LINE}\nb"]) is None
+    assert cover(text, [text]) is None
+    assert cover(text, [f"a\n{RECEIPT_LINE}\\\nb"]) is not None  # a backslash anywhere else is not the text
+    assert cover("a -# b", ["a \\-# b"]) is not None  # mid-line: nothing a planner escapes
+    assert cover(f"a\n\\{RECEIPT_LINE}", [f"a\n\\{RECEIPT_LINE}"]) is None  # the text's own backslash
 
 
 # ---------------------------------------------------------------- the real pipeline: replay

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import truth
 from ..records import Block, PostReason, join_text
-from ..text import FENCE_LINE
+from ..text import cover
 from ..truth import LIMIT, RECEIPT_PREFIX
 from .verify_tools import joined_upto
 
@@ -306,91 +306,6 @@ def check_line(lines: list[str], p: dict[str, Any], about: str | None = None) ->
     if found:
         who = f"post {p['id']}" + (f" ({about})" if about else "")
         lines += [f"{who}: {what}" for what in found]
-
-
-def cover(text: str, contents: list[str]) -> str | None:
-    """None when the contents, in order, are the text's pieces with only whitespace between and around.
-
-    A piece may carry one added fence line at its start (reopening a block a split cut) and/or one at
-    its end (closing it), and a `\\` before a line's leading `-# `, as the delivery planner writes
-    them. Where a fence line could be either the text's own or an added one, both readings are
-    followed (a set of reachable positions), so the check never rejects a split by guessing wrong.
-    """
-    if "".join(contents) == text:
-        for c in contents:
-            if not c or "\\-# " in c or len(_bodies(c)) > 1:
-                break
-        else:  # the pieces end to end, none of them empty or readable another way (the usual case):
-            return None  # every position the reading reaches is at or past the exact one, which it ends at
-    return cover_by_reading(text, contents)
-
-
-def cover_by_reading(text: str, contents: list[str]) -> str | None:
-    """`cover` by following every reading of every piece."""
-    reach = {0}
-    for i, c in enumerate(contents, 1):
-        nxt: set[int] = set()
-        for pos in reach:
-            start = pos
-            while start < len(text) and text[start].isspace():
-                start += 1
-            nxt |= _matches(text, pos, start, c)
-        if not nxt:
-            return f"text post {i} is not the next piece of the text (at character {min(reach)})"
-        reach = set(sorted(nxt)[:64])
-    if not any(not text[pos:].strip() for pos in reach):
-        pos = max(reach)
-        return f"characters {pos}..{len(text)} were never posted"
-    return None
-
-
-def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
-    """Where the text may continue after `content`, placed anywhere in the whitespace run pos..start."""
-    out = set()
-    for body, added in _bodies(content):
-        if not (body or added):
-            continue
-        for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
-            if text.startswith(body, j):
-                out.add(j + len(body))
-            elif "\\-# " in body:
-                end = _escaped_at(text, j, body)
-                if end is not None:
-                    out.add(end)
-    return out
-
-
-def _escaped_at(text: str, j: int, body: str) -> int | None:
-    """Where `body` ends in the text at `j`, reading a `\\` before a line's leading `-# ` as added.
-
-    The planner escapes such lines so only receipts and notices render as subtext
-    (`residents.text.escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
-    has the `\\`, it matches as text, and an added one can only stand before a `-#` of the text.
-    """
-    i, n = j, len(text)
-    for k, ch in enumerate(body):
-        added = ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1)
-        if i < n and text[i] == ch:
-            i += 1
-        elif not (added and text.startswith("-# ", i)):
-            return None
-    return i
-
-
-def _bodies(content: str) -> list[tuple[str, bool]]:
-    """The content as posted, then with an added reopening and/or closing fence line taken off (each
-    line looked at is sliced off alone: the usual post, with neither, is not copied)."""
-    out = [(content, False)]
-    head = None
-    if "\n" in content and FENCE_LINE.match(content[: content.index("\n")]):
-        head = content[content.index("\n") + 1 :]
-        out.append((head, True))
-    for c in (content, head):
-        if c is not None and "\n" in c and FENCE_LINE.match(c[c.rindex("\n") + 1 :]):
-            out.append((c[: c.rindex("\n")], True))
-    if head is not None and FENCE_LINE.match(head):  # a chunk that is only a reopened and closed fence
-        out.append(("", True))
-    return out
 
 
 def check_recovered(lines: list[str], stumps: dict[str, Row], posts: list[Row]) -> set[str]:
