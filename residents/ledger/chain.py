@@ -10,11 +10,9 @@ entry its builder gives now (`confirms`, the one way an entry is confirmed).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
-import operator
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -62,13 +60,7 @@ def entry_hash(seq: int, prev: str, body: str) -> str:
 
 
 def _fields(record: Any, names: str) -> dict[str, Any]:
-    keys, values = _getter(names)
-    return dict(zip(keys, values(record), strict=True))
-
-
-@functools.cache
-def _getter(names: str) -> tuple[list[str], Callable[[Any], tuple[Any, ...]]]:
-    return names.split(), operator.attrgetter(*names.split())
+    return {name: getattr(record, name) for name in names.split()}
 
 
 def attempt_payload(a: Attempt) -> dict[str, Any]:
