@@ -12,8 +12,10 @@ import contextlib
 import itertools
 import operator
 import sqlite3
+from collections import deque
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -117,26 +119,42 @@ def _saved_head(db: sqlite3.Cursor, head: tuple[int, str], entries: int, broken:
 
 def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[Any]:
     """Each task `(fn, *args)` run as `fn(cursor, *args)`, results in the tasks' order, shared with one
-    spawned worker process (nothing of this process inherited): it takes tasks from the first, this
-    process from the last, each the worker has not begun (a future that can still be cancelled).
-    One worker: with this process, two cores; each more would cost its memory."""
-    pool = _pool()
+    spawned worker process (nothing of this process inherited): a thread hands it tasks from the first,
+    one at a time, while this process takes them from the last. One worker: with this process, two
+    cores; each more would cost its memory."""
+    todo, results = deque(enumerate(tasks)), [None] * len(tasks)
+
+    def feed(pool: ProcessPoolExecutor) -> None:
+        try:
+            while got := _take(todo.popleft):
+                results[got[0]] = pool.submit(_in_worker, path, *got[1]).result()
+        finally:
+            todo.clear()  # a worker that failed stops this process's share too
+
+    with _pool() as pool, ThreadPoolExecutor(1) as feeder:
+        fed = feeder.submit(feed, pool)
+        try:
+            while got := _take(todo.pop):
+                fn, *args = got[1]
+                results[got[0]] = fn(db, *args)
+            fed.result()
+        except BrokenProcessPool:
+            raise LedgerError(
+                f"{postgres.shown(path)}: a worker process checking the ledger failed: it ended before it answered"
+            ) from None
+        except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
+        finally:
+            todo.clear()  # (this process interrupted: the worker stops after its task)
+    return results
+
+
+def _take(end: Callable[[], tuple[int, tuple[Any, ...]]]) -> tuple[int, tuple[Any, ...]] | None:
+    """The next task from one end of the queue, None once it is empty (another thread takes from the other)."""
     try:
-        futures = [pool.submit(_in_worker, path, *task) for task in tasks]
-        results: list[Any] = [None] * len(tasks)
-        for i in reversed(range(len(tasks))):
-            if futures[i].cancel():
-                fn, *args = tasks[i]
-                results[i] = fn(db, *args)
-        return [f.result() if not f.cancelled() else got for f, got in zip(futures, results, strict=True)]
-    except BrokenProcessPool:
-        raise LedgerError(
-            f"{postgres.shown(path)}: a worker process checking the ledger failed: it ended before it answered"
-        ) from None
-    except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        return end()
+    except IndexError:
+        return None
 
 
 def _pool() -> ProcessPoolExecutor:
