@@ -354,14 +354,10 @@ class Record:
 
 @dataclass
 class Found:
-    """What reading the chain found, by the walk or by holding records against their entries: lines
-    (seq, order, line) and how many entries up to the walk's end name a record (and the sum of their
-    seqs), as the walk counts them and as the records read them: the same, unless some entry names a
-    record the ledger lacks. The records': what has no entry; the walk's: its entries, last seq, head."""
+    """What reading the chain found: lines (seq, order, line); holding records: what has no entry; the
+    walk: its entries, last seq and head."""
 
     lines: list[tuple[int, int, str]] = field(default_factory=list)
-    count: int = 0
-    total: int = 0
     unchained: list[str] = field(default_factory=list)
     confirmed: int = 0  # latest entries their builders give byte for byte
     entries: int = 0
@@ -369,7 +365,7 @@ class Found:
     head: str = GENESIS_PREV
 
     def add(self, other: Found) -> None:
-        for name in ("lines", "unchained", "confirmed", "count", "total"):
+        for name in ("lines", "unchained", "confirmed"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
@@ -378,7 +374,7 @@ def _unattested(kind: str) -> str:
     return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
 
-def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Found:
+def hold(db: sqlite3.Cursor, records: list[Record]) -> Found:
     """Each record's entries, read by its id: its history; its latest entry of each kind it must have
     confirmed against what its builder gives now (else named with what differs, where its body parses);
     every other entry's body read whole."""
@@ -388,11 +384,8 @@ def hold(db: sqlite3.Cursor, records: list[Record], top: int) -> Found:
     for i in range(0, len(ids), 500):
         sql = f"{ENTRIES} WHERE record IN ({placeholders(len(ids[i : i + 500]))}) ORDER BY seq"
         for e in map(Entry._make, db.execute(sql, ids[i : i + 500])):
-            steps = history.get((TABLE_OF.get(e.kind, ""), e.record))
-            if steps is not None:
-                steps.append(e)
-                if e.seq <= top:
-                    out.count, out.total = out.count + 1, out.total + e.seq
+            if (key := (TABLE_OF.get(e.kind, ""), e.record)) in history:
+                history[key].append(e)
     for r in records:
         steps = history[r.table, r.id]
         broken = history_problem(r.table, r.id, steps, r.text) if steps else None
@@ -427,8 +420,6 @@ def walk(db: sqlite3.Cursor, top: int) -> Found:
         out.entries += len(got)
         for seq, kind, record, prev, body, digest in got:
             named = kind in TABLE_OF and record is not None
-            if named:
-                out.count, out.total = out.count + 1, out.total + seq
             linked = seq == out.last + 1 and prev == out.head
             if not (linked and named and entry_hash(seq, prev, body) == digest):
                 problem = (
@@ -446,32 +437,32 @@ BATCH = 5_000  # entries the walk reads at a time: its memory is this many rows,
 WALK = ENTRIES + " WHERE seq > $1 AND seq <= $2 ORDER BY seq LIMIT $3"
 
 
-def report(db: sqlite3.Cursor, top: int, walked: Found, held: Found) -> list[tuple[int, str]]:
+def report(walked: Found, held: Found) -> list[tuple[int, str]]:
     """The walk's and the records' lines with the entry each names, ordered by entry, link problems
-    first, as one pass over the chain would find them. Where the records read fewer entries than name
-    one, the entries naming a record that is not in its table are found: each such record's latest
-    entry of a kind attests nothing."""
-    found = walked.lines + held.lines
-    if (held.count, held.total) != (walked.count, walked.total):
-        found += _unattested_entries(db, top)
-    found += [(walked.last + 1, 1, f"{what}: not in the chain") for what in held.unchained]
+    first, as one pass over the chain would find them."""
+    found = walked.lines + held.lines + [(walked.last + 1, 1, f"{what}: not in the chain") for what in held.unchained]
     found = sorted(dict.fromkeys(found), key=lambda f: (f[0], f[1]))  # (an entry read twice is named once)
     return [(seq, line) for seq, _, line in found]
 
 
-def _unattested_entries(db: sqlite3.Cursor, top: int) -> list[tuple[int, int, str]]:
-    out: list[tuple[int, int, str]] = []
+# An entry naming a record that is not in its kind's table (no record's `hold` reads it).
+_MISSING = " ".join(
+    f"WHEN '{kind}' THEN NOT EXISTS (SELECT 1 FROM {table} WHERE id = chain.record)" for kind, table in TABLE_OF.items()
+)
+UNATTESTED = f"{ENTRIES} WHERE seq <= $1 AND record IS NOT NULL AND CASE kind {_MISSING} ELSE false END ORDER BY seq"
+
+
+def unattested(db: sqlite3.Cursor, top: int) -> Found:
+    """The entries up to `top` naming a record that is not in its table: each such record's latest
+    entry of a kind attests nothing."""
+    out = Found()
     latest: dict[tuple[str, str | None], Entry] = {}
-    for table, (first, then) in HISTORY.items():
-        kinds = (first, *then)
-        sql = f"{ENTRIES} WHERE seq <= $1 AND kind IN ({placeholders(len(kinds), first=2)})"
-        for row in db.execute(f"{sql} AND record NOT IN (SELECT id FROM {table}) ORDER BY seq", (top, *kinds)):
-            e = Entry(*row)
-            problem = _body_problem(e.kind, e.record, e.body)
-            if problem:
-                out.append((e.seq, 0, f"{e.where}: {problem}"))
-            latest[e.kind, e.record] = e
-    out += [(e.seq, 2, f"{e.where}: {_unattested(e.kind)}") for e in latest.values()]
+    for e in map(Entry._make, db.execute(UNATTESTED, (top,))):
+        problem = _body_problem(e.kind, e.record, e.body)
+        if problem:
+            out.lines.append((e.seq, 0, f"{e.where}: {problem}"))
+        latest[e.kind, e.record] = e
+    out.lines += [(e.seq, 2, f"{e.where}: {_unattested(e.kind)}") for e in latest.values()]
     return out
 
 

@@ -87,13 +87,17 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         prelude = _prelude(conn)
         shared = db.execute("SELECT count(*) FROM generations").fetchone()[0] >= PARALLEL_FROM
         spans = _spans(_bounds(conn))
-        tasks: list[tuple[Any, ...]] = [(chain.walk, top), *((_range, lo, hi, top, prelude, BATCH) for lo, hi in spans)]
-        walked, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
+        tasks: list[tuple[Any, ...]] = [
+            (chain.walk, top),
+            (chain.unattested, top),
+            *((_range, lo, hi, prelude, BATCH) for lo, hi in spans),
+        ]
+        walked, held, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held = chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans], top)
+        held.add(chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans]))
         for part in parts:
             held.add(part.held)
-        links = chain.report(db, top, walked, held)
+        links = chain.report(walked, held)
         rep = Report(chain_entries=walked.entries, chain_head=walked.head, chain_lines=[line for _, line in links])
         # the notices of spent budgets, by the refusals that posted them (one per channel a day: few)
         told = {r[0] for r in db.execute("SELECT post_id FROM budget_refusals WHERE post_id IS NOT NULL")}
@@ -294,14 +298,14 @@ _CALLS = (
 )
 
 
-def _range(db: sqlite3.Cursor, lo: str, hi: str | None, top: int, prelude: _Prelude, batch: int) -> _Part:
+def _range(db: sqlite3.Cursor, lo: str, hi: str | None, prelude: _Prelude, batch: int) -> _Part:
     """Every generation with an id in (lo, hi] (hi None: no end) and its records, `batch` at a time:
     their invariants, and each record against its entries."""
     out = _Part()
     while True:
         gens, of, blocks, calls, attachment_rows, touched = _batch(db, lo, hi, batch)
         known = {g["id"] for g in gens}
-        out.held.add(chain.hold(db, chain.records(gens, of, blocks, touched), top))
+        out.held.add(chain.hold(db, chain.records(gens, of, blocks, touched)))
         for gid in sorted(set().union(*of.values()) - known):
             for table, found in of.items():
                 out.missing += [
