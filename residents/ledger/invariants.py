@@ -238,8 +238,6 @@ def _check_posts(lines: list[str], r: GenerationRows) -> None:
     # bounded continuation happens inside the first settlement. Tool rounds are never continued.
     on_request = g["standing"] == "on-request" and not r.rounds
     calls = sum(a["segment"] > 1 and a["idx"] == 1 for a in attempts) if on_request else 0
-    if len({p["seq"] for p in posts}) != len(posts):
-        lines.append(f"{where}: duplicate post seq numbers")
     for p in posts:
         check_line(lines, p, where)
     kinds = {p["kind"] for p in posts}

@@ -87,11 +87,8 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         prelude = _prelude(conn)
         shared = db.execute("SELECT count(*) FROM generations").fetchone()[0] >= PARALLEL_FROM
         spans = _spans(_bounds(conn))
-        tasks: list[tuple[Any, ...]] = [
-            (chain.walk, top),
-            (chain.unattested, top),
-            *((_range, lo, hi, prelude, BATCH) for lo, hi in spans),
-        ]
+        tasks: list[tuple[Any, ...]] = [(chain.walk, top), (chain.unattested, top)]
+        tasks += [(_range, lo, hi, prelude, BATCH) for lo, hi in spans]
         walked, held, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
         held.add(chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans]))
