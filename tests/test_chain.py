@@ -11,6 +11,7 @@ attempt and its stump), a cut reply (partials and a receipt), and a cut inside r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -399,8 +400,8 @@ def test_a_residents_access_choice_and_every_read_of_stump_text_are_in_the_chain
 def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_order(
     backend: Backend, capsys, monkeypatch
 ):
-    """A long ledger is checked by one process per core (each with some of the chain's parts: kinds of
-    record, the walk; and a range of generations); with every kind of tamper at once, `verify` names
+    """A long ledger is checked by this process and one worker (the chain's walk, the entries whose record
+    is gone, ranges of generations); with every kind of tamper at once, `verify` names
     the same lines, in the same order, as checking it in one pass: edited records, a changed, unparsable, non-canonical or relabelled entry, a
     deleted entry, a record gone, a record never chained."""
     db = replayed_into(backend.location, capsys)
@@ -440,6 +441,69 @@ def test_the_chain_checked_in_worker_processes_names_the_same_lines_in_the_same_
     monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
     code, in_workers = run_verify(capsys, "--db", db)
     assert code == 1 and in_workers == one_pass
+
+
+def test_the_latest_entry_of_every_kind_whose_record_is_gone_is_named_in_one_pass_and_in_a_worker(
+    backend: Backend, capsys, monkeypatch
+):
+    """A record of each table deleted behind the ledger's back (a generation, an attempt, a stump that was
+    chosen and read, a delivered post, a refused post, a budget refusal): the latest entry of each of
+    the nine kinds naming one is named as attesting nothing, the same in one pass, shared with a worker,
+    and by `chain.unattested` run in a worker process itself."""
+    from residents.ledger import access, budgets
+    from residents.ledger import rows as ledger_rows
+    from residents.ledger import verify as verifying
+    from residents.records import BudgetRefusal, Refusal
+
+    db = replayed_into(backend.location, capsys, ("retry", "ceiling"))
+    [(sid, res, gid)] = backend.rows("SELECT id, residence, generation_id FROM stumps ORDER BY id LIMIT 1")
+    [(cut,)] = backend.rows("SELECT id FROM generations WHERE status='truncated'")
+    [(aid,)] = backend.rows("SELECT id FROM attempts WHERE generation_id=$1 ORDER BY id LIMIT 1", cut)
+    [(pid,)] = backend.rows("SELECT id FROM posts WHERE generation_id=$1 AND kind='receipt'", cut)
+
+    async def more() -> None:
+        async with Ledger.open(db) as lg:
+            await access.set_access(lg, sid, "private", res, gid)
+            await access.record_read(lg, sid, "mo (42)", "moderator")
+            post = ledger_rows.post(
+                {"id": "p-refused0000", "generation_id": None, "seq": 99, "kind": "notice",
+                 "content": b"-# a notice", "channel": "c", "reason": "declined-continue"}
+            )  # fmt: skip
+            await lg.add_posts([post])
+            await lg.mark_refused(post, Refusal(403, 50013, "403 Forbidden (error code: 50013): Missing Permissions"))
+            was = BudgetRefusal("br-1", "cairn", "c", "m-1", None, "residence", "output", 10, 12, "2026-12-05", None)
+            await budgets.refuse(lg, was, [])
+
+    asyncio.run(more())
+    gone = {
+        "generations": cut, "attempts": aid, "stumps": sid, "posts": pid, "budget_refusals": "br-1",
+    }  # fmt: skip
+    gone_too = ("posts", "p-refused0000")
+    if backend.name == "postgresql":  # (SQLite's own connection does not enforce foreign keys)
+        for table in gone:
+            backend.change(f"ALTER TABLE {table} DISABLE TRIGGER ALL")
+    for table, record in [*gone.items(), gone_too]:
+        backend.change(f"DELETE FROM {table} WHERE id=$1", record)
+    code, one_pass = run_verify(capsys, "--db", db)
+    assert code == 1
+    latest = {
+        (kind, record): seq
+        for seq, kind, record in backend.rows("SELECT seq, kind, record FROM chain ORDER BY seq")
+        if record in {*gone.values(), gone_too[1]}
+    }
+    assert {kind for kind, _ in latest} == set(chain.TABLE_OF)  # all nine kinds
+    for (kind, record), seq in latest.items():
+        attests = "no longer delivered" if kind == "delivered" else "not in the ledger"
+        assert any(line.startswith(f"chain entry {seq} ({kind} {record}): the record it attests is {attests}")
+                   for line in one_pass), (kind, one_pass)  # fmt: skip
+    monkeypatch.setattr(verifying, "PARALLEL_FROM", 0)
+    assert run_verify(capsys, "--db", db) == (1, one_pass)
+    [(top,)] = backend.rows("SELECT max(seq) FROM chain")
+    with contextlib.closing(verifying._read_only(db)) as conn:
+        here = chain.unattested(conn.cursor(), top)
+    with verifying._pool() as pool:
+        there = pool.submit(verifying._in_worker, db, chain.unattested, top).result()
+    assert there.lines == here.lines and len(here.lines) == len(latest)
 
 
 def confirmed(db: Path) -> tuple[int, list[str]]:

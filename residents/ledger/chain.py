@@ -5,7 +5,8 @@ auditor given an export, can check that it was not rewritten afterwards (docs/pr
 Here: the entries' format and builders (which `appending` appends), and `ledger verify`'s reading:
 `walk` links and hashes every entry; `hold` reads each record with its entries, whose history must
 be one the ledger writes (`HISTORY`) and whose latest entry of each kind must be, byte for byte, the
-entry its builder gives now (`confirms`, the one way an entry is confirmed).
+entry its builder gives now (`confirms`, the one way an entry is confirmed); `unattested` names the
+entries whose record is gone.
 """
 
 from __future__ import annotations
@@ -355,7 +356,7 @@ class Record:
 @dataclass
 class Found:
     """What reading the chain found: lines (seq, order, line); holding records: what has no entry; the
-    walk: its entries, last seq and head."""
+    walk: its entries, last seq and head. (`unattested`: lines only.)"""
 
     lines: list[tuple[int, int, str]] = field(default_factory=list)
     unchained: list[str] = field(default_factory=list)
@@ -369,7 +370,7 @@ class Found:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def _unattested(kind: str) -> str:
+def _attests_nothing(kind: str) -> str:
     gone = "no longer delivered" if kind == "delivered" else "not in the ledger"
     return f"the record it attests is {gone}" + (" (or no longer settled)" if kind == "generation" else "")
 
@@ -398,7 +399,7 @@ def hold(db: sqlite3.Cursor, records: list[Record]) -> Found:
                 if payload is not None:
                     out.unchained.append(f"delivery of post {r.id}" if kind == "delivered" else f"{kind} {r.id}")
             elif payload is None:
-                out.lines.append((last.seq, 2, f"{last.where}: {_unattested(kind)}"))
+                out.lines.append((last.seq, 2, f"{last.where}: {_attests_nothing(kind)}"))
             elif confirms(kind, payload, last.body):
                 confirmed.add(last.seq)
                 out.confirmed += 1
@@ -445,11 +446,18 @@ def report(walked: Found, held: Found) -> list[tuple[int, str]]:
     return [(seq, line) for seq, _, line in found]
 
 
-# An entry naming a record that is not in its kind's table (no record's `hold` reads it).
-_MISSING = " ".join(
-    f"WHEN '{kind}' THEN NOT EXISTS (SELECT 1 FROM {table} WHERE id = chain.record)" for kind, table in TABLE_OF.items()
+# The entries up to $1 naming a record that is not in its kind's table: one anti-join per table.
+_KINDS = {
+    table: ", ".join(f"'{kind}'" for kind in dict.fromkeys((first, *then))) for table, (first, then) in HISTORY.items()
+}
+UNATTESTED = (
+    " UNION ALL ".join(
+        f"{ENTRIES} WHERE seq <= $1 AND kind IN ({kinds}) AND record IS NOT NULL"
+        f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE id = chain.record)"
+        for table, kinds in _KINDS.items()
+    )
+    + " ORDER BY seq"
 )
-UNATTESTED = f"{ENTRIES} WHERE seq <= $1 AND record IS NOT NULL AND CASE kind {_MISSING} ELSE false END ORDER BY seq"
 
 
 def unattested(db: sqlite3.Cursor, top: int) -> Found:
@@ -462,7 +470,7 @@ def unattested(db: sqlite3.Cursor, top: int) -> Found:
         if problem:
             out.lines.append((e.seq, 0, f"{e.where}: {problem}"))
         latest[e.kind, e.record] = e
-    out.lines += [(e.seq, 2, f"{e.where}: {_unattested(e.kind)}") for e in latest.values()]
+    out.lines += [(e.seq, 2, f"{e.where}: {_attests_nothing(e.kind)}") for e in latest.values()]
     return out
 
 
