@@ -89,9 +89,10 @@ def check_file(path: str, head: tuple[int, str] | None = None) -> Report:
         spans = _spans(_bounds(conn))
         tasks: list[tuple[Any, ...]] = [(chain.walk, top), (chain.unattested, top)]
         tasks += [(_range, lo, hi, prelude, BATCH) for lo, hi in spans]
-        walked, held, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
+        walked, unattested, *parts = _run(path, db, tasks) if shared else [fn(db, *args) for fn, *args in tasks]
         orphans = rows.dicts(db, "SELECT * FROM posts WHERE generation_id IS NULL ORDER BY seq")
-        held.add(chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans]))
+        held = chain.hold(db, chain.refusal_records(db) + [chain.post_record(p) for p in orphans])
+        held.add(unattested)
         for part in parts:
             held.add(part.held)
         links = chain.report(walked, held)
@@ -146,7 +147,7 @@ def _run(path: str, db: sqlite3.Cursor, tasks: list[tuple[Any, ...]]) -> list[An
         except (OSError, sqlite3.Error, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
             raise LedgerError(f"{postgres.shown(path)}: a worker process checking the ledger failed: {e}") from None
         finally:
-            todo.clear()  # (this process interrupted: the worker stops after its task)
+            todo.clear()  # (this process's task failed: the worker stops after its own)
     return results
 
 
