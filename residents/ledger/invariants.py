@@ -114,20 +114,20 @@ def check_blocks(lines: list[str], r: GenerationRows) -> None:
     where, g = r.where, r.g
     final = r.segments[-1]["attempt_id"] if r.segments else None
     for a in r.attempts:
-        own = r.blocks.get(a["id"], [])
-        if a["outcome"] == "streaming" or not own:
+        block_rows = r.blocks.get(a["id"], [])
+        if a["outcome"] == "streaming" or not block_rows:
             continue  # a ledger from before blocks were kept has none
-        recs = [Block(b["idx"], b["type"], b["content"]) for b in own]
+        recs = [Block(b["idx"], b["type"], b["content"]) for b in block_rows]
         lines += [
             f"{_attempt(a, where)}: block {b['idx']} chars {b['chars']} != {rec.chars}"
-            for b, rec in zip(own, recs, strict=True)
+            for b, rec in zip(block_rows, recs, strict=True)
             if b["chars"] != rec.chars
         ]
         if join_text(recs) != a["text"]:
             lines.append(f"{_attempt(a, where)}: text is not its text blocks joined")
         lines += [
             f"{_attempt(a, where)}: text block {b['idx']} span starts at {b['text_offset']}, not {rec.offset}"
-            for b, rec in zip(own, recs, strict=True)
+            for b, rec in zip(block_rows, recs, strict=True)
             if rec.is_text and b["text_offset"] != rec.offset
         ]
         cut = recs[-1] if not recs[-1].is_text and recs[-1].content else None
@@ -180,9 +180,9 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
             lines.append(f"{_attempt(a, where)}: abandoned text spliced into the canonical text")
         if not a["text"] or a["outcome"] == "streaming":
             continue
-        own = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
+        attempt_stumps = [s for s in r.stumps if s["attempt_id"] == a["id"] and s["scope"] == "attempt"]
         if abandoned:
-            match = [s for s in own if s["cause"] == truth.RETRY_ABANDONED]
+            match = [s for s in attempt_stumps if s["cause"] == truth.RETRY_ABANDONED]
             if len(match) != 1:
                 lines.append(
                     f"{_attempt(a, where)}: abandoned with {len(a['text'])} characters but "
@@ -196,7 +196,7 @@ def _check_texts_kept(lines: list[str], r: GenerationRows) -> None:
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text marked published")
                 if s.get("shown_live") and not s["published"]:
                     lines.append(f"stump {s['id']} ({where}): retry-abandoned text shown live but not marked published")
-        elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in own):
+        elif a["id"] not in in_segment and not any(s["text"] == a["text"] for s in attempt_stumps):
             lines.append(
                 f"{_attempt(a, where)}: {len(a['text'])} characters neither in the canonical text nor kept as a stump"
             )

@@ -318,8 +318,8 @@ def _range(db: sqlite3.Cursor, lo: str, hi: str | None, prelude: _Prelude, batch
                 st["access_set"] = (touched["stump-access"].get(st["id"]) or (None, None))[1]
             # a post neither delivered nor refused (a refused post is set aside) waits for its delivery
             out.undelivered += sum(p["message_id"] is None and p["refused"] is None for p in posts)
-            its_calls, own = calls.get(gid, []), [p for p in posts if p["stump_id"] is None]
-            r = GenerationRows(g, attempts, segments, stumps, own, blocks, round_finals(attempts, its_calls))
+            its_calls, own_posts = calls.get(gid, []), [p for p in posts if p["stump_id"] is None]
+            r = GenerationRows(g, attempts, segments, stumps, own_posts, blocks, round_finals(attempts, its_calls))
             lines: list[str] = []
             check_generation(lines, r, prelude.chunks)
             check_blocks(lines, r)
