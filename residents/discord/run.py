@@ -334,6 +334,15 @@ def _task_problem(b: ResidentBot, t: asyncio.Task[Any]) -> str:
     return b.startup_problem or f"{b.residence.name}: the bot stopped"
 
 
+def _stop_waiting_for_ready(bot: discord.Client) -> None:
+    """A bot stopped before it is ready leaves discord.py's wait for its guilds running, which would
+    dispatch `ready` on the closed client: cancelled (discord.py offers no public way)."""
+    state = getattr(bot, "_connection", None)
+    for waiting in [getattr(state, "_ready_task", None), *getattr(state, "_ready_tasks", {}).values()]:
+        if isinstance(waiting, asyncio.Task):
+            waiting.cancel()
+
+
 class _Driven:
     """The bots this process drives on a shared ledger: started as their leases are taken (the residence's
     open generations settled first, its undelivered posts resumed), stopped at once when one is lost."""
@@ -452,15 +461,11 @@ class _Driven:
         self.shards.pop(name, None)
         self.outbox.unregister(name)
         self.changed.set()
-        # A bot stopped before it is ready leaves discord.py's wait for its guilds running, which would
-        # dispatch `ready` on the closed client: cancelled first (discord.py offers no public way).
-        state = getattr(bot, "_connection", None)
-        for waiting in [getattr(state, "_ready_task", None), *getattr(state, "_ready_tasks", {}).values()]:
-            if isinstance(waiting, asyncio.Task):
-                waiting.cancel()
+        _stop_waiting_for_ready(bot)
         await bot.close()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        _stop_waiting_for_ready(bot)  # (a READY that arrived while it closed began another wait)
         log.warning("leases: %s stopped here: %s", name, why)
 
     async def _busy(self, name: str) -> bool:
