@@ -130,7 +130,7 @@ def cover(text: str, contents: list[str]) -> str | None:
     """
     if "".join(contents) == text:
         for c in contents:
-            if not c or "\\-# " in c or len(_bodies(c)) > 1:
+            if not c or ESCAPE + SUBTEXT in c or len(_bodies(c)) > 1:
                 break
         else:  # the pieces end to end, none of them empty or readable another way (the usual case):
             return None  # every position the reading reaches is at or past the exact one, which it ends at
@@ -165,7 +165,7 @@ def _matches(text: str, pos: int, start: int, content: str) -> set[int]:
         for j in range(pos, start + 1):  # a piece inside a code block may begin with its own indentation
             if text.startswith(body, j):
                 out.add(j + len(body))
-            elif "\\-# " in body:
+            elif ESCAPE + SUBTEXT in body:
                 end = _escaped_at(text, j, body)
                 if end is not None:
                     out.add(end)
@@ -176,15 +176,15 @@ def _escaped_at(text: str, j: int, body: str) -> int | None:
     """Where `body` ends in the text at `j`, reading a `\\` before a line's leading `-# ` as added.
 
     The planner escapes such lines so only receipts and notices render as subtext
-    (`residents.text.escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
+    (`escape_subtext`); the text keeps its exact form. Deterministic: where the text itself
     has the `\\`, it matches as text, and an added one can only stand before a `-#` of the text.
     """
     i, n = j, len(text)
     for k, ch in enumerate(body):
-        added = ch == "\\" and (k == 0 or body[k - 1] == "\n") and body.startswith("-# ", k + 1)
+        added = ch == ESCAPE and (k == 0 or body[k - 1] == "\n") and body.startswith(SUBTEXT, k + 1)
         if i < n and text[i] == ch:
             i += 1
-        elif not (added and text.startswith("-# ", i)):
+        elif not (added and text.startswith(SUBTEXT, i)):
             return None
     return i
 
